@@ -1,0 +1,91 @@
+"""farm's exceptions: one root, a shallow tree, each carrying what it belongs to.
+
+Error kinds are defined once (``farm.models.ErrorKind``) and mapped to exceptions once, here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from farm.models import ExecResult
+
+
+class FarmError(Exception):
+    """Root of every farm error."""
+
+
+class ExecFailed(FarmError):
+    """A run ended in an error; ``result`` holds everything about it."""
+
+    def __init__(self, result: ExecResult) -> None:
+        error = result.error
+        summary = f"{error.ename}: {error.evalue}" if error else "unknown error"
+        kind = error.kind.value if error else "?"
+        super().__init__(f"run {result.exec_id} failed ({kind}): {summary}")
+        self.result = result
+
+
+class UserCodeError(ExecFailed):
+    """The code raised (kind ``user``)."""
+
+
+class ExecTimeout(ExecFailed):
+    """The code ran past its timeout (kind ``timeout``)."""
+
+
+class OutOfMemory(ExecFailed):
+    """The code ran out of memory (kind ``oom``)."""
+
+
+class OutputLimitExceeded(ExecFailed):
+    """The code printed far more than the output cap (kind ``output_limit``)."""
+
+
+class StateLost(ExecFailed):
+    """The session's variables are gone; re-run its setup in the new epoch or open a new one."""
+
+
+class SessionLost(FarmError):
+    """The session's sandbox or worker is gone (kind ``sandbox_lost``)."""
+
+    def __init__(self, session_id: str, worker: str | None, reason: str) -> None:
+        super().__init__(f"session {session_id} on worker {worker or '?'} is lost: {reason}")
+        self.session_id = session_id
+        self.worker = worker
+        self.reason = reason
+
+
+class FarmBusy(FarmError):
+    """Every worker is at capacity and none freed up before the deadline; retry later."""
+
+
+class SandboxUnavailable(FarmError):
+    """No sandbox could be started or reached (Docker down, image missing, kernel dead)."""
+
+
+class ProtocolError(FarmError):
+    """A peer spoke something other than the farm protocol (a bug or a version mismatch)."""
+
+
+class InfraError(ExecFailed):
+    """The farm failed around the code (kind ``infra``); safe to retry if it never started."""
+
+
+_BY_KIND: dict[str, type[ExecFailed]] = {
+    "user": UserCodeError,
+    "timeout": ExecTimeout,
+    "oom": OutOfMemory,
+    "output_limit": OutputLimitExceeded,
+    "state_lost": StateLost,
+    "infra": InfraError,
+}
+
+
+def error_for_result(result: ExecResult) -> FarmError:
+    """The exception that ``ExecResult.raise_for_error`` raises for a failed result."""
+    assert result.error is not None
+    kind = result.error.kind.value
+    if kind == "sandbox_lost":
+        return SessionLost(result.session_id, result.worker, result.error.evalue)
+    return _BY_KIND[kind](result)

@@ -1,0 +1,35 @@
+"""The farm kernel: the exec server that runs *inside* a sandbox.
+
+Standard library only, so it runs in any ``python3`` image; it imports nothing of farm's
+outside this package. Layout, from the wire inwards:
+
+- ``framing``    length-prefixed JSON frames (the one wire format)
+- ``auth``       challenge-response handshake with a shared token
+- ``supervisor`` the asyncio server: connections, sessions, timeouts, output caps
+- ``zygote``     a token-free, single-threaded fork server that spawns session processes
+- ``session``    the loop inside one session process
+- ``repl``       IPython-style cell execution (``ast``-based last-expression value)
+- ``render``     the value's MIME bundle and its bounded text
+- ``output``     head+tail capped capture buffers
+- ``client``     ``KernelClient``, the stdlib client every host-side layer reuses
+"""
+
+KERNEL_VERSION = "0.1.0"
+
+# Failure kinds, mirrored by ``farm.models.ErrorKind`` (a test keeps the two in sync).
+KIND_USER = "user"
+KIND_TIMEOUT = "timeout"
+KIND_OOM = "oom"
+KIND_OUTPUT_LIMIT = "output_limit"
+KIND_STATE_LOST = "state_lost"
+KIND_SANDBOX_LOST = "sandbox_lost"
+KIND_INFRA = "infra"
+KINDS = (
+    KIND_USER,
+    KIND_TIMEOUT,
+    KIND_OOM,
+    KIND_OUTPUT_LIMIT,
+    KIND_STATE_LOST,
+    KIND_SANDBOX_LOST,
+    KIND_INFRA,
+)

@@ -1,0 +1,121 @@
+"""``python3 -m farm.kernel``: start the kernel.
+
+The token comes from ``FARM_KERNEL_TOKEN``, ``--token-file`` (read, then deleted) or
+``--token-fd``. An environment token is moved to a pipe and the kernel re-executes itself
+with a clean environment, because ``/proc/<pid>/environ`` keeps a process's *initial*
+environment even after ``os.environ`` forgets it. The zygote is forked before the token is
+read, and the supervisor then makes itself non-dumpable, so user code (same uid) can read the
+token neither from memory nor from ``/proc``. When listening, one JSON line
+``{"event": "ready", "listen": ...}`` goes to stdout: the readiness signal to poll for.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+# Warm imports: the zygote inherits them, so session processes start without importing.
+import ast  # noqa: F401
+import asyncio
+import collections  # noqa: F401
+import dataclasses  # noqa: F401
+import datetime  # noqa: F401
+import functools  # noqa: F401
+import itertools  # noqa: F401
+import json
+import logging
+import math  # noqa: F401
+import os
+import random  # noqa: F401
+import re  # noqa: F401
+import subprocess  # noqa: F401
+import sys
+import traceback  # noqa: F401
+import typing  # noqa: F401
+
+from . import auth, repl, zygote  # noqa: F401
+from .framing import DEFAULT_MAX_FRAME
+from .server import KernelServer, serve_forever
+
+TOKEN_ENV = "FARM_KERNEL_TOKEN"
+PR_SET_DUMPABLE = 4
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python3 -m farm.kernel", description=__doc__)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--listen", metavar="HOST:PORT", help="listen on TCP (port 0: any)")
+    where.add_argument("--unix", metavar="PATH", help="listen on a Unix socket")
+    parser.add_argument("--token-file", help="read the token from this file, then delete it")
+    parser.add_argument("--token-fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--grace-s",
+        type=float,
+        default=2.0,
+        help="how long an interrupted cell may take to stop before a kill",
+    )
+    parser.add_argument("--max-sessions", type=int, default=256)
+    parser.add_argument("--max-connections", type=int, default=1024)
+    parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME)
+    parser.add_argument("--log-level", default=os.environ.get("FARM_KERNEL_LOG_LEVEL", "INFO"))
+    return parser.parse_args(argv)
+
+
+def _reexec_without_env_token(argv: list[str]) -> None:
+    token = os.environ.pop(TOKEN_ENV)
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, token.encode())
+    os.close(write_fd)
+    os.set_inheritable(read_fd, True)
+    args = [sys.executable, "-m", "farm.kernel", *argv, "--token-fd", str(read_fd)]
+    os.execve(sys.executable, args, dict(os.environ))
+
+
+def _read_token(args: argparse.Namespace) -> str:
+    if args.token_fd is not None:
+        with os.fdopen(args.token_fd, "rb") as f:
+            return auth.check_token(f.read().decode())
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read()
+        try:
+            os.unlink(args.token_file)
+        except OSError as exc:
+            logging.getLogger("farm.kernel").warning("could not delete the token file: %s", exc)
+        return auth.check_token(token)
+    raise SystemExit(f"no token: set {TOKEN_ENV} or pass --token-file")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if TOKEN_ENV in os.environ:
+        _reexec_without_env_token(argv)
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s pid=%(process)d %(message)s",
+    )
+    host = port = None
+    if args.listen:
+        host, _, port_text = args.listen.rpartition(":")
+        port = int(port_text)
+    _, zygote_sock = zygote.start()
+    token = _read_token(args)
+    zygote.prctl(PR_SET_DUMPABLE, 0)
+    server = KernelServer(
+        token,
+        zygote_sock,
+        grace_s=args.grace_s,
+        max_sessions=args.max_sessions,
+        max_connections=args.max_connections,
+        max_frame=args.max_frame,
+    )
+
+    def ready(where: str) -> None:
+        print(json.dumps({"event": "ready", "listen": where, "pid": os.getpid()}), flush=True)
+
+    asyncio.run(serve_forever(server, host=host or None, port=port, unix=args.unix, on_ready=ready))
+
+
+if __name__ == "__main__":
+    main()

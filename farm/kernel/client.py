@@ -1,0 +1,203 @@
+"""``KernelClient``: the stdlib client of the kernel protocol, reused by every host-side layer.
+
+One request at a time per connection (a lock makes it thread-safe); open several clients for
+concurrency. Every socket operation has a deadline: connecting, the handshake, and each
+request (an execute waits ``timeout_s + grace + slack``, since the kernel itself enforces the
+timeout). Failures raise ``KernelError`` subclasses; results are plain dicts that validate as
+``farm.models.ExecResult``.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import uuid
+from typing import Any
+
+from . import auth
+from .framing import DEFAULT_MAX_FRAME, FrameError, recv_frame, send_frame
+
+DEFAULT_TIMEOUT_S = 30.0
+REQUEST_SLACK_S = 15.0
+
+
+class KernelError(Exception):
+    """Base of every kernel client failure."""
+
+
+class KernelConnectionError(KernelError):
+    """The kernel could not be reached, or the connection broke."""
+
+
+class KernelAuthError(KernelError):
+    """The handshake failed: wrong token, or the peer is not the kernel it claims to be."""
+
+
+class KernelProtocolError(KernelError):
+    """The kernel answered something that is not the protocol."""
+
+
+class KernelRequestError(KernelError):
+    """The kernel refused a request; ``code`` says why (e.g. ``no_such_session``)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def parse_address(address: str) -> tuple[int, Any]:
+    """``unix:/p``, ``/p`` -> a Unix socket; ``host:port`` or ``tcp:host:port`` -> TCP."""
+    if address.startswith("unix:"):
+        return socket.AF_UNIX, address[5:]
+    if address.startswith("/"):
+        return socket.AF_UNIX, address
+    host, _, port = address.removeprefix("tcp:").rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"not a kernel address: {address!r}")
+    return socket.AF_INET, (host, int(port))
+
+
+def connect_socket(address: str, timeout_s: float) -> socket.socket:
+    family, target = parse_address(address)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(timeout_s)
+    try:
+        sock.connect(target)
+    except BaseException:
+        sock.close()
+        raise
+    if family == socket.AF_INET:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+class KernelClient:
+    """A connection to one kernel: ``KernelClient(host, port, token)`` or ``.at(addr, token)``."""
+
+    def __init__(
+        self,
+        host: str | None = None,
+        port: int | None = None,
+        token: str = "",
+        *,
+        address: str | None = None,
+        connect_timeout_s: float = 5.0,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self.address = address or f"{host}:{port}"
+        self._token = token
+        self.connect_timeout_s = connect_timeout_s
+        self.max_frame = max_frame
+        self.kernel_version: str | None = None
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def at(cls, address: str, token: str, **kwargs: Any) -> KernelClient:
+        return cls(token=token, address=address, **kwargs)
+
+    def __enter__(self) -> KernelClient:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:  # never shows the token
+        return f"KernelClient({self.address!r})"
+
+    def connect(self) -> None:
+        if self._sock is not None:
+            return
+        try:
+            sock = connect_socket(self.address, self.connect_timeout_s)
+        except (OSError, ValueError) as exc:
+            raise KernelConnectionError(
+                f"cannot reach the kernel at {self.address}: {exc}"
+            ) from exc
+        try:
+            self._handshake(sock)
+        except BaseException:
+            sock.close()
+            raise
+        self._sock = sock
+
+    def _handshake(self, sock: socket.socket) -> None:
+        try:
+            hello = recv_frame(sock, 4096)
+            if not hello or hello.get("type") != "hello" or not isinstance(hello.get("nonce"), str):
+                raise KernelProtocolError(f"{self.address} did not greet as a farm kernel")
+            client_nonce = auth.new_nonce()
+            proof = auth.mac(self._token, "client", hello["nonce"], client_nonce)
+            send_frame(sock, {"type": "auth", "nonce": client_nonce, "mac": proof})
+            welcome = recv_frame(sock, 4096)
+        except (OSError, FrameError) as exc:
+            raise KernelConnectionError(f"handshake with {self.address} failed: {exc}") from exc
+        if not welcome or welcome.get("type") != "welcome":
+            raise KernelAuthError(f"the kernel at {self.address} refused the token")
+        if not auth.verify(self._token, "server", hello["nonce"], client_nonce, welcome.get("mac")):
+            raise KernelAuthError(f"the peer at {self.address} does not hold the kernel token")
+        self.kernel_version = welcome.get("version")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def request(
+        self, message: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> dict[str, Any]:
+        """Send one request and wait for its reply; raises on error frames."""
+        with self._lock:
+            self.connect()
+            assert self._sock is not None
+            try:
+                self._sock.settimeout(timeout_s)
+                send_frame(self._sock, message)
+                reply = recv_frame(self._sock, self.max_frame)
+            except (OSError, FrameError) as exc:
+                self.close()
+                raise KernelConnectionError(f"lost the kernel at {self.address}: {exc}") from exc
+            if reply is None:
+                self.close()
+                raise KernelConnectionError(f"the kernel at {self.address} closed the connection")
+        if reply["type"] == "error":
+            raise KernelRequestError(str(reply.get("code")), str(reply.get("message")))
+        return reply
+
+    def ping(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        return self.request({"type": "ping"}, timeout_s)
+
+    def open_session(self) -> dict[str, Any]:
+        reply = self.request({"type": "open_session"})
+        return {"session_id": reply["session_id"], "epoch": reply["epoch"]}
+
+    def execute(
+        self,
+        session_id: str,
+        code: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        epoch: int,
+        exec_id: str | None = None,
+        max_output_bytes: int | None = None,
+        grace_s: float = 2.0,
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "type": "execute",
+            "session_id": session_id,
+            "epoch": epoch,
+            "code": code,
+            "timeout_s": timeout_s,
+            "exec_id": exec_id or uuid.uuid4().hex,
+        }
+        if max_output_bytes is not None:
+            message["max_output_bytes"] = max_output_bytes
+        reply = self.request(message, timeout_s + grace_s + REQUEST_SLACK_S)
+        if reply.get("type") != "exec_result":
+            raise KernelProtocolError(f"unexpected reply to execute: {reply.get('type')!r}")
+        result: dict[str, Any] = reply["result"]
+        return result
+
+    def close_session(self, session_id: str) -> None:
+        self.request({"type": "close_session", "session_id": session_id})

@@ -1,0 +1,361 @@
+"""The supervisor's side of sessions: spawn, execute with deadlines and caps, replace, close.
+
+Invariants:
+- a call must carry the session's current epoch; an old epoch gets ``state_lost`` and runs
+  nothing, because silently running in a fresh namespace would corrupt an evaluation;
+- a timeout interrupts first (state kept); only code that ignores the interrupt for
+  ``grace_s`` is killed with its whole process group, and then the session gets a fresh
+  process with ``epoch + 1`` and the result says ``state_lost``;
+- a session process that dies (``os._exit``, segfault, OOM kill) is replaced the same way and
+  the death is reported, never hidden;
+- captured output is bounded per stream, and a flood past ``flood_factor`` times the cap
+  interrupts the cell with kind ``output_limit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from typing import Any
+
+from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
+from .framing import FrameError, encode, read_frame
+from .output import CappedBuffer
+
+log = logging.getLogger("farm.kernel")
+
+DEFAULT_OUTPUT_BYTES = 1024 * 1024
+FLOOD_FACTOR = 8
+SPAWN_TIMEOUT_S = 10.0
+_OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+
+
+class RequestError(Exception):
+    """A request the kernel refuses; ``code`` travels in the error frame."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def oom_kills() -> int | None:
+    """The cgroup's OOM-kill counter, to tell a memory kill from any other SIGKILL."""
+    for path in _OOM_EVENT_FILES:
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class SessionProcess:
+    """One forked session process and its capture pipes, as the supervisor sees it."""
+
+    def __init__(self, pid: int, ctl: socket.socket, out_fd: int, err_fd: int) -> None:
+        self.pid = pid
+        self.ctl = ctl
+        self.fds = {fd: CappedBuffer(DEFAULT_OUTPUT_BYTES) for fd in (out_fd, err_fd)}
+        self.out = self.fds[out_fd]
+        self.err = self.fds[err_fd]
+        self.flood_limit = DEFAULT_OUTPUT_BYTES * FLOOD_FACTOR
+        self.flood = asyncio.Event()
+        self.exit: dict[str, Any] | None = None
+        self.exited = asyncio.Event()
+        self.reader: asyncio.StreamReader
+        self.writer: asyncio.StreamWriter
+
+    async def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.reader, self.writer = await asyncio.open_unix_connection(sock=self.ctl)
+        for fd in self.fds:
+            os.set_blocking(fd, False)
+            loop.add_reader(fd, self.drain, fd)
+
+    def drain(self, fd: int) -> None:
+        """Move what the pipe holds into the buffer (called when readable, and at cell end)."""
+        buf = self.fds[fd]
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                data = b""
+            if not data:
+                asyncio.get_running_loop().remove_reader(fd)
+                break
+            buf.write(data)
+        if buf.total > self.flood_limit:
+            self.flood.set()
+
+    def start_cell(self, cap: int) -> None:
+        for buf in self.fds.values():
+            buf.reset(cap)
+        self.flood_limit = cap * FLOOD_FACTOR
+        self.flood.clear()
+
+    def signal(self, sig: int, *, group: bool) -> None:
+        try:
+            if group:
+                os.killpg(self.pid, sig)
+            os.kill(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def describe_exit(self) -> str:
+        if self.exit is None:
+            return "the session process stopped answering"
+        if "signal" in self.exit:
+            return f"the session process was killed by {signal.Signals(self.exit['signal']).name}"
+        return f"the session process exited with code {self.exit.get('code')}"
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.signal(signal.SIGKILL, group=True)
+        for fd in self.fds:
+            loop.remove_reader(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.writer.close()
+
+
+class Session:
+    def __init__(self, session_id: str, proc: SessionProcess) -> None:
+        self.id = session_id
+        self.epoch = 1
+        self.proc = proc
+        self.lock = asyncio.Lock()
+        self.last_used = time.monotonic()
+
+
+class SessionManager:
+    """Owns the zygote connection and every session of this kernel."""
+
+    def __init__(self, zygote: socket.socket, *, grace_s: float, max_sessions: int) -> None:
+        self.zygote = zygote
+        self.grace_s = grace_s
+        self.max_sessions = max_sessions
+        self.sessions: dict[str, Session] = {}
+        self.by_pid: dict[int, SessionProcess] = {}
+        self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
+        self.loop = asyncio.get_running_loop()
+        zygote.setblocking(False)
+        self.loop.add_reader(zygote, self._on_zygote)
+        self.zygote_alive = True
+
+    def _on_zygote(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.zygote, 4096, 3)
+            except BlockingIOError:
+                return
+            if not data:
+                self.zygote_alive = False
+                self.loop.remove_reader(self.zygote)
+                log.error("the zygote exited; no new sessions can start")
+                return
+            message = json.loads(data)
+            if message["op"] == "spawned":
+                self.pending.pop(0).set_result((message["pid"], fds))
+            elif message["op"] == "exited":
+                proc = self.by_pid.pop(message["pid"], None)
+                if proc is not None:
+                    proc.exit = message
+                    proc.exited.set()
+
+    async def _spawn(self) -> SessionProcess:
+        if not self.zygote_alive:
+            raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
+        future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
+        self.pending.append(future)
+        self.zygote.send(b'{"op":"spawn"}')
+        pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+        proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
+        self.by_pid[pid] = proc
+        await proc.attach(self.loop)
+        return proc
+
+    async def open(self) -> dict[str, Any]:
+        if len(self.sessions) >= self.max_sessions:
+            raise RequestError(
+                "too_many_sessions", f"this kernel holds {self.max_sessions} sessions"
+            )
+        session = Session(uuid.uuid4().hex, await self._spawn())
+        self.sessions[session.id] = session
+        log.info("session %s opened (pid %d)", session.id, session.proc.pid)
+        return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
+
+    def close(self, session_id: str) -> dict[str, Any]:
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
+        session.proc.close(self.loop)
+        log.info("session %s closed", session_id)
+        return {"type": "session_closed", "session_id": session_id}
+
+    def close_all(self) -> None:
+        for session_id in list(self.sessions):
+            self.close(session_id)
+
+    async def _replace(self, session: Session) -> None:
+        session.proc.close(self.loop)
+        session.epoch += 1
+        session.proc = await self._spawn()
+        log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
+
+    async def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+        session = self.sessions.get(request["session_id"])
+        if session is None:
+            raise RequestError("no_such_session", f"no session {request['session_id']!r} here")
+        async with session.lock:
+            session.last_used = time.monotonic()
+            result = await self._execute_locked(session, request)
+            session.last_used = time.monotonic()
+            return result
+
+    async def _execute_locked(self, session: Session, request: dict[str, Any]) -> dict[str, Any]:
+        cell = Cell(session, request)
+        if request["epoch"] != session.epoch:
+            return cell.lost(
+                f"epoch {request['epoch']} of this session is gone (current epoch "
+                f"{session.epoch}): its variables were lost; nothing was run"
+            )
+        proc = session.proc
+        if proc.exit is not None:
+            death = proc.describe_exit()
+            await self._replace(session)
+            return cell.lost(f"{death} between calls; its variables are gone; nothing was run")
+        proc.start_cell(request["max_output_bytes"])
+        oom_before = oom_kills()
+        reply, reason, killed = await self._run(proc, request)
+        cell.finish(proc)
+        if reply is not None:
+            return cell.done(reply, reason)
+        await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
+        what = proc.describe_exit()
+        await self._replace(session)
+        if killed and reason is not None:
+            return cell.killed(reason, self.grace_s)
+        oom_after = oom_kills()
+        sigkill = proc.exit is not None and proc.exit.get("signal") == signal.SIGKILL
+        if sigkill and oom_before is not None and oom_after is not None and oom_after > oom_before:
+            return cell.lost(f"{what}: out of memory; its variables are gone", kind=KIND_OOM)
+        return cell.lost(f"{what} during this call; its variables are gone")
+
+    async def _run(
+        self, proc: SessionProcess, request: dict[str, Any]
+    ) -> tuple[dict[str, Any] | None, str | None, bool]:
+        """Send the cell and wait for its reply, interrupting and killing as the rules say."""
+        proc.writer.write(encode({"type": "cell", "code": request["code"]}))
+        await proc.writer.drain()
+        reply_task = asyncio.ensure_future(read_frame(proc.reader))
+        flood_task = asyncio.ensure_future(proc.flood.wait())
+        reason: str | None = None
+        killed = False
+        try:
+            done, _ = await asyncio.wait(
+                {reply_task, flood_task},
+                timeout=request["timeout_s"],
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if reply_task not in done:
+                reason = KIND_OUTPUT_LIMIT if flood_task in done else KIND_TIMEOUT
+                proc.signal(signal.SIGINT, group=False)
+                done, _ = await asyncio.wait({reply_task}, timeout=self.grace_s)
+                if reply_task not in done:
+                    killed = True
+                    proc.signal(signal.SIGKILL, group=True)
+                    await asyncio.wait({reply_task}, timeout=5.0)
+        finally:
+            flood_task.cancel()
+        if not reply_task.done():
+            reply_task.cancel()
+            return None, reason, killed
+        try:
+            return reply_task.result(), reason, killed
+        except (FrameError, ConnectionError, OSError):
+            return None, reason, killed
+
+
+class Cell:
+    """Builds the result dict of one execute call (validated host-side as ``ExecResult``)."""
+
+    def __init__(self, session: Session, request: dict[str, Any]) -> None:
+        self.session = session
+        self.request = request
+        self.t0 = time.perf_counter()
+        self.stdout = self.stderr = ""
+        self.stdout_truncated = self.stderr_truncated = False
+
+    def finish(self, proc: SessionProcess) -> None:
+        for fd in proc.fds:
+            proc.drain(fd)
+        self.stdout, self.stdout_truncated = proc.out.text(), proc.out.truncated
+        self.stderr, self.stderr_truncated = proc.err.text(), proc.err.truncated
+
+    def _result(self, **fields: Any) -> dict[str, Any]:
+        result = {
+            "exec_id": self.request["exec_id"],
+            "session_id": self.session.id,
+            "epoch": self.session.epoch,
+            "status": "ok",
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "value": None,
+            "error": None,
+            "stdout_truncated": self.stdout_truncated,
+            "stderr_truncated": self.stderr_truncated,
+            "duration_s": time.perf_counter() - self.t0,
+            "cpu_s": 0.0,
+            "max_rss_kb": 0,
+            "state_lost": False,
+        }
+        result.update(fields)
+        return result
+
+    def _error(self, ename: str, evalue: str, kind: str, **fields: Any) -> dict[str, Any]:
+        error = {"ename": ename, "evalue": evalue, "traceback": [], "kind": kind}
+        return self._result(status="error", error=error, **fields)
+
+    def lost(self, why: str, *, kind: str = KIND_STATE_LOST) -> dict[str, Any]:
+        ename = "OutOfMemory" if kind == KIND_OOM else "StateLost"
+        return self._error(ename, f"{why} (new epoch {self.session.epoch})", kind, state_lost=True)
+
+    def killed(self, reason: str, grace_s: float) -> dict[str, Any]:
+        what = "produced too much output" if reason == KIND_OUTPUT_LIMIT else "timed out"
+        why = (
+            f"the code {what} and ignored the interrupt for {grace_s:g}s, so the session "
+            f"process was killed; its variables are gone (new epoch {self.session.epoch})"
+        )
+        ename = "OutputLimitExceeded" if reason == KIND_OUTPUT_LIMIT else "TimeoutError"
+        return self._error(ename, why, reason, state_lost=True)
+
+    def done(self, reply: dict[str, Any], reason: str | None) -> dict[str, Any]:
+        error = reply.get("error")
+        if error is not None and reason is not None and error["ename"] == "KeyboardInterrupt":
+            error["kind"] = reason
+            if reason == KIND_TIMEOUT:
+                error["ename"] = "TimeoutError"
+                error["evalue"] = (
+                    f"the code ran past its {self.request['timeout_s']:g}s timeout and was "
+                    "interrupted; the session's variables are kept"
+                )
+            else:
+                error["ename"] = "OutputLimitExceeded"
+                error["evalue"] = "the code printed too much and was interrupted; state kept"
+        return self._result(
+            status="error" if error else "ok",
+            value=reply.get("value"),
+            error=error,
+            cpu_s=reply.get("cpu_s", 0.0),
+            max_rss_kb=reply.get("max_rss_kb", 0),
+        )

@@ -1,0 +1,212 @@
+"""The kernel's server: accepts connections, authenticates them, dispatches requests.
+
+One asyncio loop serves every connection, so a thousand idle or hostile connections cost no
+threads (and no pids under ``--pids-limit``). Anything malformed (oversized length, garbage,
+non-JSON, unknown type, a bad request) gets an error frame where possible and that connection
+is closed; the server keeps serving everyone else. An unauthenticated connection has
+``HANDSHAKE_TIMEOUT_S`` and ``HANDSHAKE_MAX_FRAME`` bytes to prove it holds the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import platform
+import signal
+import socket
+import time
+from typing import Any
+
+from . import KERNEL_VERSION, auth
+from .framing import DEFAULT_MAX_FRAME, FrameError, encode, read_frame
+from .manager import DEFAULT_OUTPUT_BYTES, RequestError, SessionManager
+
+log = logging.getLogger("farm.kernel")
+
+HANDSHAKE_TIMEOUT_S = 5.0
+HANDSHAKE_MAX_FRAME = 4096
+MAX_TIMEOUT_S = 24 * 3600.0
+# Errors after which the connection stays usable; every other error closes it.
+_RECOVERABLE = {"no_such_session", "too_many_sessions", "unavailable"}
+
+
+class KernelServer:
+    def __init__(
+        self,
+        token: str,
+        zygote: socket.socket,
+        *,
+        grace_s: float = 2.0,
+        max_sessions: int = 256,
+        max_connections: int = 1024,
+        max_frame: int = DEFAULT_MAX_FRAME,
+    ) -> None:
+        self._token = token
+        self._zygote = zygote
+        self.grace_s = grace_s
+        self.max_sessions = max_sessions
+        self.max_connections = max_connections
+        self.max_frame = max_frame
+        self.connections = 0
+        self.started = time.time()
+        self.manager: SessionManager
+        self.server: asyncio.base_events.Server
+
+    async def start(self, *, host: str | None, port: int | None, unix: str | None) -> str:
+        self.manager = SessionManager(
+            self._zygote, grace_s=self.grace_s, max_sessions=self.max_sessions
+        )
+        if unix is not None:
+            if os.path.exists(unix):
+                os.unlink(unix)
+            old = os.umask(0o077)
+            try:
+                self.server = await asyncio.start_unix_server(self._serve, path=unix)
+            finally:
+                os.umask(old)
+            return f"unix:{unix}"
+        self.server = await asyncio.start_server(self._serve, host=host, port=port)
+        sockname = self.server.sockets[0].getsockname()
+        return f"tcp:{sockname[0]}:{sockname[1]}"
+
+    def stop(self) -> None:
+        self.server.close()
+        self.manager.close_all()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.connections >= self.max_connections:
+            writer.close()
+            return
+        self.connections += 1
+        try:
+            if await self._handshake(reader, writer):
+                await self._requests(reader, writer)
+        except FrameError as exc:
+            await _reply(writer, {"type": "error", "code": "bad_frame", "message": str(exc)})
+        except (TimeoutError, ConnectionError, OSError):
+            pass
+        except asyncio.CancelledError:  # the kernel is shutting down
+            pass
+        except Exception:  # noqa: BLE001 - one connection's bug must not stop the server
+            log.exception("internal error while serving a connection")
+            await _reply(writer, {"type": "error", "code": "internal", "message": "kernel bug"})
+        finally:
+            self.connections -= 1
+            writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        nonce = auth.new_nonce()
+        writer.write(
+            encode({"type": "hello", "kernel": "farm", "version": KERNEL_VERSION, "nonce": nonce})
+        )
+        await writer.drain()
+        message = await asyncio.wait_for(
+            read_frame(reader, HANDSHAKE_MAX_FRAME), HANDSHAKE_TIMEOUT_S
+        )
+        if message is None:
+            return False
+        client_nonce = message.get("nonce")
+        if (
+            message.get("type") != "auth"
+            or not isinstance(client_nonce, str)
+            or len(client_nonce) != 2 * auth.NONCE_BYTES
+            or not auth.verify(self._token, "client", nonce, client_nonce, message.get("mac"))
+        ):
+            log.warning("a client failed authentication")
+            await _reply(
+                writer, {"type": "error", "code": "auth_failed", "message": "authentication failed"}
+            )
+            return False
+        proof = auth.mac(self._token, "server", nonce, client_nonce)
+        await _reply(writer, {"type": "welcome", "mac": proof, "version": KERNEL_VERSION})
+        return True
+
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            message = await read_frame(reader, self.max_frame)
+            if message is None:
+                return
+            try:
+                reply = await self._dispatch(message)
+            except RequestError as exc:
+                await _reply(writer, {"type": "error", "code": exc.code, "message": str(exc)})
+                if exc.code in _RECOVERABLE:
+                    continue
+                return
+            await _reply(writer, reply)
+
+    async def _dispatch(self, message: dict[str, Any]) -> dict[str, Any]:
+        kind = message["type"]
+        if kind == "ping":
+            return self.info()
+        if kind == "open_session":
+            return await self.manager.open()
+        if kind == "execute":
+            return {
+                "type": "exec_result",
+                "result": await self.manager.execute(self._execute_request(message)),
+            }
+        if kind == "close_session":
+            return self.manager.close(_field(message, "session_id", str))
+        raise RequestError("unknown_type", f"unknown message type {kind!r}")
+
+    def _execute_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        timeout_s = float(_field(message, "timeout_s", (int, float)))
+        if not (0 < timeout_s <= MAX_TIMEOUT_S) or math.isnan(timeout_s):
+            raise RequestError("bad_request", f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}]")
+        max_output = message.get("max_output_bytes") or DEFAULT_OUTPUT_BYTES
+        if not isinstance(max_output, int) or max_output < 1024:
+            raise RequestError("bad_request", "max_output_bytes must be an integer >= 1024")
+        epoch = _field(message, "epoch", int)
+        return {
+            "session_id": _field(message, "session_id", str),
+            "epoch": epoch,
+            "code": _field(message, "code", str),
+            "timeout_s": timeout_s,
+            "exec_id": _field(message, "exec_id", str),
+            "max_output_bytes": max_output,
+        }
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "type": "pong",
+            "version": KERNEL_VERSION,
+            "python": platform.python_version(),
+            "pid": os.getpid(),
+            "sessions": len(self.manager.sessions),
+            "max_sessions": self.max_sessions,
+            "uptime_s": time.time() - self.started,
+            "grace_s": self.grace_s,
+            "max_frame": self.max_frame,
+        }
+
+
+def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = message.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise RequestError("bad_request", f"field {name!r} is missing or has the wrong type")
+    return value
+
+
+async def _reply(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+    try:
+        writer.write(encode(message))
+        await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+
+
+async def serve_forever(
+    server: KernelServer, *, host: str | None, port: int | None, unix: str | None, on_ready: Any
+) -> None:
+    where = await server.start(host=host, port=port, unix=unix)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    on_ready(where)
+    await stop.wait()
+    log.info("kernel stopping")
+    server.stop()

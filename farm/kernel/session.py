@@ -1,0 +1,122 @@
+"""The loop inside one session process.
+
+The process was forked from the zygote (which never saw the kernel token). Its stdout/stderr
+are pipes read by the supervisor, so output is captured at the file-descriptor level (child
+processes and ``os.system`` included) and survives the process dying. It answers one exec
+request at a time on its control socket. SIGINT interrupts user code only while a cell runs
+(like Ctrl-C in Jupyter); a stray one between cells is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import os
+import resource
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from .framing import recv_frame, send_frame
+from .repl import Repl
+
+STDOUT_SPARE = 1001  # copies of the capture pipes, to restore fds 1/2 if user code closes them
+STDERR_SPARE = 1002
+OOM_SCORE_ADJ = 800  # the OOM killer picks a session before the supervisor (which stays at 0)
+
+
+class _Interrupts:
+    """Turn SIGINT into KeyboardInterrupt only while user code runs."""
+
+    running = False
+
+    def handler(self, signum: int, frame: object) -> None:
+        if self.running:
+            raise KeyboardInterrupt
+
+
+def _stream(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.FileIO(fd, "w", closefd=False),
+        encoding="utf-8",
+        errors="backslashreplace",
+        write_through=True,
+    )
+
+
+def _restore_stdio() -> None:
+    """Point fds 1/2 and ``sys.stdout/stderr`` back at the capture pipes before each cell."""
+    for fd, spare in ((1, STDOUT_SPARE), (2, STDERR_SPARE)):
+        with contextlib.suppress(OSError):
+            os.dup2(spare, fd)
+    if getattr(sys.stdout, "closed", True):
+        sys.stdout = _stream(1)
+    if getattr(sys.stderr, "closed", True):
+        sys.stderr = _stream(2)
+
+
+def _flush_all() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # user code may have replaced the stream
+            stream.flush()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)  # C-level printf buffers
+
+
+def prepare_process() -> None:
+    """Set up this freshly forked process: own group, stdio, signals, OOM preference."""
+    os.setsid()
+    for spare, fd in ((STDOUT_SPARE, 1), (STDERR_SPARE, 2)):
+        os.dup2(fd, spare, inheritable=False)
+    sys.stdout = _stream(1)
+    sys.stderr = _stream(2)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(str(OOM_SCORE_ADJ))
+    except OSError:
+        pass
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+
+
+def _usage() -> tuple[float, int]:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return cpu, own.ru_maxrss
+
+
+def serve(ctl: socket.socket) -> None:
+    """Answer exec requests until the supervisor closes the control socket."""
+    repl = Repl()
+    interrupts = _Interrupts()
+    signal.signal(signal.SIGINT, interrupts.handler)
+    while True:
+        request = recv_frame(ctl)
+        if request is None:
+            return
+        _restore_stdio()
+        cpu0, _ = _usage()
+        t0 = time.perf_counter()
+        interrupts.running = True
+        try:
+            value, error = repl.run_cell(request["code"])
+        except KeyboardInterrupt:  # arrived between user code and the return
+            value, error = None, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+        finally:
+            interrupts.running = False
+        _flush_all()
+        cpu1, rss = _usage()
+        reply: dict[str, Any] = {
+            "type": "cell_done",
+            "value": value,
+            "error": error,
+            "duration_s": time.perf_counter() - t0,
+            "cpu_s": cpu1 - cpu0,
+            "max_rss_kb": rss,
+        }
+        send_frame(ctl, reply)

@@ -1,0 +1,182 @@
+"""Every wire message and result of farm, described once.
+
+The kernel (stdlib only) emits plain dicts; these models are their schema on the host side,
+and a test checks that the kernel's dicts validate here. The same models travel to the
+caller: ``ExecResult`` is what ``Session.run`` returns.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ErrorKind(StrEnum):
+    """Why a run failed; decides retries (only ``infra`` and ``sandbox_lost`` before start)."""
+
+    USER = "user"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    OUTPUT_LIMIT = "output_limit"
+    STATE_LOST = "state_lost"
+    SANDBOX_LOST = "sandbox_lost"
+    INFRA = "infra"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Value(_Model):
+    """The value of a cell's last expression: ``text`` for people, ``data`` a MIME bundle."""
+
+    text: str
+    data: dict[str, Any] = Field(description="MIME bundle; 'text/plain' is always present")
+
+
+class ExecError(_Model):
+    ename: str
+    evalue: str
+    traceback: list[str] = Field(default_factory=list)
+    kind: ErrorKind
+
+
+class ExecResult(_Model):
+    """Everything about one run. ``epoch`` is the session's epoch *after* the call."""
+
+    exec_id: str
+    session_id: str
+    epoch: int
+    status: Literal["ok", "error"]
+    stdout: str = ""
+    stderr: str = ""
+    value: Value | None = None
+    error: ExecError | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_s: float = 0.0
+    cpu_s: float = 0.0
+    max_rss_kb: int = 0
+    state_lost: bool = False
+    worker: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def kind(self) -> ErrorKind | None:
+        return self.error.kind if self.error else None
+
+    def raise_for_error(self) -> ExecResult:
+        """Raise the typed ``farm.errors`` exception for a failed run; return self when ok."""
+        if self.error is not None:
+            from farm.errors import error_for_result
+
+            raise error_for_result(self)
+        return self
+
+
+# --- kernel wire messages (host <-> kernel) -------------------------------------------------
+
+
+class Hello(_Model):
+    type: Literal["hello"]
+    kernel: Literal["farm"]
+    version: str
+    nonce: str
+
+
+class Auth(_Model):
+    type: Literal["auth"]
+    nonce: str
+    mac: str
+
+
+class Welcome(_Model):
+    type: Literal["welcome"]
+    mac: str
+    version: str
+
+
+class ErrorReply(_Model):
+    type: Literal["error"]
+    code: str
+    message: str
+
+
+class Ping(_Model):
+    type: Literal["ping"]
+
+
+class Pong(_Model):
+    type: Literal["pong"]
+    version: str
+    python: str
+    pid: int
+    sessions: int
+    max_sessions: int
+    uptime_s: float
+    grace_s: float
+    max_frame: int
+
+
+class OpenSession(_Model):
+    type: Literal["open_session"]
+
+
+class SessionOpened(_Model):
+    type: Literal["session_opened"]
+    session_id: str
+    epoch: int
+
+
+class Execute(_Model):
+    type: Literal["execute"]
+    session_id: str
+    epoch: int
+    code: str
+    timeout_s: float = Field(gt=0)
+    exec_id: str
+    max_output_bytes: int | None = Field(default=None, ge=1024)
+
+
+class ExecReply(_Model):
+    type: Literal["exec_result"]
+    result: ExecResult
+
+
+class CloseSession(_Model):
+    type: Literal["close_session"]
+    session_id: str
+
+
+class SessionClosed(_Model):
+    type: Literal["session_closed"]
+    session_id: str
+
+
+# --- sandboxes ------------------------------------------------------------------------------
+
+
+class SandboxInfo(_Model):
+    """What a sandbox is, for ``farm status``, result manifests and audits."""
+
+    backend: str
+    isolated: bool
+    address: str
+    container_id: str | None = None
+    image: str | None = None
+    image_digest: str | None = None
+    limits: dict[str, Any] = Field(default_factory=dict)
+    kernel_version: str | None = None
+    started_at: float | None = None
+    restarts: int = 0
+
+
+class SandboxHealth(_Model):
+    ok: bool
+    detail: str = ""
+    rtt_s: float | None = None

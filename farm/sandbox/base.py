@@ -1,0 +1,58 @@
+"""The sandbox interface: a place where a kernel runs, reachable at an address with a token.
+
+Backends are siblings (``DockerSandbox``, ``ProcessSandbox``); code above ``farm.sandbox``
+owns one through this interface and never asks which kind it is.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from types import TracebackType
+
+from farm.kernel.client import KernelClient, KernelError
+from farm.models import SandboxHealth, SandboxInfo
+
+
+class Sandbox(ABC):
+    address: str
+    started_at: float | None = None
+
+    @abstractmethod
+    def start(self) -> None:
+        """Start the kernel and return once it answers; leave nothing behind on failure."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop the kernel and remove everything the sandbox created; idempotent."""
+
+    @abstractmethod
+    def info(self) -> SandboxInfo: ...
+
+    @property
+    @abstractmethod
+    def token(self) -> str: ...
+
+    def kernel(self, connect_timeout_s: float = 5.0) -> KernelClient:
+        """A new, connected client of this sandbox's kernel (the caller closes it)."""
+        client = KernelClient.at(self.address, self.token, connect_timeout_s=connect_timeout_s)
+        client.connect()
+        return client
+
+    def health(self, timeout_s: float = 3.0) -> SandboxHealth:
+        t0 = time.perf_counter()
+        try:
+            with self.kernel(connect_timeout_s=timeout_s) as client:
+                client.ping(timeout_s)
+        except KernelError as exc:
+            return SandboxHealth(ok=False, detail=str(exc))
+        return SandboxHealth(ok=True, rtt_s=time.perf_counter() - t0)
+
+    def __enter__(self) -> Sandbox:
+        self.start()
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,111 @@
+"""The ``process`` backend: the kernel as a local subprocess. NO isolation: development only.
+
+User code runs as you, with your files, network and environment (minus the kernel token).
+Every start logs a loud warning and ``info().isolated`` is False.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import time
+
+from farm.kernel import auth
+from farm.models import SandboxInfo
+from farm.sandbox.base import Sandbox
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 5.0
+
+
+class SandboxStartError(RuntimeError):
+    """The sandbox did not come up; nothing it started is left running."""
+
+
+class ProcessSandbox(Sandbox):
+    def __init__(self, *, grace_s: float = 2.0, extra_args: list[str] | None = None) -> None:
+        self._token = auth.new_token()
+        self.grace_s = grace_s
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.kernel_pid: int | None = None
+        self.restarts = 0
+
+    @property
+    def token(self) -> str:
+        return self._token
+
+    def start(self) -> None:
+        log.warning(
+            "process sandbox: user code runs UNISOLATED on this host (your files, network and "
+            "environment). Use it for development only; use the docker backend for real work."
+        )
+        env = dict(os.environ, FARM_KERNEL_TOKEN=self._token)
+        cmd = [
+            sys.executable,
+            "-m",
+            "farm.kernel",
+            "--listen",
+            "127.0.0.1:0",
+            "--grace-s",
+            str(self.grace_s),
+            *self.extra_args,
+        ]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            ready = self._wait_ready(self.proc)
+        except BaseException:
+            self.stop()
+            raise
+        self.address = str(ready["listen"])
+        self.kernel_pid = int(str(ready["pid"]))
+        self.started_at = time.time()
+
+    @staticmethod
+    def _wait_ready(proc: subprocess.Popen[bytes]) -> dict[str, object]:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            readable, _, _ = select.select([proc.stdout], [], [], 0.2)
+            if readable:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                message = json.loads(line)
+                if message.get("event") == "ready":
+                    return dict(message)
+            if proc.poll() is not None:
+                break
+        raise SandboxStartError(f"the kernel process did not become ready (exit {proc.poll()})")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait(STOP_TIMEOUT_S)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+    def info(self) -> SandboxInfo:
+        return SandboxInfo(
+            backend="process",
+            isolated=False,
+            address=self.address,
+            limits={},
+            kernel_version=None,
+            started_at=self.started_at,
+            restarts=self.restarts,
+        )

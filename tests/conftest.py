@@ -1,0 +1,72 @@
+"""Shared fixtures: real kernels (as local processes) and a small session helper.
+
+Docker/Redis/Celery fixtures join here as those layers arrive; every fixture removes what it
+started.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from farm.kernel.client import KernelClient
+from farm.models import ExecResult
+from farm.sandbox.process import ProcessSandbox
+
+
+class Cells:
+    """A kernel session in a test: ``run`` validates every result against the models."""
+
+    def __init__(self, client: KernelClient) -> None:
+        self.client = client
+        opened = client.open_session()
+        self.id: str = opened["session_id"]
+        self.epoch: int = opened["epoch"]
+
+    def run(self, code: str, timeout_s: float = 30.0, **kwargs: Any) -> ExecResult:
+        raw = self.client.execute(self.id, code, epoch=self.epoch, timeout_s=timeout_s, **kwargs)
+        result = ExecResult.model_validate(raw)
+        self.epoch = result.epoch
+        return result
+
+    def value(self, code: str) -> str | None:
+        result = self.run(code)
+        assert result.ok, result.error
+        return result.value.text if result.value else None
+
+
+@pytest.fixture(scope="session")
+def shared_kernel() -> Iterator[ProcessSandbox]:
+    """One kernel for tests that do not break it."""
+    logging.getLogger("farm.sandbox.process").setLevel(logging.ERROR)
+    with ProcessSandbox() as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def kernel() -> Iterator[ProcessSandbox]:
+    """A kernel of the test's own, for tests that kill, flood or exhaust it."""
+    with ProcessSandbox(grace_s=1.0) as sandbox:
+        yield sandbox
+
+
+@pytest.fixture
+def client(shared_kernel: ProcessSandbox) -> Iterator[KernelClient]:
+    with shared_kernel.kernel() as c:
+        yield c
+
+
+@pytest.fixture
+def cells(client: KernelClient) -> Iterator[Cells]:
+    c = Cells(client)
+    yield c
+    client.close_session(c.id)
+
+
+@pytest.fixture
+def own_cells(kernel: ProcessSandbox) -> Iterator[Cells]:
+    with kernel.kernel() as c:
+        yield Cells(c)

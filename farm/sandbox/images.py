@@ -1,0 +1,349 @@
+# docker ships no type hints; types-docker (typeshed) should join the test extras. Until then
+# the SDK is untyped here, and the annotations below still name its real classes.
+# mypy: disable-error-code="import-untyped"
+"""Build the sandbox image that every DockerSandbox runs, and only when it is out of date.
+
+The image holds the kernel (``farm/kernel/``) and nothing else of this repository. It is
+labelled with a hash of the kernel sources and of its Dockerfile, so a sandbox never runs a
+kernel older than the code beside it: when the hash changes the image is rebuilt, and when it
+matches the existing image is reused in well under a second (``make setup`` runs this every
+time).
+
+The base image is ``python:3.12-slim`` when Docker can get it; on machines without a registry
+(no Docker Hub) ``images/base/build.sh`` debootstraps ``farm-base:bookworm`` from the Debian
+mirror instead. Either way the Dockerfile is the same; only its ``BASE`` build argument differs.
+
+``python -m farm.sandbox.images [--force] [--tag TAG] [--extra-pip PKGS]`` is the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+logger = logging.getLogger(__name__)
+
+PUBLIC_BASE = "python:3.12-slim"
+LOCAL_BASE = "farm-base:bookworm"
+DEFAULT_TAG = "farm-sandbox:default"
+# The evaluation variant (numpy inside); not built by default:
+# python -m farm.sandbox.images --tag farm-sandbox:numpy --extra-pip numpy
+NUMPY_TAG = "farm-sandbox:numpy"
+
+DOCKERFILE = Path("images/sandbox/Dockerfile")
+BASE_BUILD_SCRIPT = Path("images/base/build.sh")
+KERNEL_DIR = Path("farm/kernel")
+
+LABEL_KERNEL_HASH = "farm.kernel_hash"
+LABEL_EXTRA_PIP = "farm.extra_pip"
+LABEL_BASE = "farm.base"
+
+# Where Docker Hub is unreachable the daemon fails the pull in milliseconds (DNS), but a
+# registry behind a black-holing firewall would hang it: never wait longer than this.
+PULL_TIMEOUT_S = 20.0
+# debootstrap takes about a minute here; allow for a slow mirror.
+BASE_BUILD_TIMEOUT_S = 900.0
+# A build must show progress (one log line) at least this often, and finish within the total.
+BUILD_READ_TIMEOUT_S = 600
+BUILD_TOTAL_TIMEOUT_S = 1800.0
+PING_TIMEOUT_S = 10
+
+
+class DockerUnavailableError(RuntimeError):
+    """The Docker daemon does not answer: nothing about images can be decided."""
+
+
+class ImageBuildError(RuntimeError):
+    """A base or sandbox image could not be built; the message carries the build's last lines."""
+
+
+@dataclass(frozen=True)
+class SandboxImage:
+    """What :func:`ensure_sandbox_image` left in place, and whether it had to build it."""
+
+    tag: str
+    image_id: str
+    built: bool
+    base: str | None = None
+
+
+def default_repo_root() -> Path:
+    """The checkout this module was imported from (the package is installed editable)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def connect() -> docker.DockerClient:
+    """A Docker client that has answered a ping, or :class:`DockerUnavailableError`."""
+    try:
+        client = docker.from_env(timeout=PING_TIMEOUT_S)
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise DockerUnavailableError(
+            f"Docker is not reachable ({exc}); run scripts/bootstrap to install and start it"
+        ) from exc
+    return client
+
+
+def kernel_source_hash(repo_root: Path) -> str:
+    """sha256 over the kernel's ``*.py`` files and the sandbox Dockerfile, by sorted path.
+
+    Paths go into the hash with the contents, so renaming or moving a module counts as a
+    change too. Anything else in the repository does not reach the image and does not count.
+    """
+    kernel = repo_root / KERNEL_DIR
+    dockerfile = repo_root / DOCKERFILE
+    if not kernel.is_dir() or not dockerfile.is_file():
+        raise ImageBuildError(f"{repo_root} has no {KERNEL_DIR}/ or {DOCKERFILE}")
+    files = sorted([*kernel.rglob("*.py"), dockerfile], key=lambda p: p.relative_to(repo_root))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(repo_root).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _image_exists(client: docker.DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _try_pull(client: docker.DockerClient, ref: str, timeout_s: float = PULL_TIMEOUT_S) -> bool:
+    """Pull ``ref``; False if it fails or takes longer than ``timeout_s``.
+
+    The SDK's pull has no timeout of its own, so it runs in a daemon thread that is abandoned
+    on timeout (the daemon may finish the pull later; that is harmless).
+    """
+    repository, _, tag = ref.partition(":")
+    outcome: list[BaseException | None] = []
+
+    def pull() -> None:
+        try:
+            client.images.pull(repository, tag=tag or "latest")
+            outcome.append(None)
+        except BaseException as exc:  # reported to the caller below
+            outcome.append(exc)
+
+    started = time.monotonic()
+    worker = threading.Thread(target=pull, name=f"pull {ref}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    elapsed = time.monotonic() - started
+    if not outcome:
+        logger.info("pulling %s took over %.0fs; giving up", ref, timeout_s)
+        return False
+    if outcome[0] is not None:
+        logger.info("cannot pull %s (%.2fs): %s", ref, elapsed, outcome[0])
+        return False
+    logger.info("pulled %s in %.1fs", ref, elapsed)
+    return True
+
+
+def _run_base_build(script: Path, *, force: bool) -> None:
+    """Run ``images/base/build.sh``, logging its output and killing it at the deadline."""
+    cmd = [str(script), *(["--force"] if force else [])]
+    logger.info("building %s with debootstrap (about a minute)", LOCAL_BASE)
+    tail: deque[str] = deque(maxlen=30)
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    ) as proc:
+        watchdog = threading.Timer(BASE_BUILD_TIMEOUT_S, proc.kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                tail.append(line.rstrip())
+                logger.debug("%s", line.rstrip())
+            returncode = proc.wait()
+        finally:
+            watchdog.cancel()
+    if returncode != 0:
+        raise ImageBuildError(
+            f"{script} failed (exit {returncode}); last lines:\n" + "\n".join(tail)
+        )
+
+
+def ensure_base(
+    client: docker.DockerClient, *, force: bool = False, repo_root: Path | None = None
+) -> str:
+    """The image to build the sandbox FROM: the public one if Docker can have it, else ours.
+
+    ``python:3.12-slim`` is preferred when it is local or can be pulled within
+    :data:`PULL_TIMEOUT_S`. Otherwise ``farm-base:bookworm`` is built offline by
+    ``images/base/build.sh`` (skipped when it exists, unless ``force``).
+    """
+    if _image_exists(client, PUBLIC_BASE) or _try_pull(client, PUBLIC_BASE):
+        return PUBLIC_BASE
+    if force or not _image_exists(client, LOCAL_BASE):
+        _run_base_build((repo_root or default_repo_root()) / BASE_BUILD_SCRIPT, force=force)
+    if not _image_exists(client, LOCAL_BASE):
+        raise ImageBuildError(f"{BASE_BUILD_SCRIPT} finished but {LOCAL_BASE} does not exist")
+    return LOCAL_BASE
+
+
+def _tagged_image(client: docker.DockerClient, tag: str) -> tuple[str, dict[str, str]] | None:
+    """The id and labels of the image ``tag`` names now, or None."""
+    try:
+        image = client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        return None
+    return str(image.id), dict(image.labels or {})
+
+
+def _is_current(tag: str, have: dict[str, str], want: dict[str, str]) -> bool:
+    stale = sorted(k for k, v in want.items() if have.get(k) != v)
+    if stale:
+        logger.info("%s is out of date (%s)", tag, ", ".join(stale))
+    return not stale
+
+
+def _remove_superseded(client: docker.DockerClient, image_id: str) -> None:
+    """Drop the image a rebuild replaced, so kernel edits do not pile up images on disk.
+
+    Best effort: Docker refuses while a container still runs it or another tag names it, and
+    then it stays.
+    """
+    try:
+        client.images.remove(image_id)
+    except docker.errors.APIError as exc:
+        logger.debug("keeping superseded image %s: %s", image_id, exc)
+    else:
+        logger.info("removed superseded image %s", image_id)
+
+
+def _build_log(lines: Iterator[dict[str, Any]], tail: deque[str]) -> str | None:
+    """Log a build's output as it streams; the built image id, or raise on a build error."""
+    deadline = time.monotonic() + BUILD_TOTAL_TIMEOUT_S
+    image_id: str | None = None
+    for chunk in lines:
+        if "error" in chunk:
+            tail.append(str(chunk["error"]).rstrip())
+            raise ImageBuildError("sandbox image build failed:\n" + "\n".join(tail))
+        text = str(chunk.get("stream", "")).rstrip()
+        if text:
+            tail.append(text)
+            logger.debug("%s", text)
+        aux = chunk.get("aux")
+        if isinstance(aux, dict) and "ID" in aux:
+            image_id = str(aux["ID"])
+        if time.monotonic() > deadline:
+            raise ImageBuildError(f"sandbox image build took over {BUILD_TOTAL_TIMEOUT_S:.0f}s")
+    return image_id
+
+
+def ensure_sandbox_image(
+    client: docker.DockerClient | None = None,
+    *,
+    tag: str = DEFAULT_TAG,
+    force: bool = False,
+    extra_pip: str = "",
+    repo_root: Path | None = None,
+) -> SandboxImage:
+    """Make ``tag`` an image of the current kernel, building only when it is missing or stale.
+
+    Invariant: an image reused under ``tag`` has ``farm.kernel_hash`` equal to the hash of the
+    kernel sources now, and ``farm.extra_pip`` equal to ``extra_pip``; anything else is rebuilt.
+    ``force`` rebuilds without the layer cache (e.g. to take newer pip packages).
+    """
+    root = (repo_root or default_repo_root()).resolve()
+    client = client if client is not None else connect()
+    labels = {LABEL_KERNEL_HASH: kernel_source_hash(root), LABEL_EXTRA_PIP: extra_pip}
+    previous = _tagged_image(client, tag)
+    if previous is not None and not force and _is_current(tag, previous[1], labels):
+        logger.debug("%s is current (%s)", tag, previous[0])
+        return SandboxImage(tag=tag, image_id=previous[0], built=False)
+
+    base = ensure_base(client, repo_root=root)
+    logger.info("building %s from %s", tag, base)
+    tail: deque[str] = deque(maxlen=40)
+    try:
+        lines = client.api.build(
+            path=str(root),
+            dockerfile=DOCKERFILE.as_posix(),
+            tag=tag,
+            buildargs={"BASE": base, "EXTRA_PIP": extra_pip},
+            labels={**labels, LABEL_BASE: base},
+            nocache=force,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+            timeout=BUILD_READ_TIMEOUT_S,
+        )
+        built_id = _build_log(lines, tail)
+        image_id = str(client.images.get(tag).id)
+    except docker.errors.DockerException as exc:
+        raise ImageBuildError(f"building {tag} failed: {exc}\n" + "\n".join(tail)) from exc
+    if built_id is not None and built_id != image_id:
+        raise ImageBuildError(f"built {built_id} but {tag} now names {image_id}")
+    if previous is not None and previous[0] != image_id:
+        _remove_superseded(client, previous[0])
+    return SandboxImage(tag=tag, image_id=image_id, built=True, base=base)
+
+
+def build_sandbox_image(
+    client: docker.DockerClient | None = None,
+    *,
+    tag: str = DEFAULT_TAG,
+    force: bool = False,
+    extra_pip: str = "",
+    repo_root: Path | None = None,
+) -> str:
+    """The id of an up-to-date sandbox image ``tag``, built only if needed (see ensure_...)."""
+    return ensure_sandbox_image(
+        client, tag=tag, force=force, extra_pip=extra_pip, repo_root=repo_root
+    ).image_id
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m farm.sandbox.images",
+        description="Build the farm sandbox image if the kernel changed; reuse it otherwise.",
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild without the layer cache")
+    parser.add_argument("--tag", default=DEFAULT_TAG, help=f"image tag (default {DEFAULT_TAG})")
+    parser.add_argument(
+        "--extra-pip",
+        default="",
+        metavar="PKGS",
+        help=f'pip packages to add, space separated (e.g. --tag {NUMPY_TAG} --extra-pip "numpy")',
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="show build output")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s"
+    )
+    # Progress (INFO) shows without -v; the build's own output (DEBUG) only with it.
+    logger.setLevel(logging.DEBUG if args.verbose else logging.INFO)
+    try:
+        image = ensure_sandbox_image(tag=args.tag, force=args.force, extra_pip=args.extra_pip)
+    except DockerUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ImageBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    how = f"built from {image.base}" if image.built else "reused"
+    print(f"{image.tag}\t{image.image_id}\t{how}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -7,6 +7,7 @@ started.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -70,3 +71,51 @@ def cells(client: KernelClient) -> Iterator[Cells]:
 def own_cells(kernel: ProcessSandbox) -> Iterator[Cells]:
     with kernel.kernel() as c:
         yield Cells(c)
+
+
+# --- docker -----------------------------------------------------------------------------------
+
+TEST_OWNER = f"pytest-{os.getpid()}"
+
+
+def docker_client() -> Any:
+    import docker
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception as exc:  # noqa: BLE001
+        pytest.fail(f"Docker is not reachable ({exc}); run `make setup` (scripts/bootstrap)")
+    return client
+
+
+@pytest.fixture(scope="session")
+def docker_env() -> Iterator[Any]:
+    """Docker and the sandbox image (built by `make setup`); removes our containers at the end."""
+    from farm.sandbox.images import ensure_sandbox_image
+
+    client = docker_client()
+    ensure_sandbox_image(client)
+    yield client
+    for container in client.containers.list(
+        all=True, filters={"label": f"farm.owner={TEST_OWNER}"}
+    ):
+        container.remove(force=True)
+    client.close()
+
+
+def make_docker_sandbox(docker_env: Any, tmp_path_factory: Any, **kwargs: Any) -> Any:
+    from farm.sandbox.docker import DockerSandbox
+
+    return DockerSandbox(
+        owner=TEST_OWNER,
+        socket_dir=tmp_path_factory.mktemp("sockets"),
+        client=docker_env,
+        **kwargs,
+    )
+
+
+@pytest.fixture(scope="module")
+def docker_sandbox(docker_env: Any, tmp_path_factory: Any) -> Iterator[Any]:
+    with make_docker_sandbox(docker_env, tmp_path_factory) as sandbox:
+        yield sandbox

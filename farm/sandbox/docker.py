@@ -1,0 +1,275 @@
+"""The ``docker`` backend: one hardened container running the kernel.
+
+Defaults that hold (each from ``SandboxLimits``): no network at all (``--network none``: a
+container on an ``internal`` network still reaches the host through the bridge gateway), the
+kernel on a Unix socket in a per-sandbox host directory bind-mounted at ``/run/farm``, uid
+10001, no capabilities, no-new-privileges, read-only root, size-capped tmpfs ``/tmp`` and
+``/workspace``, pids/memory(=swap)/cpu limits, nofile/fsize/core ulimits, ``--init``. The token
+is written to the socket directory, read and deleted by the kernel before any user code runs.
+Everything created carries ``farm.managed=1`` and ``farm.owner`` labels, so a failed start
+leaves nothing and ``remove_orphans`` finds what a dead owner left.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+from docker.models.containers import Container
+from docker.types import Ulimit
+
+from farm.kernel import auth
+from farm.kernel.client import KernelClient, KernelError
+from farm.models import SandboxHealth, SandboxInfo
+from farm.sandbox.base import Sandbox
+from farm.sandbox.process import SandboxStartError
+from farm.settings import SandboxLimits
+
+log = logging.getLogger(__name__)
+
+LABEL_MANAGED = "farm.managed"
+LABEL_OWNER = "farm.owner"
+LABEL_HOST = "farm.host"
+LABEL_PID = "farm.pid"
+SANDBOX_UID = 10001
+MOUNT = "/run/farm"
+
+
+class DockerSandbox(Sandbox):
+    def __init__(
+        self,
+        image: str = "farm-sandbox:default",
+        *,
+        owner: str | None = None,
+        limits: SandboxLimits | None = None,
+        socket_dir: Path = Path("/tmp/farm-sockets"),
+        start_timeout_s: float = 30.0,
+        client: docker.DockerClient | None = None,
+    ) -> None:
+        self.image = image
+        self.owner = owner or f"local-{os.getpid()}"
+        self.limits = limits or SandboxLimits()
+        self.start_timeout_s = start_timeout_s
+        self.id = uuid.uuid4().hex[:12]
+        self.dir = socket_dir / self.id
+        self.address = f"unix:{self.dir / 'kernel.sock'}"
+        self._token = auth.new_token()
+        self._client = client
+        self.container: Container | None = None
+        self.kernel_version: str | None = None
+
+    @property
+    def token(self) -> str:
+        return self._token
+
+    @property
+    def docker(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = docker.from_env()
+        return self._client
+
+    def _prepare_dir(self) -> None:
+        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(mode=0o700)
+        token_file = self.dir / "token"
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self._token)
+        try:
+            for path in (self.dir, token_file):
+                os.chown(path, SANDBOX_UID, SANDBOX_UID)
+        except PermissionError:
+            # Not root: the container's uid cannot own the directory; open it up instead.
+            log.warning(
+                "cannot chown %s to uid %d; making it world-writable", self.dir, SANDBOX_UID
+            )
+            os.chmod(self.dir, 0o777)
+            os.chmod(token_file, 0o644)
+
+    def _run_kwargs(self) -> dict[str, Any]:
+        lim = self.limits
+        mb = 1024 * 1024
+        kwargs: dict[str, Any] = {
+            "name": f"farm-sandbox-{self.id}",
+            "detach": True,
+            "labels": {
+                LABEL_MANAGED: "1",
+                LABEL_OWNER: self.owner,
+                LABEL_HOST: socket.gethostname(),
+                LABEL_PID: str(os.getpid()),
+            },
+            "network_mode": lim.network,
+            "user": lim.user,
+            "read_only": lim.read_only,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "tmpfs": {
+                "/tmp": f"size={lim.tmp_mb}m,mode=1777,nosuid,nodev",
+                "/workspace": f"size={lim.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},"
+                "mode=0755,nosuid,nodev",
+            },
+            "pids_limit": lim.pids,
+            "mem_limit": lim.memory_mb * mb,
+            "memswap_limit": lim.memory_mb * mb,
+            "nano_cpus": int(lim.cpus * 1e9),
+            "ulimits": [
+                Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile),
+                Ulimit(name="fsize", soft=lim.fsize_mb * mb, hard=lim.fsize_mb * mb),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            "init": True,
+            "volumes": {str(self.dir): {"bind": MOUNT, "mode": "rw"}},
+            "command": [
+                "--unix",
+                f"{MOUNT}/kernel.sock",
+                "--token-file",
+                f"{MOUNT}/token",
+                "--grace-s",
+                str(lim.grace_s),
+            ],
+        }
+        if lim.runtime:
+            kwargs["runtime"] = lim.runtime
+        return kwargs
+
+    def start(self) -> None:
+        try:
+            self._prepare_dir()
+            self.container = self.docker.containers.run(self.image, **self._run_kwargs())
+            self._wait_ready()
+        except docker.errors.ImageNotFound as exc:
+            self.stop()
+            raise SandboxStartError(
+                f"sandbox image {self.image!r} is missing: run `farm image build`"
+            ) from exc
+        except docker.errors.DockerException as exc:
+            self.stop()
+            raise SandboxStartError(f"docker could not start the sandbox: {exc}") from exc
+        except BaseException:
+            self.stop()
+            raise
+        self.started_at = time.time()
+        log.info(
+            "sandbox %s started (container %s, owner %s)",
+            self.id,
+            self.container.short_id,
+            self.owner,
+        )
+
+    def _wait_ready(self) -> None:
+        assert self.container is not None
+        deadline = time.monotonic() + self.start_timeout_s
+        last = "no socket yet"
+        while time.monotonic() < deadline:
+            if (self.dir / "kernel.sock").exists():
+                try:
+                    with KernelClient.at(self.address, self._token, connect_timeout_s=2) as c:
+                        self.kernel_version = c.ping()["version"]
+                    return
+                except KernelError as exc:
+                    last = str(exc)
+            self.container.reload()
+            if self.container.status in ("exited", "dead"):
+                logs = self.container.logs(tail=20).decode(errors="replace")
+                raise SandboxStartError(f"the sandbox container exited at start:\n{logs}")
+            time.sleep(0.05)  # poll interval of the readiness check above
+        raise SandboxStartError(f"the sandbox kernel did not answer in time ({last})")
+
+    def stop(self) -> None:
+        container, self.container = self.container, None
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.DockerException as exc:
+                log.warning("could not remove sandbox container %s: %s", container.short_id, exc)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def container_state(self) -> dict[str, Any]:
+        """Docker's view: ``Status``, ``OOMKilled``, ``ExitCode``... ({} when gone)."""
+        if self.container is None:
+            return {}
+        try:
+            self.container.reload()
+        except docker.errors.NotFound:
+            return {"Status": "removed"}
+        return dict(self.container.attrs.get("State", {}))
+
+    def health(self, timeout_s: float = 3.0) -> SandboxHealth:
+        health = super().health(timeout_s)
+        if health.ok:
+            return health
+        state = self.container_state()
+        detail = health.detail
+        if state:
+            detail = (
+                f"container {state.get('Status')}, oom_killed={state.get('OOMKilled')}, "
+                f"exit={state.get('ExitCode')}: {detail}"
+            )
+        return SandboxHealth(ok=False, detail=detail)
+
+    def info(self) -> SandboxInfo:
+        digest = None
+        try:
+            image = self.docker.images.get(self.image)
+            digest = (image.attrs.get("RepoDigests") or [None])[0] or image.id
+        except docker.errors.DockerException:
+            pass
+        return SandboxInfo(
+            backend="docker",
+            isolated=True,
+            address=self.address,
+            container_id=self.container.id if self.container else None,
+            image=self.image,
+            image_digest=digest,
+            limits=self.limits.model_dump(),
+            kernel_version=self.kernel_version,
+            started_at=self.started_at,
+        )
+
+
+def remove_orphans(
+    client: docker.DockerClient | None = None, *, live_owners: set[str] | None = None
+) -> list[str]:
+    """Remove farm containers whose owner is gone; return their names.
+
+    An owner is gone when it is not in ``live_owners`` (when given, e.g. from the worker
+    registry), or when it ran on this host and its process no longer exists.
+    """
+    client = client or docker.from_env()
+    removed = []
+    here = socket.gethostname()
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+        labels = container.labels
+        owner = labels.get(LABEL_OWNER, "")
+        if live_owners is not None:
+            orphan = owner not in live_owners
+        else:
+            pid = labels.get(LABEL_PID, "")
+            orphan = labels.get(LABEL_HOST) == here and pid.isdigit() and not _alive(int(pid))
+        if orphan:
+            try:
+                container.remove(force=True)
+                removed.append(str(container.name))
+            except docker.errors.NotFound:
+                pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

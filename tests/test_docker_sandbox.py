@@ -1,0 +1,246 @@
+"""The docker backend against real Docker: hardening, isolation, token, health, replacement.
+
+Each property is checked from inside the sandbox, by running code in it.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from farm.kernel.client import KernelConnectionError
+from farm.sandbox.docker import DockerSandbox, remove_orphans
+from farm.sandbox.keeper import SandboxKeeper
+from farm.sandbox.process import SandboxStartError
+from tests.conftest import TEST_OWNER, Cells, make_docker_sandbox
+
+pytestmark = pytest.mark.docker
+
+
+def inside(sandbox: DockerSandbox, code: str, timeout_s: float = 30) -> Any:
+    """Run ``code`` in a fresh session of ``sandbox``; return the value of its last expression."""
+    with sandbox.kernel() as client:
+        cells = Cells(client)
+        result = cells.run(code, timeout_s=timeout_s)
+        client.close_session(cells.id)
+    assert result.ok, result.error
+    assert result.value is not None
+    return eval(result.value.data["text/plain"])
+
+
+def test_user_code_runs_unprivileged_in_a_hardened_container(docker_sandbox: DockerSandbox) -> None:
+    facts = inside(
+        docker_sandbox,
+        "import os, resource\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "def writable(p):\n"
+        "    try:\n        open(p, 'w').close(); os.remove(p); return True\n"
+        "    except OSError:\n        return False\n"
+        "{'uid': os.getuid(), 'gid': os.getgid(), 'cap_eff': status['CapEff'].strip(),\n"
+        " 'cap_bnd': status['CapBnd'].strip(), 'nnp': status['NoNewPrivs'].strip(),\n"
+        " 'root_writable': writable('/etc/farm-probe'), 'tmp': writable('/tmp/p'),\n"
+        " 'workspace': writable('/workspace/p'), 'cwd': os.getcwd(),\n"
+        " 'nofile': resource.getrlimit(resource.RLIMIT_NOFILE),\n"
+        " 'core': resource.getrlimit(resource.RLIMIT_CORE),\n"
+        " 'fsize': resource.getrlimit(resource.RLIMIT_FSIZE),\n"
+        " 'pid1': open('/proc/1/cmdline').read().split(chr(0))[0]}",
+    )
+    assert (facts["uid"], facts["gid"]) == (10001, 10001)
+    assert int(facts["cap_eff"], 16) == 0 and int(facts["cap_bnd"], 16) == 0
+    assert facts["nnp"] == "1"
+    assert not facts["root_writable"]
+    assert facts["tmp"] and facts["workspace"]
+    assert facts["cwd"] == "/workspace"
+    assert facts["nofile"] == (1024, 1024)
+    assert facts["core"] == (0, 0)
+    assert facts["fsize"] == (256 * 1024 * 1024,) * 2
+    assert "init" in facts["pid1"]  # docker-init reaps zombies
+
+
+def test_cgroup_limits_are_in_force(docker_sandbox: DockerSandbox) -> None:
+    state = docker_sandbox.docker.api.inspect_container(docker_sandbox.container.id)
+    host = state["HostConfig"]
+    assert host["Memory"] == host["MemorySwap"] == 512 * 1024 * 1024
+    assert host["PidsLimit"] == 128
+    assert host["NanoCpus"] == 1_000_000_000
+    assert host["ReadonlyRootfs"] is True
+    sizes = inside(
+        docker_sandbox,
+        "import os\n"
+        "def size(p):\n    s = os.statvfs(p); return s.f_blocks * s.f_frsize // 2**20\n"
+        "(size('/tmp'), size('/workspace'))",
+    )
+    assert sizes == (64, 256)
+
+
+def test_the_sandbox_has_no_network_at_all(docker_sandbox: DockerSandbox) -> None:
+    facts = inside(
+        docker_sandbox,
+        "import os, socket\n"
+        "routes = open('/proc/net/route').read().splitlines()[1:]\n"
+        "def reach(host, port):\n"
+        "    try:\n"
+        "        socket.create_connection((host, port), timeout=2).close(); return 'connected'\n"
+        "    except OSError as e:\n        return type(e).__name__\n"
+        "def resolve(name):\n"
+        "    try:\n        socket.getaddrinfo(name, 80); return 'resolved'\n"
+        "    except OSError as e:\n        return type(e).__name__\n"
+        "{'ifaces': sorted(os.listdir('/sys/class/net')), 'routes': routes,\n"
+        " 'gateway_redis': reach('172.17.0.1', 6379),\n"
+        " 'gateway_docker': reach('172.17.0.1', 2375),\n"
+        " 'public': reach('1.1.1.1', 443), 'dns': resolve('pypi.org')}",
+    )
+    assert facts["ifaces"] == ["lo"]
+    assert facts["routes"] == []
+    for key in ("gateway_redis", "gateway_docker", "public"):
+        assert facts[key] != "connected", key
+    assert facts["dns"] != "resolved"
+
+
+def test_the_kernel_token_is_invisible_inside(docker_sandbox: DockerSandbox) -> None:
+    dump = inside(
+        docker_sandbox,
+        "import os, glob\n"
+        "seen = [repr(dict(os.environ)), str(os.listdir('/run/farm'))]\n"
+        "for p in glob.glob('/proc/[0-9]*/environ') + glob.glob('/proc/[0-9]*/cmdline'):\n"
+        "    try:\n        seen.append(open(p, 'rb').read().decode('latin-1'))\n"
+        "    except OSError as e:\n        seen.append(type(e).__name__)\n"
+        "'\\n'.join(seen)",
+    )
+    assert docker_sandbox.token not in dump
+    assert "FARM_KERNEL_TOKEN" not in dump
+    assert "'token'" not in dump.splitlines()[1]  # the token file was deleted
+
+
+def test_one_sandbox_cannot_see_or_reach_another(
+    docker_env: Any, tmp_path_factory: Any, docker_sandbox: DockerSandbox
+) -> None:
+    with make_docker_sandbox(docker_env, tmp_path_factory) as other:
+        other_socket = other.address.removeprefix("unix:")
+        facts = inside(
+            docker_sandbox,
+            "import os, socket\n"
+            f"target = {other_socket!r}\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            "try:\n    s.connect(target); outcome = 'connected'\n"
+            "except OSError as e:\n    outcome = type(e).__name__\n"
+            "{'run_farm': sorted(os.listdir('/run/farm')), 'outcome': outcome,\n"
+            " 'other_dir_visible': os.path.exists(os.path.dirname(target))}",
+        )
+    assert facts["run_farm"] == ["kernel.sock"]
+    assert facts["outcome"] != "connected"
+    assert not facts["other_dir_visible"]
+
+
+def test_info_reports_backend_image_digest_and_limits(docker_sandbox: DockerSandbox) -> None:
+    info = docker_sandbox.info()
+    assert info.backend == "docker" and info.isolated
+    assert info.image == "farm-sandbox:default"
+    assert info.image_digest is not None and info.image_digest.startswith("sha256:")
+    assert info.container_id == docker_sandbox.container.id
+    assert info.limits["memory_mb"] == 512 and info.limits["network"] == "none"
+    assert info.kernel_version
+    json.dumps(info.model_dump())
+
+
+def test_a_memory_bomb_is_kind_oom_and_the_kernel_survives(docker_sandbox: DockerSandbox) -> None:
+    with docker_sandbox.kernel() as client:
+        bystander = Cells(client)
+        bystander.run("alive = 'yes'")
+        bomber = Cells(client)
+        result = bomber.run("x = bytearray(2 * 10**9)", timeout_s=60)
+        assert result.error is not None
+        assert result.error.kind == "oom", result.error
+        assert bomber.value("1 + 1") == "2"  # the session carries on in a new epoch
+        assert bystander.value("alive") == "'yes'"
+        assert client.ping()["type"] == "pong"
+
+
+def test_a_killed_container_fails_calls_fast_and_is_replaced(
+    docker_env: Any, tmp_path_factory: Any
+) -> None:
+    lost: list[tuple[int, str]] = []
+    keeper = SandboxKeeper(
+        lambda: make_docker_sandbox(docker_env, tmp_path_factory),
+        interval_s=0.2,
+        on_lost=lambda gen, why: lost.append((gen, why)),
+    )
+    with keeper:
+        first = keeper.sandbox
+        assert isinstance(first, DockerSandbox) and first.container is not None
+        client = keeper.kernel()
+        cells = Cells(client)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                cells.run("import time\ntime.sleep(60)", timeout_s=120)
+                outcome["error"] = None
+            except KernelConnectionError as exc:
+                outcome["error"] = exc
+            outcome["failed_at"] = time.monotonic()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        time.sleep(1.0)  # let the call get under way: the state under test
+        killed_at = time.monotonic()
+        docker_env.containers.get(first.container.id).kill()
+        thread.join(timeout=30)
+        assert isinstance(outcome.get("error"), KernelConnectionError)
+        assert outcome["failed_at"] - killed_at < 2.0  # the call in flight fails fast
+        client.close()
+
+        deadline = time.monotonic() + 60
+        while not (keeper.ready and keeper.sandbox is not first) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert keeper.ready and keeper.sandbox is not first
+        assert keeper.restarts == 1 and keeper.generation == 2
+        assert lost and lost[0][0] == 1
+        assert keeper.health().ok
+        with keeper.kernel() as fresh:
+            assert Cells(fresh).value("'replacement works'") == "'replacement works'"
+        assert keeper.info().restarts == 1
+
+
+def test_a_failed_start_leaves_no_container(docker_env: Any, tmp_path_factory: Any) -> None:
+    sandbox = make_docker_sandbox(docker_env, tmp_path_factory, image="farm-no-such-image:x")
+    with pytest.raises(SandboxStartError, match="image"):
+        sandbox.start()
+    names = [c.name for c in docker_env.containers.list(all=True)]
+    assert f"farm-sandbox-{sandbox.id}" not in names
+    assert not sandbox.dir.exists()
+
+
+def test_orphans_of_a_dead_owner_are_removed(docker_env: Any) -> None:
+    import socket
+
+    container = docker_env.containers.create(
+        "farm-sandbox:default",
+        labels={
+            "farm.managed": "1",
+            "farm.owner": TEST_OWNER,
+            "farm.host": socket.gethostname(),
+            "farm.pid": "999999999",
+        },
+        network_mode="none",
+    )
+    mine = docker_env.containers.create(
+        "farm-sandbox:default",
+        labels={
+            "farm.managed": "1",
+            "farm.owner": TEST_OWNER,
+            "farm.host": socket.gethostname(),
+            "farm.pid": str(__import__("os").getpid()),
+        },
+        network_mode="none",
+    )
+    try:
+        removed = remove_orphans(docker_env)
+        assert container.name in removed
+        assert mine.name not in removed
+    finally:
+        mine.remove(force=True)

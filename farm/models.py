@@ -70,6 +70,30 @@ class ExecResult(_Model):
     def kind(self) -> ErrorKind | None:
         return self.error.kind if self.error else None
 
+    @classmethod
+    def failure(
+        cls,
+        kind: ErrorKind,
+        ename: str,
+        evalue: str,
+        *,
+        exec_id: str,
+        session_id: str = "",
+        epoch: int = 0,
+        worker: str | None = None,
+        state_lost: bool = False,
+    ) -> ExecResult:
+        """A result for a run that failed around the code (lost sandbox, infrastructure)."""
+        return cls(
+            exec_id=exec_id,
+            session_id=session_id,
+            epoch=epoch,
+            status="error",
+            error=ExecError(ename=ename, evalue=evalue, kind=kind),
+            worker=worker,
+            state_lost=state_lost,
+        )
+
     def raise_for_error(self) -> ExecResult:
         """Raise the typed ``farm.errors`` exception for a failed run; return self when ok."""
         if self.error is not None:

@@ -35,11 +35,24 @@ class FarmSettings(BaseSettings):
 
     broker_url: str = "redis://127.0.0.1:6379/0"
     backend: str = Field("docker", description="sandbox backend: docker, process or auto")
-    image: str = Field("farm-sandbox:default", description="sandbox image of this worker")
+    image: str = Field("default", description="short name of the sandbox image a worker serves")
+    sandbox_image: str | None = Field(None, description="docker image (default farm-sandbox:IMAGE)")
     socket_dir: Path = Field(
         Path("/tmp/farm-sockets"), description="host dir holding each sandbox's socket dir"
     )
     sandbox_start_timeout_s: float = 30.0
     watchdog_interval_s: float = 1.0
-    metrics_port: int = 0
+    metrics_port: int = Field(0, description="worker metrics/health HTTP port (0: any free)")
+    metrics_host: str = "127.0.0.1"
+    worker_id: str | None = Field(None, description="stable worker id (default: host-pid)")
+    concurrency: int = Field(8, ge=1, description="calls a worker runs at once (threads)")
+    max_sessions: int = Field(32, ge=1, description="sessions one worker holds at most")
+    idle_timeout_s: float = Field(1800.0, gt=0, description="idle sessions expire after this")
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    heartbeat_ttl_s: float = Field(3.0, gt=0, description="a silent worker is dead after this")
+    open_wait_s: float = Field(30.0, gt=0, description="how long opening waits for capacity")
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+
+    @property
+    def docker_image(self) -> str:
+        return self.sandbox_image or f"farm-sandbox:{self.image}"

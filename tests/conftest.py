@@ -119,3 +119,15 @@ def make_docker_sandbox(docker_env: Any, tmp_path_factory: Any, **kwargs: Any) -
 def docker_sandbox(docker_env: Any, tmp_path_factory: Any) -> Iterator[Any]:
     with make_docker_sandbox(docker_env, tmp_path_factory) as sandbox:
         yield sandbox
+
+
+# --- farms: real redis-server, real Celery worker processes, real Docker sandboxes -----------
+
+
+@pytest.fixture(scope="module")
+def farm(docker_env: Any) -> Iterator[Any]:
+    """A two-worker farm shared by a module's tests that do not break it."""
+    from farm.client import Farm
+
+    with Farm.local(workers=2) as f:
+        yield f

@@ -1,0 +1,49 @@
+"""The Celery app both sides build from settings, and the names that tie them together.
+
+The client reaches workers only through these task names and queue names, never by import.
+JSON only (no pickle: a broker message must never be able to run code), prefetch 1 so a busy
+worker does not hoard messages another could run.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from farm.settings import FarmSettings
+
+TASK_OPEN = "farm.open_session"
+TASK_EXEC = "farm.exec"
+TASK_CLOSE = "farm.close_session"
+TASK_RUN = "farm.run"
+TASK_ECHO = "farm.echo"  # the bare round trip benchmarks compare against
+
+
+def shared_queue(image: str) -> str:
+    """Where one-shot runs and session opens for ``image`` go; any worker of it may take them."""
+    return f"farm.{image}"
+
+
+def direct_queue(worker_id: str, generation: int) -> str:
+    """One worker generation's own queue: a successor never consumes its predecessor's."""
+    return f"farm.w.{worker_id}.g{generation}"
+
+
+def make_app(settings: FarmSettings | None = None) -> Celery:
+    settings = settings or FarmSettings()
+    app = Celery("farm", broker=settings.broker_url, backend=settings.broker_url)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        worker_prefetch_multiplier=1,
+        task_acks_late=False,
+        result_expires=3600,
+        task_default_queue="farm.default",
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": 300},
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+    )
+    return app

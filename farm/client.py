@@ -1,0 +1,286 @@
+"""The Python API: ``Farm`` (a connection to a farm) and ``Session`` (a stateful REPL on it).
+
+The client reaches workers only through the broker (task and queue names from
+``farm.celeryconf``) and reads who owns what from the registry. A session call goes to the
+owning worker generation's direct queue; while it waits, the client watches that worker's
+heartbeat, so a dead worker turns into ``SessionLost`` within seconds instead of a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from typing import Any
+
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from farm.celeryconf import TASK_CLOSE, TASK_EXEC, TASK_OPEN, TASK_RUN, make_app, shared_queue
+from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
+from farm.models import ErrorKind, ExecResult
+from farm.registry import Registry
+from farm.settings import FarmSettings
+
+DEFAULT_TIMEOUT_S = 30.0
+WAIT_SLICE_S = 0.5
+QUEUE_WAIT_S = 600.0
+RETRYABLE = (ErrorKind.SANDBOX_LOST, ErrorKind.INFRA)
+
+
+class Farm:
+    """``Farm.connect()`` for a running farm, ``Farm.local()`` for an embedded one."""
+
+    def __init__(self, settings: FarmSettings | None = None, *, owned: Any = None) -> None:
+        self.settings = settings or FarmSettings()
+        self.app = make_app(self.settings)
+        self.registry = Registry(
+            self.settings.broker_url, heartbeat_ttl_s=self.settings.heartbeat_ttl_s
+        )
+        self._owned = owned
+
+    @classmethod
+    def connect(cls, broker_url: str | None = None) -> Farm:
+        settings = FarmSettings()
+        if broker_url:
+            settings = settings.model_copy(update={"broker_url": broker_url})
+        return cls(settings)
+
+    @classmethod
+    def local(cls, workers: int | dict[str, int] = 2, *, backend: str = "docker") -> Farm:
+        """Start an embedded farm (redis + worker processes) owned by this ``Farm``."""
+        from farm.local import LocalFarm
+
+        local = LocalFarm(workers, backend=backend).start()
+        return cls(local.settings(), owned=local)
+
+    @property
+    def local_farm(self) -> Any:
+        return self._owned
+
+    def close(self) -> None:
+        self.registry.close()
+        self.app.close()
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+
+    def __enter__(self) -> Farm:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- discovery ----------------------------------------------------------------------
+
+    def workers(self) -> list[dict[str, Any]]:
+        return self.registry.workers()
+
+    def _require_image(self, image: str) -> None:
+        if not any(w.get("image") == image for w in self.registry.workers()):
+            raise SandboxUnavailable(
+                f"no live worker serves image {image!r}; start one (`farm worker` with "
+                f"FARM_IMAGE={image}) or pick another image"
+            )
+
+    # --- sessions -----------------------------------------------------------------------
+
+    def session(
+        self,
+        image: str = "default",
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        open_wait_s: float | None = None,
+    ) -> Session:
+        """Open a session on a worker of ``image``; waits up to ``open_wait_s`` for room."""
+        self._require_image(image)
+        deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
+        backoff = 0.05
+        while True:
+            pending = self.app.send_task(TASK_OPEN, queue=shared_queue(image))
+            reply = self._wait(pending, deadline + QUEUE_WAIT_S)
+            if not reply.get("busy"):
+                return Session(
+                    self,
+                    reply["session_id"],
+                    reply["worker"],
+                    reply["generation"],
+                    reply["queue"],
+                    reply["epoch"],
+                    timeout_s,
+                )
+            if time.monotonic() + backoff > deadline:
+                raise FarmBusy(
+                    f"every worker of image {image!r} is full or not ready "
+                    f"(last: {reply.get('reason')}); retry later or add workers"
+                )
+            time.sleep(backoff)  # back off before asking the shared queue again
+            backoff = min(backoff * 2, 1.0)
+
+    def attach(self, session_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
+        """Continue a session opened elsewhere (another process), as it is now."""
+        entry = self.registry.session(session_id)
+        if entry is None:
+            raise SessionLost(session_id, None, "no such session (closed, expired or lost)")
+        return Session(
+            self,
+            session_id,
+            str(entry["worker"]),
+            int(entry["generation"]),
+            str(entry["queue"]),
+            int(entry["epoch"]),
+            timeout_s,
+        )
+
+    def run(
+        self,
+        code: str,
+        *,
+        image: str = "default",
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = 0,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        """One-shot run in a fresh session. Infra failures are retried ``retries`` times."""
+        self._require_image(image)
+        for attempt in range(retries + 1):
+            request = exec_request(code, timeout_s, max_output_bytes)
+            pending = self.app.send_task(TASK_RUN, args=[request], queue=shared_queue(image))
+            try:
+                raw = self._wait(
+                    pending, time.monotonic() + timeout_s + QUEUE_WAIT_S, exec_id=request["exec_id"]
+                )
+                result = ExecResult.model_validate(raw)
+            except SessionLost as exc:
+                result = ExecResult.failure(
+                    ErrorKind.SANDBOX_LOST,
+                    "SessionLost",
+                    str(exc),
+                    exec_id=request["exec_id"],
+                    worker=exc.worker,
+                )
+            if result.kind not in RETRYABLE or attempt == retries:
+                return result
+        raise AssertionError("unreachable")
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def _wait(
+        self,
+        pending: Any,
+        deadline: float,
+        *,
+        worker: tuple[str, int] | None = None,
+        exec_id: str | None = None,
+    ) -> dict[str, Any]:
+        """Wait for a task result, watching the worker that runs it (fencing on the client)."""
+        while True:
+            try:
+                reply: dict[str, Any] = pending.get(timeout=WAIT_SLICE_S, propagate=True)
+                pending.forget()
+                return reply
+            except CeleryTimeout:
+                pass
+            owner = worker
+            if owner is None and exec_id is not None:
+                record = self.registry.exec_record(exec_id)
+                if record and record.get("state") == "running":
+                    owner = (str(record["worker"]), int(record["generation"]))
+            if owner is not None and not self.registry.worker_alive(*owner):
+                pending.forget()
+                raise SessionLost(
+                    exec_id or "?", owner[0], f"worker {owner[0]} (generation {owner[1]}) is gone"
+                )
+            if time.monotonic() > deadline:
+                pending.forget()
+                raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
+
+
+def exec_request(code: str, timeout_s: float, max_output_bytes: int | None) -> dict[str, Any]:
+    """The one place an exec message is built (sync and async callers alike)."""
+    request: dict[str, Any] = {"code": code, "timeout_s": timeout_s, "exec_id": uuid.uuid4().hex}
+    if max_output_bytes is not None:
+        request["max_output_bytes"] = max_output_bytes
+    return request
+
+
+class Session:
+    """A REPL on one worker's sandbox: variables persist between ``run`` calls.
+
+    ``run`` returns an ``ExecResult`` for everything the code did (errors, timeouts, OOM);
+    it raises ``SessionLost`` when the sandbox or worker holding the state is gone and
+    ``StateLost`` when the variables are gone (call ``restart()`` to go on in a fresh
+    namespace: farm never does that silently).
+    """
+
+    def __init__(
+        self,
+        farm: Farm,
+        session_id: str,
+        worker: str,
+        generation: int,
+        queue: str,
+        epoch: int,
+        timeout_s: float,
+    ) -> None:
+        self.farm = farm
+        self.id = session_id
+        self.worker = worker
+        self.generation = generation
+        self.queue = queue
+        self.epoch = epoch
+        self.timeout_s = timeout_s
+        self._kernel_epoch = epoch
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_alive(self) -> None:
+        if self.closed:
+            raise SessionLost(self.id, self.worker, "the session was closed")
+        why = self.farm.registry.session_state(self.id, self.worker, self.generation)
+        if why is not None:
+            raise SessionLost(self.id, self.worker, why)
+
+    def run(
+        self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
+    ) -> ExecResult:
+        self._check_alive()
+        timeout = timeout_s or self.timeout_s
+        request = exec_request(code, timeout, max_output_bytes)
+        request.update(session_id=self.id, epoch=self.epoch, generation=self.generation)
+        pending = self.farm.app.send_task(TASK_EXEC, args=[request], queue=self.queue)
+        raw = self.farm._wait(
+            pending,
+            time.monotonic() + timeout + QUEUE_WAIT_S,
+            worker=(self.worker, self.generation),
+        )
+        result = ExecResult.model_validate(raw)
+        if result.kind == ErrorKind.SANDBOX_LOST:
+            raise SessionLost(self.id, self.worker, result.error.evalue if result.error else "")
+        if result.state_lost:
+            self._kernel_epoch = result.epoch
+        if result.kind == ErrorKind.STATE_LOST:
+            raise StateLost(result)
+        return result
+
+    def restart(self) -> None:
+        """Accept the loss of state: continue in the fresh namespace of the current epoch."""
+        self.epoch = self._kernel_epoch
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.farm.registry.worker_alive(self.worker, self.generation):
+            pending = self.farm.app.send_task(TASK_CLOSE, args=[self.id], queue=self.queue)
+            with contextlib.suppress(SessionLost, FarmBusy):
+                self.farm._wait(
+                    pending, time.monotonic() + 30, worker=(self.worker, self.generation)
+                )

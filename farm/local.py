@@ -1,0 +1,199 @@
+"""``LocalFarm``: an embedded farm for one process — a ``redis-server`` on a free loopback
+port and N worker processes with their sandboxes. Everything it starts it stops and removes on
+``close()`` (also after Ctrl-C, via the context manager), containers by their owner label.
+Tests use it too, so the test farm is the real one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+from farm.errors import SandboxUnavailable
+from farm.registry import Registry
+from farm.settings import FarmSettings
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LocalFarm:
+    def __init__(
+        self,
+        workers: int | dict[str, int] = 2,
+        *,
+        backend: str = "docker",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.images = workers if isinstance(workers, dict) else {"default": workers}
+        self.backend = backend
+        self.extra_env = env or {}
+        self.tag = uuid.uuid4().hex[:8]
+        self.dir = Path(tempfile.mkdtemp(prefix="farm-local-"))
+        self.port = 0
+        self.redis_proc: subprocess.Popen[bytes] | None = None
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self._count = 0
+
+    @property
+    def broker_url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def settings(self) -> FarmSettings:
+        return FarmSettings(broker_url=self.broker_url)
+
+    def start(self) -> LocalFarm:
+        try:
+            self._start_redis()
+            for image, count in self.images.items():
+                for _ in range(count):
+                    self.add_worker(image)
+            self.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_redis(self) -> None:
+        if shutil.which("redis-server") is None:
+            raise SandboxUnavailable("redis-server is not installed: run `make setup`")
+        self.port = free_port()
+        self.redis_proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=1)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.redis_proc.poll() is not None:
+                    raise SandboxUnavailable("redis-server did not start") from None
+                time.sleep(0.02)  # poll interval of the deadline-bounded readiness check
+        client.close()
+
+    def add_worker(self, image: str = "default", **env: str) -> str:
+        """Start one more worker process; returns its worker id."""
+        self._count += 1
+        worker_id = f"local-{self.tag}-{self._count}"
+        worker_env = {
+            **os.environ,
+            **self.extra_env,
+            "FARM_BROKER_URL": self.broker_url,
+            "FARM_WORKER_ID": worker_id,
+            "FARM_BACKEND": self.backend,
+            "FARM_IMAGE": image,
+            "FARM_METRICS_PORT": "0",
+            "FARM_SOCKET_DIR": str(self.dir / "sockets"),
+            **env,
+        }
+        log_file = open(self.dir / f"{worker_id}.log", "wb")  # noqa: SIM115 - owned by Popen
+        self.workers[worker_id] = subprocess.Popen(
+            [sys.executable, "-m", "farm.worker"],
+            env=worker_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log_file.close()
+        return worker_id
+
+    def wait_ready(
+        self, worker_ids: list[str] | None = None, timeout_s: float = READY_TIMEOUT_S
+    ) -> None:
+        wanted = set(worker_ids or self.workers)
+        registry = Registry(self.broker_url)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                ready = {str(w["id"]) for w in registry.workers() if w.get("ready")}
+                if wanted <= ready:
+                    return
+                dead = [w for w in wanted if self.workers[w].poll() is not None]
+                if dead or time.monotonic() > deadline:
+                    logs = "\n".join(self.log_tail(w) for w in dead or sorted(wanted - ready))
+                    raise SandboxUnavailable(f"workers did not become ready: {logs}")
+                time.sleep(0.1)  # poll interval of the deadline-bounded readiness check
+        finally:
+            registry.close()
+
+    def log_tail(self, worker_id: str, lines: int = 30) -> str:
+        path = self.dir / f"{worker_id}.log"
+        text = path.read_text(errors="replace") if path.exists() else ""
+        return f"--- {worker_id}\n" + "\n".join(text.splitlines()[-lines:])
+
+    def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> None:
+        self.workers[worker_id].send_signal(sig)
+
+    def close(self) -> None:
+        for proc in self.workers.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for worker_id, proc in self.workers.items():
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("worker %s did not stop in time; killing it", worker_id)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(STOP_TIMEOUT_S)
+        if self.backend != "process":
+            self._remove_containers()
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            self.redis_proc.terminate()
+            self.redis_proc.wait(STOP_TIMEOUT_S)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _remove_containers(self) -> None:
+        try:
+            import docker
+
+            client = docker.from_env()
+        except Exception:  # noqa: BLE001 - nothing to clean without Docker
+            return
+        for worker_id in self.workers:
+            for container in client.containers.list(
+                all=True, filters={"label": f"farm.owner={worker_id}"}
+            ):
+                container.remove(force=True)
+        client.close()
+
+    def __enter__(self) -> LocalFarm:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,130 @@
+"""The farm's shared state in Redis: live workers, session owners, and exec records.
+
+Keys (all under ``farm:``):
+- ``worker:<id>``   hash: generation, image, queue, capacity, sessions, sandbox, metrics;
+                    expires ``heartbeat_ttl_s`` after the last heartbeat: no key = dead worker
+- ``session:<id>``  hash: worker, generation, queue, image, epoch; expires when idle
+- ``exec:<id>``     JSON record of one exec: ``running`` (with worker) then ``done`` (with result);
+                    ``SET NX`` makes a redelivered or duplicated message run its code once
+- ``gen:<id>``      counter of a worker id's starts (its generation)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+
+PREFIX = "farm:"
+EXEC_TTL_S = 24 * 3600
+
+
+class Registry:
+    def __init__(self, url: str, *, heartbeat_ttl_s: float = 3.0) -> None:
+        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
+        self.heartbeat_ttl_s = heartbeat_ttl_s
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # --- workers --------------------------------------------------------------------------
+
+    def next_generation(self, worker_id: str) -> int:
+        return int(self.redis.incr(f"{PREFIX}gen:{worker_id}"))
+
+    def heartbeat(self, worker_id: str, fields: dict[str, Any]) -> None:
+        key = f"{PREFIX}worker:{worker_id}"
+        flat: dict[Any, Any] = {
+            k: v if isinstance(v, str) else json.dumps(v) for k, v in fields.items()
+        }
+        flat["heartbeat"] = str(time.time())
+        with self.redis.pipeline() as pipe:
+            pipe.hset(key, mapping=flat)
+            pipe.pexpire(key, int(self.heartbeat_ttl_s * 1000))
+            pipe.execute()
+
+    def deregister(self, worker_id: str, generation: int) -> None:
+        key = f"{PREFIX}worker:{worker_id}"
+        if self.redis.hget(key, "generation") == str(generation):
+            self.redis.delete(key)
+
+    def worker(self, worker_id: str) -> dict[str, Any] | None:
+        raw = self.redis.hgetall(f"{PREFIX}worker:{worker_id}")
+        return _decode(raw) if raw else None
+
+    def workers(self) -> list[dict[str, Any]]:
+        found = []
+        for key in self.redis.scan_iter(f"{PREFIX}worker:*"):
+            raw = self.redis.hgetall(key)
+            if raw:
+                found.append(_decode(raw))
+        return sorted(found, key=lambda w: str(w.get("id")))
+
+    def worker_alive(self, worker_id: str, generation: int) -> bool:
+        return self.redis.hget(f"{PREFIX}worker:{worker_id}", "generation") == str(generation)
+
+    def session_state(self, session_id: str, worker_id: str, generation: int) -> str | None:
+        """``None`` when the session can take calls, else why not (one round trip)."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(f"{PREFIX}worker:{worker_id}", "generation")
+            pipe.exists(f"{PREFIX}session:{session_id}")
+            live_generation, exists = pipe.execute()
+        if live_generation != str(generation):
+            return f"worker {worker_id} (generation {generation}) is gone"
+        if not exists:
+            return "the session was closed or expired after being idle"
+        return None
+
+    # --- sessions -------------------------------------------------------------------------
+
+    def put_session(self, session_id: str, fields: dict[str, Any], ttl_s: float) -> None:
+        key = f"{PREFIX}session:{session_id}"
+        with self.redis.pipeline() as pipe:
+            pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+            pipe.pexpire(key, int(ttl_s * 1000))
+            pipe.execute()
+
+    def session(self, session_id: str) -> dict[str, Any] | None:
+        raw = self.redis.hgetall(f"{PREFIX}session:{session_id}")
+        return _decode(raw) if raw else None
+
+    def drop_session(self, session_id: str) -> None:
+        self.redis.delete(f"{PREFIX}session:{session_id}")
+
+    def sessions(self) -> list[dict[str, Any]]:
+        found = []
+        for key in self.redis.scan_iter(f"{PREFIX}session:*"):
+            raw = self.redis.hgetall(key)
+            if raw:
+                found.append({"id": key.removeprefix(f"{PREFIX}session:"), **_decode(raw)})
+        return found
+
+    # --- exec records -------------------------------------------------------------------
+
+    def claim_exec(self, exec_id: str, worker_id: str, generation: int) -> dict[str, Any] | None:
+        """Claim ``exec_id`` for running; ``None`` if claimed, else the existing record."""
+        key = f"{PREFIX}exec:{exec_id}"
+        record = {"state": "running", "worker": worker_id, "generation": generation}
+        if self.redis.set(key, json.dumps(record), nx=True, ex=EXEC_TTL_S):
+            return None
+        return self.exec_record(exec_id) or record
+
+    def finish_exec(self, exec_id: str, result: dict[str, Any]) -> None:
+        record = {"state": "done", "result": result}
+        self.redis.set(f"{PREFIX}exec:{exec_id}", json.dumps(record), ex=EXEC_TTL_S)
+
+    def exec_record(self, exec_id: str) -> dict[str, Any] | None:
+        raw = self.redis.get(f"{PREFIX}exec:{exec_id}")
+        return json.loads(raw) if raw else None
+
+
+def _decode(raw: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value
+    return out

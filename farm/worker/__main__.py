@@ -1,0 +1,45 @@
+"""``python -m farm.worker``: start one farm worker (what ``farm worker`` runs).
+
+A threads pool, because a worker's calls wait on its one sandbox's kernel (I/O), and one
+process keeps one sandbox, one registry entry and one metrics endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+
+from farm.settings import FarmSettings
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = FarmSettings()
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    from farm.worker.app import app
+
+    name = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"  # = Worker.id
+    args = [
+        "worker",
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(settings.concurrency),
+        "--hostname",
+        f"{name}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--loglevel",
+        "INFO",
+        *(argv if argv is not None else sys.argv[1:]),
+    ]
+    app.worker_main(args)
+
+
+if __name__ == "__main__":
+    main()

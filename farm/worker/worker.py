@@ -1,0 +1,347 @@
+"""``Worker``: one Celery worker's state — its sandbox, its sessions, its place in the registry.
+
+Invariants:
+- a worker generation consumes only its own direct queue, so messages left for a dead
+  generation are never run by its successor;
+- a session belongs to one sandbox generation; once that sandbox is replaced every call of
+  the session fails with ``sandbox_lost`` (never silently runs in a fresh sandbox);
+- an ``exec_id`` is claimed in Redis before its code runs, so a redelivered or duplicated
+  message returns the recorded result instead of running twice;
+- user errors, timeouts and OOMs are results; nothing here retries them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from farm.celeryconf import direct_queue, shared_queue
+from farm.kernel.client import KernelClient, KernelError, KernelRequestError
+from farm.models import ErrorKind, ExecResult
+from farm.registry import Registry
+from farm.sandbox.factory import make_sandbox
+from farm.sandbox.keeper import SandboxKeeper
+from farm.settings import FarmSettings
+from farm.worker import metrics
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_POLL_S = 0.05
+REAP_EVERY_S = 10.0
+
+
+@dataclass
+class HeldSession:
+    sandbox_generation: int
+    epoch: int
+    last_used: float
+    lost: str | None = None
+
+
+class Worker:
+    def __init__(self, settings: FarmSettings) -> None:
+        self.settings = settings
+        self.id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.image = settings.image
+        self.generation = 0
+        self.queue = ""
+        self.registry = Registry(settings.broker_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+        self.keeper = SandboxKeeper(
+            lambda: make_sandbox(settings, owner=self.id),
+            interval_s=settings.watchdog_interval_s,
+            on_lost=self._on_sandbox_lost,
+        )
+        self.sessions: dict[str, HeldSession] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+        self._stop = threading.Event()
+        self._http: Any = None
+        self.metrics_url = ""
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.generation = self.registry.next_generation(self.id)
+        self.queue = direct_queue(self.id, self.generation)
+        self.keeper.start()
+        self._http = metrics.serve(
+            self.settings.metrics_host, self.settings.metrics_port, self.readiness
+        )
+        self.metrics_url = f"http://{self.settings.metrics_host}:{self._http.server_port}"
+        self._heartbeat()
+        threading.Thread(target=self._beat, name="farm-heartbeat", daemon=True).start()
+        log.info(
+            "worker %s generation %d serving image %s on %s (metrics %s)",
+            self.id,
+            self.generation,
+            self.image,
+            self.queue,
+            self.metrics_url,
+        )
+
+    def stop(self, reason: str = "the worker stopped") -> None:
+        self._stop.set()
+        with self._lock:
+            held, self.sessions = self.sessions, {}
+        for session_id in held:
+            self.registry.drop_session(session_id)
+        self.keeper.stop()
+        self.registry.deregister(self.id, self.generation)
+        if self._http is not None:
+            self._http.shutdown()
+        log.info(
+            "worker %s generation %d stopped (%s); %d sessions ended",
+            self.id,
+            self.generation,
+            reason,
+            len(held),
+        )
+
+    @property
+    def queues(self) -> list[str]:
+        return [shared_queue(self.image), self.queue]
+
+    def readiness(self) -> tuple[bool, str]:
+        if not self.keeper.ready:
+            return False, f"sandbox not ready: {self.keeper.last_error}"
+        return True, f"ready: generation {self.generation}, {len(self.sessions)} sessions"
+
+    def _beat(self) -> None:
+        last_reap = time.monotonic()
+        while not self._stop.wait(self.settings.heartbeat_interval_s):
+            try:
+                self._heartbeat()
+                if time.monotonic() - last_reap > min(
+                    REAP_EVERY_S, self.settings.idle_timeout_s / 2
+                ):
+                    self._reap_idle()
+                    last_reap = time.monotonic()
+            except Exception:  # noqa: BLE001 - keep beating through a Redis hiccup
+                log.exception("worker %s heartbeat failed", self.id)
+
+    def _heartbeat(self) -> None:
+        health = self.keeper.health()
+        metrics.SANDBOX_UP.set(1 if health.ok else 0)
+        if health.rtt_s is not None:
+            metrics.KERNEL_RTT.observe(health.rtt_s)
+        metrics.SESSIONS_ACTIVE.set(len(self.sessions))
+        info = self.keeper.info().model_dump(mode="json") if self.keeper.ready else None
+        self.registry.heartbeat(
+            self.id,
+            {
+                "id": self.id,
+                "generation": self.generation,
+                "image": self.image,
+                "queue": self.queue,
+                "capacity": self.settings.max_sessions,
+                "sessions": len(self.sessions),
+                "ready": health.ok,
+                "sandbox": info,
+                "restarts": self.keeper.restarts,
+                "metrics": self.metrics_url,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            },
+        )
+
+    def _reap_idle(self) -> None:
+        cutoff = time.monotonic() - self.settings.idle_timeout_s
+        idle = [sid for sid, s in list(self.sessions.items()) if s.last_used < cutoff]
+        for session_id in idle:
+            log.info(
+                "session %s expired after %.0fs idle", session_id, self.settings.idle_timeout_s
+            )
+            self.close_session(session_id)
+
+    def _on_sandbox_lost(self, sandbox_generation: int, reason: str) -> None:
+        metrics.SANDBOX_RESTARTS.inc()
+        with self._lock:
+            for session_id, held in self.sessions.items():
+                if held.sandbox_generation == sandbox_generation:
+                    held.lost = f"its sandbox died ({reason})"
+                    log.warning("session %s on worker %s lost: %s", session_id, self.id, reason)
+
+    # --- kernel access --------------------------------------------------------------------
+
+    def _kernel(self) -> KernelClient:
+        """This thread's connection to the current sandbox's kernel."""
+        local = self._local
+        if getattr(local, "generation", None) != self.keeper.generation:
+            if getattr(local, "client", None) is not None:
+                local.client.close()
+            local.client = self.keeper.kernel()
+            local.generation = self.keeper.generation
+        client: KernelClient = local.client
+        return client
+
+    def _drop_kernel(self) -> None:
+        client = getattr(self._local, "client", None)
+        if client is not None:
+            client.close()
+        self._local.client = self._local.generation = None
+
+    # --- tasks ----------------------------------------------------------------------------
+
+    def open_session(self) -> dict[str, Any]:
+        with self._lock:
+            if len(self.sessions) >= self.settings.max_sessions:
+                return {"busy": True, "worker": self.id, "reason": "at capacity"}
+        if not self.keeper.ready:
+            return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
+        opened = self._kernel().open_session()
+        session_id, epoch = opened["session_id"], opened["epoch"]
+        with self._lock:
+            self.sessions[session_id] = HeldSession(self.keeper.generation, epoch, time.monotonic())
+        self.registry.put_session(
+            session_id, self._session_fields(epoch), self.settings.idle_timeout_s
+        )
+        log.info("session %s opened on worker %s", session_id, self.id)
+        return {
+            "session_id": session_id,
+            "epoch": epoch,
+            "worker": self.id,
+            "generation": self.generation,
+            "queue": self.queue,
+        }
+
+    def _session_fields(self, epoch: int) -> dict[str, Any]:
+        return {
+            "worker": self.id,
+            "generation": self.generation,
+            "queue": self.queue,
+            "image": self.image,
+            "epoch": epoch,
+        }
+
+    def close_session(self, session_id: str) -> dict[str, Any]:
+        with self._lock:
+            held = self.sessions.pop(session_id, None)
+        self.registry.drop_session(session_id)
+        if held is not None and held.lost is None:
+            try:
+                self._kernel().close_session(session_id)
+            except KernelError as exc:
+                log.info("closing session %s: %s", session_id, exc)
+        return {"session_id": session_id, "closed": held is not None}
+
+    def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+        exec_id = request["exec_id"]
+        if request.get("generation", self.generation) != self.generation:
+            return self._lost(request, "the worker generation this call was sent to is gone")
+        claim = self.registry.claim_exec(exec_id, self.id, self.generation)
+        if claim is not None:
+            return self._recorded(exec_id, claim, request)
+        t0 = time.perf_counter()
+        result = self._execute_claimed(request)
+        self.registry.finish_exec(exec_id, result)
+        metrics.observe_exec(
+            result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0
+        )
+        return result
+
+    def _execute_claimed(self, request: dict[str, Any]) -> dict[str, Any]:
+        session_id = request["session_id"]
+        held = self.sessions.get(session_id)
+        if held is None:
+            return self._lost(
+                request, f"worker {self.id} holds no session {session_id} (closed or expired)"
+            )
+        if held.lost is not None:
+            return self._lost(request, held.lost)
+        if held.sandbox_generation != self.keeper.generation:
+            return self._lost(request, "its sandbox was replaced")
+        held.last_used = time.monotonic()
+        try:
+            raw = self._kernel().execute(
+                session_id,
+                request["code"],
+                epoch=request["epoch"],
+                timeout_s=request["timeout_s"],
+                exec_id=request["exec_id"],
+                max_output_bytes=request.get("max_output_bytes"),
+                grace_s=self.settings.limits.grace_s,
+            )
+        except KernelRequestError as exc:
+            return self._lost(request, f"the sandbox no longer has it ({exc.code})")
+        except KernelError as exc:
+            self._drop_kernel()
+            held.lost = f"its sandbox failed during a call ({exc})"
+            return self._lost(request, held.lost)
+        held.epoch = raw["epoch"]
+        held.last_used = time.monotonic()
+        self.registry.put_session(
+            session_id, self._session_fields(held.epoch), self.settings.idle_timeout_s
+        )
+        return {**raw, "worker": self.id}
+
+    def run_once(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A one-shot run: a fresh session for this code alone, closed afterwards."""
+        opened = self.open_session()
+        if opened.get("busy"):
+            return self._failure(
+                request,
+                ErrorKind.INFRA,
+                "FarmBusy",
+                f"worker {self.id} could not open a session: {opened['reason']}",
+            )
+        try:
+            return self.execute(
+                {
+                    **request,
+                    "session_id": opened["session_id"],
+                    "epoch": opened["epoch"],
+                    "generation": self.generation,
+                }
+            )
+        finally:
+            self.close_session(opened["session_id"])
+
+    def _recorded(
+        self, exec_id: str, record: dict[str, Any], request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A duplicate delivery: return the first delivery's result, never run again."""
+        deadline = time.monotonic() + float(request["timeout_s"]) + 60
+        while record.get("state") != "done":
+            if time.monotonic() > deadline:
+                return self._failure(
+                    request,
+                    ErrorKind.INFRA,
+                    "DuplicateExec",
+                    f"exec {exec_id} is still running elsewhere",
+                )
+            if not self.registry.worker_alive(
+                str(record.get("worker")), int(record.get("generation", 0))
+            ):
+                return self._lost(request, "the worker running this exec died")
+            time.sleep(DUPLICATE_POLL_S)  # poll interval of the deadline-bounded wait above
+            record = self.registry.exec_record(exec_id) or record
+        log.info("exec %s was delivered again; returning its recorded result", exec_id)
+        result: dict[str, Any] = record["result"]
+        return result
+
+    def _failure(
+        self, request: dict[str, Any], kind: ErrorKind, ename: str, evalue: str
+    ) -> dict[str, Any]:
+        return ExecResult.failure(
+            kind,
+            ename,
+            evalue,
+            exec_id=request["exec_id"],
+            session_id=request.get("session_id", ""),
+            epoch=request.get("epoch", 0),
+            worker=self.id,
+            state_lost=kind == ErrorKind.SANDBOX_LOST,
+        ).model_dump(mode="json")
+
+    def _lost(self, request: dict[str, Any], why: str) -> dict[str, Any]:
+        return self._failure(
+            request,
+            ErrorKind.SANDBOX_LOST,
+            "SessionLost",
+            f"session {request.get('session_id')} on worker {self.id}: {why}",
+        )

@@ -1,0 +1,226 @@
+"""The distributed core against real Redis, real Celery worker processes and real Docker."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from farm.celeryconf import TASK_EXEC
+from farm.client import Farm, exec_request
+from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
+from farm.local import LocalFarm
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def metric(url: str, name: str, labels: str = "") -> float:
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=5).read().decode()
+    pattern = rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+]+)$"
+    match = re.search(pattern, text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+@pytest.fixture
+def own_farm(docker_env: Any, request: Any) -> Iterator[Farm]:
+    env = getattr(request, "param", {})
+    local = LocalFarm(2, env=env).start()
+    farm = Farm(local.settings(), owned=local)
+    try:
+        yield farm
+    finally:
+        farm.close()
+
+
+def test_interleaved_sessions_see_only_their_own_state(farm: Farm) -> None:
+    sessions = [farm.session() for _ in range(20)]
+    try:
+        assert {s.worker for s in sessions} == {w["id"] for w in farm.workers()}
+        for i, s in enumerate(sessions):
+            s.run(f"mine = {i}\nlog = []")
+        for round_ in range(3):
+            for s in sessions:
+                s.run(f"log.append({round_})")
+        for i, s in enumerate(sessions):
+            value = s.run("(mine, log)").value
+            assert value is not None and value.text == f"({i}, [0, 1, 2])"
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_one_shot_runs_and_results_name_their_worker(farm: Farm) -> None:
+    result = farm.run("print('hello')\n6 * 7")
+    assert result.ok and result.stdout == "hello\n"
+    assert result.value is not None and result.value.text == "42"
+    assert result.worker in {w["id"] for w in farm.workers()}
+    failed = farm.run("raise ValueError('bad input')")
+    assert failed.kind == "user" and failed.error is not None
+    assert failed.error.ename == "ValueError"
+
+
+def test_an_image_no_worker_serves_fails_fast(farm: Farm) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(SandboxUnavailable, match="no live worker serves image 'gpu'"):
+        farm.session(image="gpu")
+    with pytest.raises(SandboxUnavailable):
+        farm.run("1", image="gpu")
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_duplicated_exec_message_runs_the_code_once(farm: Farm) -> None:
+    with farm.session() as s:
+        s.run("counter = 0")
+        request = exec_request("counter += 1\ncounter", 30, None)
+        request.update(session_id=s.id, epoch=s.epoch, generation=s.generation)
+        first = farm.app.send_task(TASK_EXEC, args=[request], queue=s.queue)
+        second = farm.app.send_task(TASK_EXEC, args=[request], queue=s.queue)
+        results = [p.get(timeout=60) for p in (first, second)]
+        assert [r["value"]["text"] for r in results] == ["1", "1"]
+        value = s.run("counter").value
+        assert value is not None and value.text == "1"
+
+
+def test_attach_continues_a_session_from_another_client(farm: Farm) -> None:
+    with farm.session() as s:
+        s.run("shared = 'from the first client'")
+        other = Farm(farm.settings)
+        try:
+            attached = other.attach(s.id)
+            value = attached.run("shared").value
+            assert value is not None and value.text == "'from the first client'"
+        finally:
+            other.close()
+    with pytest.raises(SessionLost):
+        farm.attach("no-such-session")
+
+
+def test_state_loss_raises_until_the_caller_restarts(farm: Farm) -> None:
+    with farm.session() as s:
+        s.run("x = 1")
+        with pytest.raises(StateLost) as info:
+            s.run("import os; os._exit(1)")
+        assert info.value.result.state_lost
+        with pytest.raises(StateLost):
+            s.run("print('must not run in a fresh namespace')")
+        s.restart()
+        result = s.run("'x' in globals()")
+        assert result.value is not None and result.value.text == "False"
+
+
+def test_metrics_move_after_a_timeout_and_an_oom(farm: Farm) -> None:
+    with farm.session() as s:
+        url = next(w["metrics"] for w in farm.workers() if w["id"] == s.worker)
+        timeouts = metric(url, "farm_exec_timeouts_total")
+        ooms = metric(url, "farm_exec_oom_total")
+        s.run("import time\ntime.sleep(30)", timeout_s=0.5)
+        bomb = s.run("x = bytearray(2 * 10**9)", timeout_s=60)
+        assert bomb.kind == "oom" and bomb.state_lost
+        with pytest.raises(StateLost):  # the next call must not run in a fresh namespace
+            s.run("1")
+        s.restart()
+        assert metric(url, "farm_exec_timeouts_total") == timeouts + 1
+        assert metric(url, "farm_exec_oom_total") == ooms + 1
+        assert metric(url, "farm_sandbox_up") == 1
+        assert metric(url, "farm_exec_total", '{kind="timeout",status="error"}') >= 1
+        ready = urllib.request.urlopen(f"{url}/readyz", timeout=5)
+        assert ready.status == 200
+
+
+def test_killing_a_worker_loses_only_its_sessions(own_farm: Farm) -> None:
+    local = own_farm.local_farm
+    sessions = [own_farm.session() for _ in range(6)]
+    victim = sessions[0].worker
+    survivors = [s for s in sessions if s.worker != victim]
+    doomed = [s for s in sessions if s.worker == victim]
+    assert survivors and doomed
+    for s in sessions:
+        s.run("state = 'kept'")
+    outcome: dict[str, Any] = {}
+
+    def in_flight() -> None:
+        try:
+            doomed[0].run("import time\ntime.sleep(60)", timeout_s=120)
+        except SessionLost as exc:
+            outcome["lost_at"] = time.monotonic()
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    time.sleep(1.0)  # let the call reach the worker: the state under test
+    killed_at = time.monotonic()
+    local.kill_worker(victim)
+    thread.join(timeout=60)
+    assert isinstance(outcome.get("error"), SessionLost)
+    assert outcome["lost_at"] - killed_at < 10
+    for s in doomed[1:]:
+        with pytest.raises(SessionLost):
+            s.run("state")
+    for s in survivors:
+        value = s.run("state").value
+        assert value is not None and value.text == "'kept'"
+    fresh = own_farm.session()
+    assert fresh.worker != victim
+    fresh.close()
+
+
+@pytest.mark.parametrize(
+    "own_farm", [{"FARM_MAX_SESSIONS": "1", "FARM_OPEN_WAIT_S": "2"}], indirect=True
+)
+def test_a_full_farm_raises_farm_busy_after_the_deadline(own_farm: Farm) -> None:
+    held = [own_farm.session(), own_farm.session()]
+    assert {s.worker for s in held} == {w["id"] for w in own_farm.workers()}
+    busy = Farm(own_farm.settings.model_copy(update={"open_wait_s": 2.0}))
+    try:
+        with pytest.raises(FarmBusy):
+            busy.session()
+    finally:
+        busy.close()
+    held[0].close()
+    again = own_farm.session()  # room again
+    again.close()
+    held[1].close()
+
+
+@pytest.mark.parametrize("own_farm", [{"FARM_IDLE_TIMEOUT_S": "1"}], indirect=True)
+def test_idle_sessions_expire(own_farm: Farm) -> None:
+    s = own_farm.session()
+    s.run("x = 1")
+    deadline = time.monotonic() + 20
+    while own_farm.registry.session(s.id) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)  # poll interval of the deadline-bounded wait for the expiry
+    with pytest.raises(SessionLost, match="expired"):
+        s.run("x")
+    log = own_farm.local_farm.log_tail(s.worker, 200)
+    deadline = time.monotonic() + 20
+    while f"session {s.id} expired" not in log and time.monotonic() < deadline:
+        time.sleep(0.2)  # the worker's reaper closes the kernel session too
+        log = own_farm.local_farm.log_tail(s.worker, 200)
+    assert f"session {s.id} expired" in log
+
+
+def test_sigterm_finishes_the_call_in_flight_then_deregisters(own_farm: Farm) -> None:
+    import signal
+
+    local = own_farm.local_farm
+    s = own_farm.session()
+    outcome: dict[str, Any] = {}
+
+    def in_flight() -> None:
+        outcome["result"] = s.run("import time\ntime.sleep(2)\n'finished'", timeout_s=30)
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    time.sleep(0.5)  # let the call reach the worker: the state under test
+    local.kill_worker(s.worker, signal.SIGTERM)
+    thread.join(timeout=60)
+    assert outcome["result"].value.text == "'finished'"
+    local.workers[s.worker].wait(30)
+    assert s.worker not in {w["id"] for w in own_farm.workers()}
+    with pytest.raises(SessionLost):
+        s.run("1")

@@ -151,6 +151,7 @@ class SessionManager:
         zygote.setblocking(False)
         self.loop.add_reader(zygote, self._on_zygote)
         self.zygote_alive = True
+        self.oom_baseline = oom_kills()
 
     def _on_zygote(self) -> None:
         while True:
@@ -206,6 +207,16 @@ class SessionManager:
         for session_id in list(self.sessions):
             self.close(session_id)
 
+    def _oom_since(self) -> bool:
+        """Did the cgroup OOM-kill anything since the last death we looked at?
+
+        Read only after a death (it costs a file read), against the baseline of the previous
+        one, so the hot path never touches cgroup files.
+        """
+        now = oom_kills()
+        before, self.oom_baseline = self.oom_baseline, now
+        return before is not None and now is not None and now > before
+
     async def _replace(self, session: Session) -> None:
         session.proc.close(self.loop)
         session.epoch += 1
@@ -235,7 +246,6 @@ class SessionManager:
             await self._replace(session)
             return cell.lost(f"{death} between calls; its variables are gone; nothing was run")
         proc.start_cell(request["max_output_bytes"])
-        oom_before = oom_kills()
         reply, reason, killed = await self._run(proc, request)
         cell.finish(proc)
         if reply is not None:
@@ -245,9 +255,8 @@ class SessionManager:
         await self._replace(session)
         if killed and reason is not None:
             return cell.killed(reason, self.grace_s)
-        oom_after = oom_kills()
         sigkill = proc.exit is not None and proc.exit.get("signal") == signal.SIGKILL
-        if sigkill and oom_before is not None and oom_after is not None and oom_after > oom_before:
+        if sigkill and self._oom_since():
             return cell.lost(f"{what}: out of memory; its variables are gone", kind=KIND_OOM)
         return cell.lost(f"{what} during this call; its variables are gone")
 

@@ -54,6 +54,8 @@ class _NoStdin(io.TextIOBase):
 
 def ends_with_semicolon(code: str) -> bool:
     """IPython's rule: the last real token of the cell is ``;`` (comments don't count)."""
+    if ";" not in code:
+        return False
     last = None
     try:
         for tok in tokenize.generate_tokens(io.StringIO(code).readline):

@@ -28,6 +28,12 @@ STDERR_SPARE = 1002
 OOM_SCORE_ADJ = 800  # the OOM killer picks a session before the supervisor (which stays at 0)
 
 
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None)
+except OSError:
+    _LIBC = None
+
+
 class _Interrupts:
     """Turn SIGINT into KeyboardInterrupt only while user code runs."""
 
@@ -62,8 +68,8 @@ def _flush_all() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # user code may have replaced the stream
             stream.flush()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).fflush(None)  # C-level printf buffers
+    if _LIBC is not None:
+        _LIBC.fflush(None)  # C-level printf buffers
 
 
 def prepare_process() -> None:

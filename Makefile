@@ -35,9 +35,10 @@ bench: setup
 		echo "== $$f"; $(VPY) "$$f"; \
 	done
 
-# TODO(next engineer): replace with the local farm example once it exists.
+# The quick start: an embedded local farm (redis + 2 workers with Docker sandboxes) runs the
+# example sweep, prints the summary and removes everything it started.
 run: setup
-	@if $(VPY) -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("farm.kernel.demo") is None)'; then $(VPY) -m farm.kernel.demo; else echo "run: the local farm example is not built yet"; fi
+	$(VENV)/bin/farm sweep examples/sweep.jsonl -o out/example-results.jsonl --local 2
 
 clean:
 	-command -v docker >/dev/null && docker ps -aq --filter label=farm.managed=1 | xargs -r docker rm -f

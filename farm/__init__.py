@@ -10,7 +10,13 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY = {"Farm": "farm.client", "Session": "farm.client", "ExecResult": "farm.models"}
+_LAZY = {
+    "Farm": "farm.client",
+    "Session": "farm.client",
+    "AsyncFarm": "farm.client",
+    "AsyncSession": "farm.client",
+    "ExecResult": "farm.models",
+}
 
 
 def __getattr__(name: str) -> Any:

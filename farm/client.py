@@ -8,6 +8,7 @@ heartbeat, so a dead worker turns into ``SessionLost`` within seconds instead of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -46,6 +47,17 @@ class Farm:
         return cls(settings)
 
     @classmethod
+    def default(cls) -> Farm:
+        """``FARM_BROKER_URL`` when set, else the farm `farm up` recorded, else the default."""
+        settings = FarmSettings()
+        if "broker_url" not in settings.model_fields_set and settings.state_file.exists():
+            import json
+
+            state = json.loads(settings.state_file.read_text())
+            settings = settings.model_copy(update={"broker_url": state["broker_url"]})
+        return cls(settings)
+
+    @classmethod
     def local(cls, workers: int | dict[str, int] = 2, *, backend: str = "docker") -> Farm:
         """Start an embedded farm (redis + worker processes) owned by this ``Farm``."""
         from farm.local import LocalFarm
@@ -74,6 +86,14 @@ class Farm:
 
     def workers(self) -> list[dict[str, Any]]:
         return self.registry.workers()
+
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting in each shared and direct queue of the live workers."""
+        workers = self.registry.workers()
+        names = {shared_queue(str(w["image"])) for w in workers} | {
+            str(w["queue"]) for w in workers
+        }
+        return {name: self.registry.queue_length(name) for name in sorted(names)}
 
     def _require_image(self, image: str) -> None:
         if not any(w.get("image") == image for w in self.registry.workers()):
@@ -284,3 +304,64 @@ class Session:
                 self.farm._wait(
                     pending, time.monotonic() + 30, worker=(self.worker, self.generation)
                 )
+
+
+class AsyncFarm:
+    """The asyncio twin of ``Farm``: the same calls, run off the event loop.
+
+    It wraps the sync client (``asyncio.to_thread``) so that message building, fencing and
+    retries exist once.
+    """
+
+    def __init__(self, farm: Farm) -> None:
+        self.sync = farm
+
+    @classmethod
+    async def connect(cls, broker_url: str | None = None) -> AsyncFarm:
+        return cls(await asyncio.to_thread(Farm.connect, broker_url))
+
+    @classmethod
+    async def local(
+        cls, workers: int | dict[str, int] = 2, *, backend: str = "docker"
+    ) -> AsyncFarm:
+        return cls(await asyncio.to_thread(Farm.local, workers, backend=backend))
+
+    async def session(self, image: str = "default", **kwargs: Any) -> AsyncSession:
+        return AsyncSession(await asyncio.to_thread(self.sync.session, image, **kwargs))
+
+    async def attach(self, session_id: str, **kwargs: Any) -> AsyncSession:
+        return AsyncSession(await asyncio.to_thread(self.sync.attach, session_id, **kwargs))
+
+    async def run(self, code: str, **kwargs: Any) -> ExecResult:
+        return await asyncio.to_thread(self.sync.run, code, **kwargs)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> AsyncFarm:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncSession:
+    """The asyncio twin of ``Session`` (``await session.arun(code)``)."""
+
+    def __init__(self, session: Session) -> None:
+        self.sync = session
+        self.id = session.id
+
+    async def arun(self, code: str, timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
+        return await asyncio.to_thread(self.sync.run, code, timeout_s, **kwargs)
+
+    run = arun
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

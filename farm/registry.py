@@ -77,6 +77,10 @@ class Registry:
             return "the session was closed or expired after being idle"
         return None
 
+    def queue_length(self, queue: str) -> int:
+        """Messages waiting in a broker queue (kombu's Redis transport keeps one list each)."""
+        return int(self.redis.llen(queue))
+
     # --- sessions -------------------------------------------------------------------------
 
     def put_session(self, session_id: str, fields: dict[str, Any], ttl_s: float) -> None:

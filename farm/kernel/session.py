@@ -45,11 +45,13 @@ class _Interrupts:
 
 
 def _stream(fd: int) -> io.TextIOWrapper:
+    # The BufferedWriter matters: a raw FileIO may write a pipe only partially, and a
+    # TextIOWrapper over it would drop the rest. Line buffering keeps output flowing.
     return io.TextIOWrapper(
-        io.FileIO(fd, "w", closefd=False),
+        io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
         encoding="utf-8",
         errors="backslashreplace",
-        write_through=True,
+        line_buffering=True,
     )
 
 

@@ -29,6 +29,7 @@ from docker.types import Ulimit
 from farm.kernel import auth
 from farm.kernel.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
+from farm.processes import pid_alive
 from farm.sandbox.base import Sandbox
 from farm.sandbox.process import SandboxStartError
 from farm.settings import SandboxLimits
@@ -255,7 +256,7 @@ def remove_orphans(
             orphan = owner not in live_owners
         else:
             pid = labels.get(LABEL_PID, "")
-            orphan = labels.get(LABEL_HOST) == here and pid.isdigit() and not _alive(int(pid))
+            orphan = labels.get(LABEL_HOST) == here and pid.isdigit() and not pid_alive(int(pid))
         if orphan:
             try:
                 container.remove(force=True)
@@ -263,13 +264,3 @@ def remove_orphans(
             except docker.errors.NotFound:
                 pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -85,15 +85,19 @@ class Worker:
         )
 
     def stop(self, reason: str = "the worker stopped") -> None:
+        """Remove the sandbox first, then deregister (best effort: Redis may be gone too)."""
         self._stop.set()
         with self._lock:
             held, self.sessions = self.sessions, {}
-        for session_id in held:
-            self.registry.drop_session(session_id)
         self.keeper.stop()
-        self.registry.deregister(self.id, self.generation)
         if self._http is not None:
             self._http.shutdown()
+        try:
+            for session_id in held:
+                self.registry.drop_session(session_id)
+            self.registry.deregister(self.id, self.generation)
+        except Exception as exc:  # noqa: BLE001 - its entries expire by TTL anyway
+            log.warning("worker %s could not deregister: %s", self.id, exc)
         log.info(
             "worker %s generation %d stopped (%s); %d sessions ended",
             self.id,

@@ -1,0 +1,297 @@
+"""The ``farm`` command: parse, call the API, render. No logic the API lacks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from farm.client import Farm
+from farm.errors import FarmError
+from farm.models import ExecResult
+from farm.settings import FarmSettings
+
+app = typer.Typer(
+    help="farm: a distributed, sandboxed Python execution farm.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+image_app = typer.Typer(help="Sandbox images.", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(code)
+
+
+@app.command()
+def up(
+    workers: int = typer.Option(2, help="worker processes (one sandbox each)"),
+    backend: str = typer.Option("docker", help="docker | process (unisolated) | auto"),
+) -> None:
+    """Start a local farm in the background and record it (FARM_STATE_FILE)."""
+    from farm.local import start_background
+
+    settings = FarmSettings()
+    try:
+        state = start_background(workers, backend, settings.state_file)
+    except RuntimeError as exc:
+        _fail(str(exc))
+    console.print(
+        f"farm up: {workers} workers, broker {state['broker_url']} "
+        f"(recorded in {settings.state_file})"
+    )
+
+
+@app.command()
+def down() -> None:
+    """Stop the local farm `farm up` started, and remove what it made."""
+    from farm.local import stop_background
+
+    if stop_background(FarmSettings().state_file):
+        console.print("farm down: stopped")
+    else:
+        console.print("farm down: no local farm was up")
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json")) -> None:
+    """Workers, sandboxes, sessions and queue depth."""
+    with _farm() as farm:
+        workers = farm.workers()
+        queues = farm.queue_depths()
+        sessions = farm.registry.sessions()
+    if as_json:
+        print(json.dumps({"workers": workers, "queues": queues, "sessions": len(sessions)}))
+        return
+    table = Table(title=f"farm: {len(workers)} workers, {len(sessions)} sessions")
+    for column in (
+        "worker",
+        "image",
+        "gen",
+        "ready",
+        "sessions",
+        "restarts",
+        "backend",
+        "image digest",
+        "metrics",
+    ):
+        table.add_column(column)
+    for w in workers:
+        sandbox = w.get("sandbox") or {}
+        table.add_row(
+            str(w["id"]),
+            str(w.get("image")),
+            str(w.get("generation")),
+            "yes" if w.get("ready") else "[red]no[/]",
+            f"{w.get('sessions')}/{w.get('capacity')}",
+            str(w.get("restarts")),
+            str(sandbox.get("backend")),
+            str(sandbox.get("image_digest"))[:19],
+            str(w.get("metrics")),
+        )
+    console.print(table)
+    console.print("queues: " + (", ".join(f"{q}={n}" for q, n in queues.items()) or "none"))
+
+
+@app.command()
+def run(
+    file: Annotated[str, typer.Argument(help="a Python file, or - for stdin")] = "-",
+    session: str | None = typer.Option(None, help="run in this existing session"),
+    timeout: float = typer.Option(30.0, help="seconds"),
+    image: str = typer.Option("default"),
+    as_json: bool = typer.Option(False, "--json", help="print the ExecResult as JSON"),
+) -> None:
+    """Run code (one-shot, or in --session) and print the result."""
+    code = sys.stdin.read() if file == "-" else Path(file).read_text()
+    with _farm() as farm:
+        try:
+            if session:
+                result = farm.attach(session, timeout_s=timeout).run(code)
+            else:
+                result = farm.run(code, image=image, timeout_s=timeout)
+        except FarmError as exc:
+            _fail(str(exc))
+    if as_json:
+        print(result.model_dump_json())
+    else:
+        _render(result)
+    raise typer.Exit(0 if result.ok else 1)
+
+
+def _render(result: ExecResult) -> None:
+    if result.stdout:
+        console.print(result.stdout, end="", markup=False, highlight=False)
+    if result.stderr:
+        err.print(result.stderr, end="", markup=False, highlight=False, style="yellow")
+    if result.value is not None:
+        console.print(result.value.text, markup=False)
+    if result.error is not None:
+        err.print(
+            "".join(result.error.traceback) or f"{result.error.ename}: {result.error.evalue}",
+            markup=False,
+            highlight=False,
+            style="red",
+        )
+        err.print(f"[bold red]{result.error.kind.value}[/]: {result.error.ename}")
+
+
+@app.command()
+def sweep(
+    input_path: Annotated[Path, typer.Argument(help="JSONL: {id, code} or {id, cells}")],
+    output: Path = typer.Option(..., "-o", "--output", help="JSONL results"),
+    concurrency: int = typer.Option(8, help="items in flight"),
+    timeout: float = typer.Option(30.0, help="seconds per cell (an item may override)"),
+    resume: bool = typer.Option(False, help="skip ids already in the output"),
+    retries: int = typer.Option(2, help="retries of infrastructure failures"),
+    image: str = typer.Option("default"),
+    cache: Path | None = typer.Option(None, help="reuse results keyed by code+image+limits"),
+    local: int = typer.Option(0, help="run an embedded farm with this many workers"),
+    backend: str = typer.Option("docker", help="backend of the embedded farm"),
+) -> None:
+    """Run a JSONL sweep through the farm; resumable; prints a summary."""
+    from farm.sweep import Sweep, SweepRecord, plan_sweep
+
+    try:
+        plan = plan_sweep(input_path, output, resume=resume)
+    except (OSError, ValueError) as exc:
+        _fail(str(exc), 2)
+
+    farm = Farm.local(local, backend=backend) if local else _farm()
+    with farm:
+        progress = Progress(
+            TextColumn("[bold]sweep"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[failed]} failed"),
+            TextColumn("{task.fields[rate]:.1f}/s"),
+            TimeRemainingColumn(),
+            console=err,
+        )
+        task = progress.add_task("sweep", total=None, failed=0, rate=0.0)
+        counts = {"done": 0, "failed": 0}
+
+        def on_record(record: SweepRecord) -> None:
+            counts["done"] += 1
+            counts["failed"] += record.status != "ok"
+            elapsed = progress.tasks[0].elapsed or 1e-9
+            progress.update(task, advance=1, failed=counts["failed"], rate=counts["done"] / elapsed)
+
+        runner = Sweep(
+            farm,
+            concurrency=concurrency,
+            timeout_s=timeout,
+            retries=retries,
+            image=image,
+            cache_dir=cache,
+            on_record=on_record,
+            on_start=lambda total: progress.update(task, total=total),
+        )
+        with progress:
+            summary = runner.run(plan, output)
+    table = Table(
+        title=f"sweep: {summary.total} items, {summary.skipped} skipped (resume), "
+        f"{summary.duration_s:.1f}s" + (" — INTERRUPTED" if summary.interrupted else "")
+    )
+    table.add_column("status")
+    table.add_column("kind")
+    table.add_column("count", justify="right")
+    for outcome, count in sorted(summary.by_outcome.items()):
+        status_, _, kind = outcome.partition("/")
+        table.add_row(status_, kind, str(count))
+    console.print(table)
+    console.print(f"results: {output}")
+    if summary.interrupted:
+        raise typer.Exit(130)
+
+
+@app.command()
+def worker() -> None:
+    """Start one worker (configured by FARM_* variables) in the foreground."""
+    from farm.worker.__main__ import main
+
+    main([])
+
+
+@image_app.command("build")
+def image_build(
+    force: bool = typer.Option(False, help="rebuild even when current"),
+    tag: str = typer.Option("farm-sandbox:default"),
+    extra_pip: str = typer.Option("", help="extra pip packages for a variant"),
+) -> None:
+    """Build the sandbox image (offline base when no registry answers); idempotent."""
+    from farm.sandbox.images import DockerUnavailableError, ImageBuildError, ensure_sandbox_image
+
+    try:
+        built = ensure_sandbox_image(tag=tag, force=force, extra_pip=extra_pip)
+    except (DockerUnavailableError, ImageBuildError) as exc:
+        _fail(str(exc))
+    console.print(f"{built.tag} {built.image_id[:19]} {'built' if built.built else 'up to date'}")
+
+
+@app.command()
+def gc() -> None:
+    """Remove sandbox containers whose owner (worker) is gone."""
+    from farm.sandbox.docker import remove_orphans
+
+    live: set[str] | None = None
+    try:
+        with _farm() as farm:
+            live = {str(w["id"]) for w in farm.workers()}
+    except Exception:  # noqa: BLE001 - without a broker, judge owners by their pid
+        live = None
+    removed = remove_orphans(live_owners=live)
+    console.print(
+        f"gc: removed {len(removed)} containers" + (f": {', '.join(removed)}" if removed else "")
+    )
+
+
+@app.command()
+def doctor() -> None:
+    """Check Docker, Redis, the image and a kernel round trip; say what to fix."""
+    from farm.diagnose import run_checks
+
+    ok = True
+    for check in run_checks(FarmSettings()):
+        ok &= check.ok
+        mark = "[green]ok[/]" if check.ok else "[red]FAIL[/]"
+        console.print(f"{mark}  {check.name}: {check.detail}")
+        if not check.ok and check.fix:
+            console.print(f"      fix: {check.fix}")
+    raise typer.Exit(0 if ok else 1)
+
+
+def _farm() -> Farm:
+    return Farm.default()
+
+
+def main() -> None:
+    """The console entry point: typed farm errors and an unreachable broker end in one line."""
+    import redis
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        app()
+    except redis.ConnectionError as exc:
+        err.print(
+            f"[bold red]error:[/] cannot reach the broker ({exc}); start a farm with "
+            "`farm up`, set FARM_BROKER_URL, or use `farm sweep --local N`"
+        )
+        sys.exit(1)
+    except FarmError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

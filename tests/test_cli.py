@@ -1,0 +1,214 @@
+"""What users touch, end to end: the real ``farm`` CLI and the API on a real local farm."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.client import AsyncFarm, Farm
+from farm.sweep import Sweep, plan_sweep, read_items
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+FARM = [str(Path(sys.executable).parent / "farm")]
+
+
+def cli(
+    *args: str, env: dict[str, str], timeout: float = 180, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FARM, *args], env=env, capture_output=True, text=True, timeout=timeout, input=stdin
+    )
+
+
+def write_jsonl(path: Path, items: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return path
+
+
+def out_ids(path: Path) -> list[str]:
+    return [str(json.loads(line)["id"]) for line in path.read_text().splitlines()]
+
+
+def test_up_status_run_down_leave_nothing_behind(docker_env: Any, tmp_path: Path) -> None:
+    env = {**os.environ, "FARM_STATE_FILE": str(tmp_path / "state.json")}
+    env.pop("FARM_BROKER_URL", None)
+    up = cli("up", "--workers", "1", env=env)
+    assert up.returncode == 0, up.stderr
+    state = json.loads((tmp_path / "state.json").read_text())
+    try:
+        status = cli("status", "--json", env=env)
+        assert status.returncode == 0, status.stderr
+        workers = json.loads(status.stdout)["workers"]
+        assert len(workers) == 1 and workers[0]["ready"]
+        ran = cli("run", "-", "--json", env=env, stdin="print('hi')\n21 * 2")
+        assert ran.returncode == 0, ran.stderr
+        result = json.loads(ran.stdout)
+        assert result["stdout"] == "hi\n" and result["value"]["text"] == "42"
+        failed = cli("run", "-", env=env, stdin="1 / 0")
+        assert failed.returncode == 1 and "ZeroDivisionError" in failed.stderr
+    finally:
+        down = cli("down", env=env)
+    assert down.returncode == 0, down.stderr
+    assert not (tmp_path / "state.json").exists()
+    assert not _alive(state["pid"])
+    leftovers = docker_env.containers.list(
+        all=True, filters={"label": f"farm.owner={state['workers'][0]}"}
+    )
+    assert leftovers == []
+
+
+def _alive(pid: int) -> bool:
+    from farm.processes import pid_alive
+
+    return pid_alive(pid)
+
+
+def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Path) -> None:
+    items = [
+        {"id": f"item-{i}", "code": f"import time\ntime.sleep(0.3)\n{i} * {i}"} for i in range(30)
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", items)
+    out = tmp_path / "out.jsonl"
+    env = dict(os.environ)
+    before = _local_owners(docker_env)
+    sweep = subprocess.Popen(
+        [*FARM, "sweep", str(source), "-o", str(out), "--local", "1", "--concurrency", "2"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if out.exists() and len(out.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.1)  # poll interval while the sweep makes progress
+    os.killpg(sweep.pid, signal.SIGKILL)  # the harshest interruption: no cleanup at all
+    sweep.wait(30)
+    deadline = time.monotonic() + 60
+    while _local_owners(docker_env) - before and time.monotonic() < deadline:
+        time.sleep(0.2)  # its orphaned workers shut down and remove their sandboxes
+    assert not _local_owners(docker_env) - before
+    first = out_ids(out)
+    assert 5 <= len(first) < 30
+    resumed = cli(
+        "sweep",
+        str(source),
+        "-o",
+        str(out),
+        "--local",
+        "1",
+        "--resume",
+        "--concurrency",
+        "4",
+        env=env,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    ids = out_ids(out)
+    assert sorted(ids) == sorted(i["id"] for i in items)  # every id exactly once
+    values = {
+        json.loads(line)["id"]: json.loads(line)["cells"][-1]["value"]["text"]
+        for line in out.read_text().splitlines()
+    }
+    assert values["item-7"] == "49"
+
+
+def _local_owners(docker_env: Any) -> set[str]:
+    containers = docker_env.containers.list(all=True, filters={"label": "farm.managed=1"})
+    return {c.labels.get("farm.owner", "") for c in containers} - {""}
+
+
+def test_sweep_rejects_duplicate_ids_up_front(tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [{"id": 1, "code": "1"}, {"id": 1, "code": "2"}])
+    result = cli(
+        "sweep",
+        str(source),
+        "-o",
+        str(tmp_path / "out.jsonl"),
+        env={**os.environ, "FARM_BROKER_URL": "redis://127.0.0.1:1/0"},
+    )
+    assert result.returncode == 2
+    assert "duplicate ids" in result.stderr
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_sweep_records_every_outcome_and_caches(farm: Farm, tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        json.dumps({"id": "ok", "code": "2 + 2"})
+        + "\n"
+        + json.dumps({"id": "cells", "cells": ["x = 2", "x * 10"], "setup": "import math"})
+        + "\n"
+        + json.dumps({"id": "user", "code": "raise KeyError('k')"})
+        + "\n"
+        + json.dumps({"id": "slow", "code": "while True: pass", "timeout_s": 1})
+        + "\n"
+        + "not json\n"
+        + json.dumps({"id": "both", "code": "1", "cells": ["2"]})
+        + "\n"
+    )
+    items, bad = read_items(source)
+    assert [i.id for i in items] == ["ok", "cells", "user", "slow"]
+    assert [b.id for b in bad] == ["line-5", "both"]
+    out = tmp_path / "out.jsonl"
+    summary = Sweep(farm, concurrency=4, cache_dir=tmp_path / "cache").run(
+        plan_sweep(source, out), out
+    )
+    records = {json.loads(line)["id"]: json.loads(line) for line in out.read_text().splitlines()}
+    assert set(records) == {"ok", "cells", "user", "slow", "line-5", "both"}
+    assert records["ok"]["cells"][0]["value"]["text"] == "4"
+    assert len(records["cells"]["cells"]) == 3
+    assert records["cells"]["cells"][-1]["value"]["text"] == "20"
+    assert (records["user"]["status"], records["user"]["kind"]) == ("error", "user")
+    assert records["slow"]["kind"] == "timeout"
+    assert records["both"]["kind"] == "input"
+    assert records["ok"]["manifest"]["image_digest"].startswith("sha256:")
+    assert summary.by_outcome["ok/-"] == 2
+    again = Sweep(farm, concurrency=4, cache_dir=tmp_path / "cache").run(
+        plan_sweep(source, out), out
+    )
+    cached = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(r["cached"] for r in cached if r["kind"] != "input")
+    assert again.total == summary.total
+
+
+def test_attach_from_a_second_process(farm: Farm) -> None:
+    with farm.session() as s:
+        s.run("message = 'set by the first process'")
+        code = (
+            "from farm.client import Farm\n"
+            f"farm = Farm.connect({farm.settings.broker_url!r})\n"
+            f"print(farm.attach({s.id!r}).run('message').value.text)\n"
+            "farm.close()\n"
+        )
+        child = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+        assert child.returncode == 0, child.stderr
+        assert child.stdout.strip() == "'set by the first process'"
+
+
+def test_async_twins_run_sessions_concurrently(farm: Farm) -> None:
+    async def main() -> list[str]:
+        afarm = AsyncFarm(farm)
+        sessions = [await afarm.session() for _ in range(4)]
+        for i, s in enumerate(sessions):
+            await s.arun(f"n = {i}")
+        results = await asyncio.gather(*(s.arun("n * 10") for s in sessions))
+        one_shot = await afarm.run("'one-shot'")
+        for s in sessions:
+            await s.aclose()
+        return [r.value.text for r in results if r.value] + [
+            one_shot.value.text if one_shot.value else ""
+        ]
+
+    assert asyncio.run(main()) == ["0", "10", "20", "30", "'one-shot'"]

@@ -58,11 +58,16 @@ class Farm:
         return cls(settings)
 
     @classmethod
-    def local(cls, workers: int | dict[str, int] = 2, *, backend: str = "docker") -> Farm:
-        """Start an embedded farm (redis + worker processes) owned by this ``Farm``."""
+    def local(cls, workers: int = 2, *, backend: str = "docker",
+              images: dict[str, int] | None = None) -> Farm:
+        """Start an embedded farm (redis + worker processes) owned by this ``Farm``.
+
+        ``images={"default": 2, "docs": 1}`` chooses workers per image; a session asking for
+        an image no worker serves yet gets a worker started on demand.
+        """
         from farm.local import LocalFarm
 
-        local = LocalFarm(workers, backend=backend).start()
+        local = LocalFarm(images or workers, backend=backend).start()
         return cls(local.settings(), owned=local)
 
     @property
@@ -96,8 +101,12 @@ class Farm:
         return {name: self.registry.queue_length(name) for name in sorted(names)}
 
     def _require_image(self, image: str) -> None:
-        if not any(w.get("image") == image for w in self.registry.workers()):
-            raise SandboxUnavailable(
+        if any(w.get("image") == image for w in self.registry.workers()):
+            return
+        if self._owned is not None:
+            self._owned.serve_image(image)
+            return
+        raise SandboxUnavailable(
                 f"no live worker serves image {image!r}; start one (`farm worker` with "
                 f"FARM_IMAGE={image}) or pick another image"
             )
@@ -322,9 +331,9 @@ class AsyncFarm:
 
     @classmethod
     async def local(
-        cls, workers: int | dict[str, int] = 2, *, backend: str = "docker"
+        cls, workers: int = 2, *, backend: str = "docker", images: dict[str, int] | None = None
     ) -> AsyncFarm:
-        return cls(await asyncio.to_thread(Farm.local, workers, backend=backend))
+        return cls(await asyncio.to_thread(Farm.local, workers, backend=backend, images=images))
 
     async def session(self, image: str = "default", **kwargs: Any) -> AsyncSession:
         return AsyncSession(await asyncio.to_thread(self.sync.session, image, **kwargs))

@@ -162,6 +162,36 @@ class LocalFarm:
         text = path.read_text(errors="replace") if path.exists() else ""
         return f"--- {worker_id}\n" + "\n".join(text.splitlines()[-lines:])
 
+    def serve_image(self, image: str) -> str:
+        """Start a worker for ``image`` on demand; returns its id.
+
+        ``default`` is built when missing; any other image must exist already (build it with
+        ``farm image build --tag farm-sandbox:NAME``), since farm cannot guess its contents.
+        """
+        if self.backend != "process":
+            from farm.sandbox.images import ensure_sandbox_image
+
+            tag = f"farm-sandbox:{image}"
+            if image == "default":
+                log.info("building %s for an on-demand worker", tag)
+                ensure_sandbox_image(tag=tag)
+            else:
+                import docker
+
+                client = docker.from_env()
+                try:
+                    client.images.get(tag)
+                except docker.errors.ImageNotFound:
+                    raise SandboxUnavailable(
+                        f"no worker serves image {image!r} and there is no image {tag}; "
+                        f"build it with `farm image build --tag {tag}`"
+                    ) from None
+                finally:
+                    client.close()
+        worker_id = self.add_worker(image)
+        self.wait_ready([worker_id])
+        return worker_id
+
     def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> None:
         self.workers[worker_id].send_signal(sig)
 

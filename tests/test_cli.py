@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from farm.client import AsyncFarm, Farm
+from farm.errors import SandboxUnavailable
 from farm.sweep import Sweep, plan_sweep, read_items
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -212,3 +213,18 @@ def test_async_twins_run_sessions_concurrently(farm: Farm) -> None:
         ]
 
     assert asyncio.run(main()) == ["0", "10", "20", "30", "'one-shot'"]
+
+
+def test_a_local_farm_starts_a_worker_for_a_new_image_on_demand(docker_env: Any) -> None:
+    docker_env.images.get("farm-sandbox:default").tag("farm-sandbox", "pytest-extra")
+    try:
+        with Farm.local(images={"default": 1}) as farm:
+            assert {w["image"] for w in farm.workers()} == {"default"}
+            with farm.session(image="pytest-extra") as s:
+                value = s.run("'served on demand'").value
+                assert value is not None and value.text == "'served on demand'"
+            assert {w["image"] for w in farm.workers()} == {"default", "pytest-extra"}
+            with pytest.raises(SandboxUnavailable, match="farm image build"):
+                farm.session(image="no-such-variant")
+    finally:
+        docker_env.images.remove("farm-sandbox:pytest-extra")

@@ -58,8 +58,9 @@ class Farm:
         return cls(settings)
 
     @classmethod
-    def local(cls, workers: int = 2, *, backend: str = "docker",
-              images: dict[str, int] | None = None) -> Farm:
+    def local(
+        cls, workers: int = 2, *, backend: str = "docker", images: dict[str, int] | None = None
+    ) -> Farm:
         """Start an embedded farm (redis + worker processes) owned by this ``Farm``.
 
         ``images={"default": 2, "docs": 1}`` chooses workers per image; a session asking for
@@ -107,9 +108,9 @@ class Farm:
             self._owned.serve_image(image)
             return
         raise SandboxUnavailable(
-                f"no live worker serves image {image!r}; start one (`farm worker` with "
-                f"FARM_IMAGE={image}) or pick another image"
-            )
+            f"no live worker serves image {image!r}; start one (`farm worker` with "
+            f"FARM_IMAGE={image}) or pick another image"
+        )
 
     # --- sessions -----------------------------------------------------------------------
 

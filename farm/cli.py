@@ -245,15 +245,18 @@ def gc() -> None:
     from farm.sandbox.docker import remove_orphans
 
     live: set[str] | None = None
+    dropped = 0
     try:
         with _farm() as farm:
             live = {str(w["id"]) for w in farm.workers()}
+            dropped = farm.registry.drop_queues(farm.registry.dead_direct_queues())
     except Exception:  # noqa: BLE001 - without a broker, judge owners by their pid
         live = None
     removed = remove_orphans(live_owners=live)
     console.print(
         f"gc: removed {len(removed)} containers" + (f": {', '.join(removed)}" if removed else "")
     )
+    console.print(f"gc: dropped {dropped} queues of dead worker generations")
 
 
 @app.command()

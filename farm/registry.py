@@ -81,6 +81,22 @@ class Registry:
         """Messages waiting in a broker queue (kombu's Redis transport keeps one list each)."""
         return int(self.redis.llen(queue))
 
+    def dead_direct_queues(self) -> list[str]:
+        """Direct queues (``farm.w.<id>.g<n>``) of worker generations that are gone.
+
+        Messages left there are never run by a successor (it consumes its own queue); this
+        finds them so ``farm gc`` can drop them instead of letting them pile up.
+        """
+        dead = []
+        for key in self.redis.scan_iter("farm.w.*"):
+            worker_id, _, gen = key.removeprefix("farm.w.").rpartition(".g")
+            if gen.isdigit() and not self.worker_alive(worker_id, int(gen)):
+                dead.append(key)
+        return dead
+
+    def drop_queues(self, queues: list[str]) -> int:
+        return int(self.redis.delete(*queues)) if queues else 0
+
     # --- sessions -------------------------------------------------------------------------
 
     def put_session(self, session_id: str, fields: dict[str, Any], ttl_s: float) -> None:

@@ -224,3 +224,32 @@ def test_sigterm_finishes_the_call_in_flight_then_deregisters(own_farm: Farm) ->
     assert s.worker not in {w["id"] for w in own_farm.workers()}
     with pytest.raises(SessionLost):
         s.run("1")
+
+
+def test_a_restarted_worker_never_runs_its_predecessors_messages(own_farm: Farm) -> None:
+    local = own_farm.local_farm
+    s = own_farm.session()
+    s.run("x = 'old generation'")
+    old_queue, old_worker = s.queue, s.worker
+    local.kill_worker(old_worker)
+    local.workers[old_worker].wait(30)
+    deadline = time.monotonic() + 30
+    while own_farm.registry.worker(old_worker) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)  # the dead worker's heartbeat expires
+    # a message left for the dead generation, e.g. sent just before it died
+    request = exec_request("open('/workspace/ran', 'w').write('ran')", 30, None)
+    request.update(session_id=s.id, epoch=s.epoch, generation=s.generation)
+    own_farm.app.send_task(TASK_EXEC, args=[request], queue=old_queue)
+    # the same worker id comes back: a new generation with a queue of its own
+    new_id = local.add_worker("default", FARM_WORKER_ID=old_worker)
+    local.workers[old_worker] = local.workers.pop(new_id)  # its process, under its real id
+    local.wait_ready([old_worker])
+    entry = own_farm.registry.worker(old_worker)
+    assert entry is not None and entry["generation"] == s.generation + 1
+    assert entry["queue"] != old_queue
+    with pytest.raises(SessionLost, match="is gone"):
+        s.run("x")
+    assert own_farm.registry.queue_length(old_queue) == 1  # still there, never consumed
+    assert own_farm.registry.exec_record(request["exec_id"]) is None
+    assert own_farm.registry.dead_direct_queues() == [old_queue]
+    assert own_farm.registry.drop_queues([old_queue]) == 1

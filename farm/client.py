@@ -17,7 +17,7 @@ from typing import Any
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from farm.celeryconf import TASK_CLOSE, TASK_EXEC, TASK_OPEN, TASK_RUN, make_app, shared_queue
-from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
+from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost, WorkerFailed
 from farm.models import ErrorKind, ExecResult
 from farm.registry import Registry
 from farm.settings import FarmSettings
@@ -210,6 +210,9 @@ class Farm:
                 return reply
             except CeleryTimeout:
                 pass
+            except Exception as exc:  # the task itself crashed on the worker
+                pending.forget()
+                raise WorkerFailed(f"the worker task failed: {type(exc).__name__}: {exc}") from exc
             owner = worker
             if owner is None and exec_id is not None:
                 record = self.registry.exec_record(exec_id)

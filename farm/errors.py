@@ -64,6 +64,10 @@ class SandboxUnavailable(FarmError):
     """No sandbox could be started or reached (Docker down, image missing, kernel dead)."""
 
 
+class WorkerFailed(FarmError):
+    """A worker task crashed around the code (a farm bug or a broken worker); retryable."""
+
+
 class ProtocolError(FarmError):
     """A peer spoke something other than the farm protocol (a bug or a version mismatch)."""
 

@@ -253,3 +253,14 @@ def test_a_restarted_worker_never_runs_its_predecessors_messages(own_farm: Farm)
     assert own_farm.registry.exec_record(request["exec_id"]) is None
     assert own_farm.registry.dead_direct_queues() == [old_queue]
     assert own_farm.registry.drop_queues([old_queue]) == 1
+
+
+def test_a_crashing_task_is_a_typed_error_and_the_worker_serves_on(farm: Farm) -> None:
+    from farm.errors import WorkerFailed
+
+    with farm.session() as s:
+        pending = farm.app.send_task(TASK_EXEC, args=[{"no": "fields"}], queue=s.queue)
+        with pytest.raises(WorkerFailed, match="KeyError"):
+            farm._wait(pending, time.monotonic() + 60, worker=(s.worker, s.generation))
+        value = s.run("'still serving'").value
+        assert value is not None and value.text == "'still serving'"

@@ -197,7 +197,11 @@ class Worker:
                 return {"busy": True, "worker": self.id, "reason": "at capacity"}
         if not self.keeper.ready:
             return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
-        opened = self._kernel().open_session()
+        try:
+            opened = self._kernel().open_session()
+        except KernelError as exc:  # the sandbox is failing: let the client try elsewhere
+            self._drop_kernel()
+            return {"busy": True, "worker": self.id, "reason": f"sandbox failed: {exc}"}
         session_id, epoch = opened["session_id"], opened["epoch"]
         with self._lock:
             self.sessions[session_id] = HeldSession(self.keeper.generation, epoch, time.monotonic())

@@ -17,7 +17,14 @@ from typing import Any
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from farm.celeryconf import TASK_CLOSE, TASK_EXEC, TASK_OPEN, TASK_RUN, make_app, shared_queue
-from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost, WorkerFailed
+from farm.errors import (
+    FarmBusy,
+    SandboxUnavailable,
+    SessionLost,
+    StateLost,
+    WorkerFailed,
+)
+from farm.files import SessionFiles
 from farm.models import ErrorKind, ExecResult
 from farm.registry import Registry
 from farm.settings import FarmSettings
@@ -120,13 +127,16 @@ class Farm:
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         open_wait_s: float | None = None,
+        tools: bool = True,
     ) -> Session:
         """Open a session on a worker of ``image``; waits up to ``open_wait_s`` for room."""
         self._require_image(image)
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
         backoff = 0.05
         while True:
-            pending = self.app.send_task(TASK_OPEN, queue=shared_queue(image))
+            pending = self.app.send_task(
+                TASK_OPEN, kwargs={"tools": tools}, queue=shared_queue(image)
+            )
             reply = self._wait(pending, deadline + QUEUE_WAIT_S)
             if not reply.get("busy"):
                 return Session(
@@ -264,6 +274,7 @@ class Session:
         self.timeout_s = timeout_s
         self._kernel_epoch = epoch
         self.closed = False
+        self.files = SessionFiles(self)
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"

@@ -64,6 +64,10 @@ class SandboxUnavailable(FarmError):
     """No sandbox could be started or reached (Docker down, image missing, kernel dead)."""
 
 
+class FileOperationError(FarmError):
+    """A ``session.files`` operation was refused (outside the workspace, too big, missing)."""
+
+
 class WorkerFailed(FarmError):
     """A worker task crashed around the code (a farm bug or a broken worker); retryable."""
 

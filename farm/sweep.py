@@ -1,8 +1,8 @@
 """Resumable JSONL sweeps: thousands of snippets through a farm, one output line per id.
 
 Input lines: ``{"id": ..., "code": "..."}`` or ``{"id": ..., "cells": ["...", ...]}`` (cells run
-in one session, in order, stopping at the first failure), optional ``timeout_s`` and
-``setup`` (a cell run first). Invariants:
+in one session, in order, stopping at the first failure), optional ``timeout_s``, ``setup``
+(a cell run first) and ``files`` (``{"path": "text"}`` written to the workspace first). Invariants:
 - every input id appears in the output exactly once; a malformed line becomes an error line
   and the sweep goes on; duplicate ids are refused before anything runs;
 - an output line is written whole and flushed as soon as its item ends, so an interrupted
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 import farm
 from farm.client import Farm
-from farm.errors import FarmError, SessionLost, StateLost
+from farm.errors import FarmError, FileOperationError, SessionLost, StateLost
 from farm.models import ErrorKind, ExecResult
 
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
@@ -42,6 +42,7 @@ class SweepItem(BaseModel):
     cells: list[str] | None = None
     setup: str | None = None
     timeout_s: float | None = Field(None, gt=0)
+    files: dict[str, str] | None = Field(None, description="workspace path -> text content")
 
     @model_validator(mode="after")
     def _one_body(self) -> SweepItem:
@@ -241,6 +242,8 @@ class Sweep:
         results: list[ExecResult] = []
         try:
             with self.farm.session(self.image, timeout_s=timeout) as session:
+                for path, content in (item.files or {}).items():
+                    session.files.write(path, content)
                 for code in item.all_cells():
                     result = session.run(code, timeout)
                     results.append(result)
@@ -258,6 +261,8 @@ class Sweep:
                 message=str(exc),
                 cells=results,
             )
+        except FileOperationError as exc:  # the item's files are bad input, never retried
+            return SweepRecord(id=item.id, status="error", kind="input", message=str(exc))
         except FarmError as exc:
             return SweepRecord(
                 id=item.id,

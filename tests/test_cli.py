@@ -147,7 +147,14 @@ def test_sweep_records_every_outcome_and_caches(farm: Farm, tmp_path: Path) -> N
     source.write_text(
         json.dumps({"id": "ok", "code": "2 + 2"})
         + "\n"
-        + json.dumps({"id": "cells", "cells": ["x = 2", "x * 10"], "setup": "import math"})
+        + json.dumps(
+            {
+                "id": "cells",
+                "cells": ["x = int(open('n.txt').read())", "x * 10"],
+                "setup": "import math",
+                "files": {"n.txt": "2"},
+            }
+        )
         + "\n"
         + json.dumps({"id": "user", "code": "raise KeyError('k')"})
         + "\n"

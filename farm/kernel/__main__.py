@@ -56,6 +56,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-sessions", type=int, default=256)
     parser.add_argument("--max-connections", type=int, default=1024)
     parser.add_argument("--max-frame", type=int, default=DEFAULT_MAX_FRAME)
+    parser.add_argument(
+        "--workspace",
+        default=None,
+        help="root of the session tools and files (default: the working dir)",
+    )
+    parser.add_argument(
+        "--tool-output-chars",
+        type=int,
+        default=3000,
+        help="tool outputs are clipped head+tail to this many characters",
+    )
     parser.add_argument("--log-level", default=os.environ.get("FARM_KERNEL_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -109,6 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         max_sessions=args.max_sessions,
         max_connections=args.max_connections,
         max_frame=args.max_frame,
+        workspace=os.path.realpath(args.workspace or os.getcwd()),
+        tool_limit=args.tool_output_chars,
     )
 
     def ready(where: str) -> None:

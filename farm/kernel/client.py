@@ -168,8 +168,8 @@ class KernelClient:
     def ping(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return self.request({"type": "ping"}, timeout_s)
 
-    def open_session(self) -> dict[str, Any]:
-        reply = self.request({"type": "open_session"})
+    def open_session(self, *, tools: bool = True) -> dict[str, Any]:
+        reply = self.request({"type": "open_session", "tools": tools})
         return {"session_id": reply["session_id"], "epoch": reply["epoch"]}
 
     def execute(

@@ -129,8 +129,9 @@ class SessionProcess:
 
 
 class Session:
-    def __init__(self, session_id: str, proc: SessionProcess) -> None:
+    def __init__(self, session_id: str, proc: SessionProcess, tools: bool) -> None:
         self.id = session_id
+        self.tools = tools
         self.epoch = 1
         self.proc = proc
         self.lock = asyncio.Lock()
@@ -140,7 +141,17 @@ class Session:
 class SessionManager:
     """Owns the zygote connection and every session of this kernel."""
 
-    def __init__(self, zygote: socket.socket, *, grace_s: float, max_sessions: int) -> None:
+    def __init__(
+        self,
+        zygote: socket.socket,
+        *,
+        grace_s: float,
+        max_sessions: int,
+        workspace: str | None = None,
+        tool_limit: int = 3000,
+    ) -> None:
+        self.workspace = workspace
+        self.tool_limit = tool_limit
         self.zygote = zygote
         self.grace_s = grace_s
         self.max_sessions = max_sessions
@@ -173,24 +184,25 @@ class SessionManager:
                     proc.exit = message
                     proc.exited.set()
 
-    async def _spawn(self) -> SessionProcess:
+    async def _spawn(self, tools: bool = True) -> SessionProcess:
         if not self.zygote_alive:
             raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
         future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
         self.pending.append(future)
-        self.zygote.send(b'{"op":"spawn"}')
+        config = {"tools": tools, "workspace": self.workspace, "tool_limit": self.tool_limit}
+        self.zygote.send(json.dumps({"op": "spawn", "session": config}).encode())
         pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
         self.by_pid[pid] = proc
         await proc.attach(self.loop)
         return proc
 
-    async def open(self) -> dict[str, Any]:
+    async def open(self, tools: bool = True) -> dict[str, Any]:
         if len(self.sessions) >= self.max_sessions:
             raise RequestError(
                 "too_many_sessions", f"this kernel holds {self.max_sessions} sessions"
             )
-        session = Session(uuid.uuid4().hex, await self._spawn())
+        session = Session(uuid.uuid4().hex, await self._spawn(tools), tools)
         self.sessions[session.id] = session
         log.info("session %s opened (pid %d)", session.id, session.proc.pid)
         return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
@@ -220,7 +232,7 @@ class SessionManager:
     async def _replace(self, session: Session) -> None:
         session.proc.close(self.loop)
         session.epoch += 1
-        session.proc = await self._spawn()
+        session.proc = await self._spawn(session.tools)
         log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
 
     async def execute(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -69,9 +69,10 @@ def ends_with_semicolon(code: str) -> bool:
 class Repl:
     """One session's namespace and the machinery to run cells in it."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra_globals: dict[str, Any] | None = None) -> None:
         main = types.ModuleType("__main__")
         main.__dict__["__builtins__"] = builtins
+        main.__dict__.update(extra_globals or {})
         sys.modules["__main__"] = main  # so pickle/multiprocessing find user definitions
         self.namespace: dict[str, Any] = main.__dict__
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -42,8 +42,12 @@ class KernelServer:
         max_sessions: int = 256,
         max_connections: int = 1024,
         max_frame: int = DEFAULT_MAX_FRAME,
+        workspace: str | None = None,
+        tool_limit: int = 3000,
     ) -> None:
         self._token = token
+        self.workspace = workspace
+        self.tool_limit = tool_limit
         self._zygote = zygote
         self.grace_s = grace_s
         self.max_sessions = max_sessions
@@ -56,7 +60,11 @@ class KernelServer:
 
     async def start(self, *, host: str | None, port: int | None, unix: str | None) -> str:
         self.manager = SessionManager(
-            self._zygote, grace_s=self.grace_s, max_sessions=self.max_sessions
+            self._zygote,
+            grace_s=self.grace_s,
+            max_sessions=self.max_sessions,
+            workspace=self.workspace,
+            tool_limit=self.tool_limit,
         )
         if unix is not None:
             if os.path.exists(unix):
@@ -142,7 +150,10 @@ class KernelServer:
         if kind == "ping":
             return self.info()
         if kind == "open_session":
-            return await self.manager.open()
+            tools = message.get("tools", True)
+            if not isinstance(tools, bool):
+                raise RequestError("bad_request", "field 'tools' must be a boolean")
+            return await self.manager.open(tools)
         if kind == "execute":
             return {
                 "type": "exec_result",

@@ -22,6 +22,7 @@ from typing import Any
 
 from .framing import recv_frame, send_frame
 from .repl import Repl
+from .tools import DEFAULT_LIMIT, Workspace
 
 STDOUT_SPARE = 1001  # copies of the capture pipes, to restore fds 1/2 if user code closes them
 STDERR_SPARE = 1002
@@ -98,9 +99,15 @@ def _usage() -> tuple[float, int]:
     return cpu, own.ru_maxrss
 
 
-def serve(ctl: socket.socket) -> None:
+def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
     """Answer exec requests until the supervisor closes the control socket."""
-    repl = Repl()
+    extra: dict[str, Any] = {}
+    if config.get("workspace"):
+        workspace = Workspace(config["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
+        extra = workspace.globals()
+        if not config.get("tools", True):  # opted out: keep only what session.files uses
+            extra = {"__farm_files__": workspace}
+    repl = Repl(extra)
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts.handler)
     while True:

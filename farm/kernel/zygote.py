@@ -48,7 +48,7 @@ def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = 
     socket.send_fds(sock, [json.dumps(message).encode()], fds or [])
 
 
-def _session_child(ctl: socket.socket, out_w: int, err_w: int) -> NoReturn:
+def _session_child(ctl: socket.socket, out_w: int, err_w: int, config: dict[str, Any]) -> NoReturn:
     code = 0
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -58,14 +58,14 @@ def _session_child(ctl: socket.socket, out_w: int, err_w: int) -> NoReturn:
         os.dup2(err_w, 2)
         _close_other_fds({0, 1, 2, ctl.fileno()})
         session.prepare_process()
-        session.serve(ctl)
+        session.serve(ctl, config)
     except BaseException:  # noqa: BLE001 - a session process never returns into the zygote
         code = 70
     finally:
         os._exit(code)
 
 
-def _spawn(sock: socket.socket) -> None:
+def _spawn(sock: socket.socket, config: dict[str, Any]) -> None:
     ctl_parent, ctl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
@@ -75,7 +75,7 @@ def _spawn(sock: socket.socket) -> None:
         ctl_parent.close()
         os.close(out_r)
         os.close(err_r)
-        _session_child(ctl_child, out_w, err_w)
+        _session_child(ctl_child, out_w, err_w, config)
     ctl_child.close()
     os.close(out_w)
     os.close(err_w)
@@ -126,8 +126,9 @@ def run(sock: socket.socket) -> NoReturn:
             data = sock.recv(4096)
             if not data:
                 os._exit(0)
-            if json.loads(data).get("op") == "spawn":
-                _spawn(sock)
+            message = json.loads(data)
+            if message.get("op") == "spawn":
+                _spawn(sock, message.get("session", {}))
         sys.stdout.flush()
 
 

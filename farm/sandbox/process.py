@@ -10,8 +10,10 @@ import json
 import logging
 import os
 import select
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 from farm.kernel import auth
@@ -37,6 +39,7 @@ class ProcessSandbox(Sandbox):
         self.address = ""
         self.kernel_pid: int | None = None
         self.restarts = 0
+        self.workspace: str | None = None
 
     @property
     def token(self) -> str:
@@ -47,6 +50,7 @@ class ProcessSandbox(Sandbox):
             "process sandbox: user code runs UNISOLATED on this host (your files, network and "
             "environment). Use it for development only; use the docker backend for real work."
         )
+        self.workspace = tempfile.mkdtemp(prefix="farm-workspace-")
         env = dict(os.environ, FARM_KERNEL_TOKEN=self._token)
         cmd = [
             sys.executable,
@@ -56,9 +60,13 @@ class ProcessSandbox(Sandbox):
             "127.0.0.1:0",
             "--grace-s",
             str(self.grace_s),
+            "--workspace",
+            self.workspace,
             *self.extra_args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, env=env, start_new_session=True, cwd=self.workspace
+        )
         try:
             ready = self._wait_ready(self.proc)
         except BaseException:
@@ -86,6 +94,14 @@ class ProcessSandbox(Sandbox):
         raise SandboxStartError(f"the kernel process did not become ready (exit {proc.poll()})")
 
     def stop(self) -> None:
+        try:
+            self._stop_process()
+        finally:
+            if self.workspace is not None:
+                shutil.rmtree(self.workspace, ignore_errors=True)
+                self.workspace = None
+
+    def _stop_process(self) -> None:
         if self.proc is None:
             return
         proc, self.proc = self.proc, None

@@ -46,8 +46,8 @@ def _stop_worker(**kwargs: Any) -> None:
 
 
 @app.task(name=TASK_OPEN)
-def open_session() -> dict[str, Any]:
-    return current().open_session()
+def open_session(tools: bool = True) -> dict[str, Any]:
+    return current().open_session(tools)
 
 
 @app.task(name=TASK_EXEC)

@@ -191,14 +191,14 @@ class Worker:
 
     # --- tasks ----------------------------------------------------------------------------
 
-    def open_session(self) -> dict[str, Any]:
+    def open_session(self, tools: bool = True) -> dict[str, Any]:
         with self._lock:
             if len(self.sessions) >= self.settings.max_sessions:
                 return {"busy": True, "worker": self.id, "reason": "at capacity"}
         if not self.keeper.ready:
             return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
         try:
-            opened = self._kernel().open_session()
+            opened = self._kernel().open_session(tools=tools)
         except KernelError as exc:  # the sandbox is failing: let the client try elsewhere
             self._drop_kernel()
             return {"busy": True, "worker": self.id, "reason": f"sandbox failed: {exc}"}

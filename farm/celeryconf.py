@@ -42,7 +42,9 @@ def make_app(settings: FarmSettings | None = None) -> Celery:
         task_default_queue="farm.default",
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": 300},
+        # Tasks are acked when they start, so this only redelivers messages a dead worker had
+        # prefetched but not started: they reach another worker within a minute.
+        broker_transport_options={"visibility_timeout": 60},
         worker_send_task_events=True,
         task_send_sent_event=True,
     )

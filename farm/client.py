@@ -180,7 +180,12 @@ class Farm:
         retries: int = 0,
         max_output_bytes: int | None = None,
     ) -> ExecResult:
-        """One-shot run in a fresh session. Infra failures are retried ``retries`` times."""
+        """One-shot run in a fresh session; failures are results, never exceptions.
+
+        Up to ``retries`` infrastructure failures are retried, and only those that happened
+        before the code started (its exec id was never claimed by a worker): code that may
+        have run is not run again behind the caller's back.
+        """
         self._require_image(image)
         for attempt in range(retries + 1):
             request = exec_request(code, timeout_s, max_output_bytes)
@@ -198,7 +203,12 @@ class Farm:
                     exec_id=request["exec_id"],
                     worker=exc.worker,
                 )
-            if result.kind not in RETRYABLE or attempt == retries:
+            except (WorkerFailed, FarmBusy) as exc:
+                result = ExecResult.failure(
+                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
+                )
+            started = self.registry.exec_record(request["exec_id"]) is not None
+            if result.kind not in RETRYABLE or started or attempt == retries:
                 return result
         raise AssertionError("unreachable")
 

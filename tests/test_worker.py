@@ -264,3 +264,31 @@ def test_a_crashing_task_is_a_typed_error_and_the_worker_serves_on(farm: Farm) -
             farm._wait(pending, time.monotonic() + 60, worker=(s.worker, s.generation))
         value = s.run("'still serving'").value
         assert value is not None and value.text == "'still serving'"
+
+
+@pytest.mark.parametrize("own_farm", [{}], indirect=True)
+def test_a_one_shot_run_that_started_is_not_retried_behind_the_callers_back(
+    own_farm: Farm,
+) -> None:
+    local = own_farm.local_farm
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        outcome["result"] = own_farm.run("import time\ntime.sleep(60)", timeout_s=120, retries=3)
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    record = None
+    while record is None and time.monotonic() < deadline:
+        keys = list(own_farm.registry.redis.scan_iter("farm:exec:*"))
+        record = own_farm.registry.exec_record(keys[0].split(":")[-1]) if keys else None
+        time.sleep(0.05)  # poll until a worker has claimed (started) the run
+    assert record is not None and record["state"] == "running"
+    killed_at = time.monotonic()
+    local.kill_worker(str(record["worker"]))
+    thread.join(timeout=90)
+    result = outcome["result"]
+    assert result.kind == "sandbox_lost"
+    assert outcome["at"] - killed_at < 30  # reported, not re-run (a re-run sleeps 60 s)

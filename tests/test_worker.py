@@ -292,3 +292,21 @@ def test_a_one_shot_run_that_started_is_not_retried_behind_the_callers_back(
     result = outcome["result"]
     assert result.kind == "sandbox_lost"
     assert outcome["at"] - killed_at < 30  # reported, not re-run (a re-run sleeps 60 s)
+
+
+def test_celery_with_a_prefork_pool_is_refused_with_a_clear_message(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    celery = Path(sys.executable).parent / "celery"
+    done = subprocess.run(
+        [str(celery), "-A", "farm.worker", "worker", "--pool", "prefork"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**__import__("os").environ, "FARM_BROKER_URL": "redis://127.0.0.1:1/0"},
+    )
+    assert done.returncode != 0
+    assert "farm workers need `--pool threads`" in done.stderr + done.stdout

@@ -31,6 +31,13 @@ def current() -> Worker:
 
 @celeryd_after_setup.connect
 def _start_worker(sender: Any, instance: Any, **kwargs: Any) -> None:
+    pool = getattr(instance.pool_cls, "__module__", str(instance.pool_cls))
+    if not pool.endswith(("threads", "solo")):
+        # Prefork children would each hold a different part of the sessions.
+        raise SystemExit(
+            f"farm workers need `--pool threads` (or solo), not {pool}: one process must "
+            "own the sandbox and every session on it"
+        )
     worker = Worker(FarmSettings())
     worker.start()
     _state["worker"] = worker

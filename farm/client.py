@@ -32,6 +32,7 @@ from farm.settings import FarmSettings
 DEFAULT_TIMEOUT_S = 30.0
 WAIT_SLICE_S = 0.5
 QUEUE_WAIT_S = 600.0
+IMAGE_CHECK_S = 1.0
 RETRYABLE = (ErrorKind.SANDBOX_LOST, ErrorKind.INFRA)
 
 
@@ -45,6 +46,7 @@ class Farm:
             self.settings.broker_url, heartbeat_ttl_s=self.settings.heartbeat_ttl_s
         )
         self._owned = owned
+        self._served: dict[str, float] = {}
 
     @classmethod
     def connect(cls, broker_url: str | None = None) -> Farm:
@@ -109,7 +111,12 @@ class Farm:
         return {name: self.registry.queue_length(name) for name in sorted(names)}
 
     def _require_image(self, image: str) -> None:
+        """Fail fast when no live worker serves ``image`` (checked at most once a second)."""
+        now = time.monotonic()
+        if now - self._served.get(image, -IMAGE_CHECK_S) < IMAGE_CHECK_S:
+            return
         if any(w.get("image") == image for w in self.registry.workers()):
+            self._served[image] = now
             return
         if self._owned is not None:
             self._owned.serve_image(image)

@@ -7,6 +7,8 @@ Keys (all under ``farm:``):
 - ``exec:<id>``     JSON record of one exec: ``running`` (with worker) then ``done`` (with result);
                     ``SET NX`` makes a redelivered or duplicated message run its code once
 - ``gen:<id>``      counter of a worker id's starts (its generation)
+- ``workers``       set of worker ids that registered (pruned when their hash expired), so
+                    listing workers never scans the keyspace (which holds every exec record)
 """
 
 from __future__ import annotations
@@ -43,24 +45,29 @@ class Registry:
         with self.redis.pipeline() as pipe:
             pipe.hset(key, mapping=flat)
             pipe.pexpire(key, int(self.heartbeat_ttl_s * 1000))
+            pipe.sadd(f"{PREFIX}workers", worker_id)
             pipe.execute()
 
     def deregister(self, worker_id: str, generation: int) -> None:
         key = f"{PREFIX}worker:{worker_id}"
         if self.redis.hget(key, "generation") == str(generation):
             self.redis.delete(key)
+            self.redis.srem(f"{PREFIX}workers", worker_id)
 
     def worker(self, worker_id: str) -> dict[str, Any] | None:
         raw = self.redis.hgetall(f"{PREFIX}worker:{worker_id}")
         return _decode(raw) if raw else None
 
     def workers(self) -> list[dict[str, Any]]:
-        found = []
-        for key in self.redis.scan_iter(f"{PREFIX}worker:*"):
-            raw = self.redis.hgetall(key)
-            if raw:
-                found.append(_decode(raw))
-        return sorted(found, key=lambda w: str(w.get("id")))
+        ids = sorted(str(member) for member in self.redis.smembers(f"{PREFIX}workers"))
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in ids:
+                pipe.hgetall(f"{PREFIX}worker:{worker_id}")
+            hashes = pipe.execute()
+        gone = [worker_id for worker_id, raw in zip(ids, hashes, strict=True) if not raw]
+        if gone:
+            self.redis.srem(f"{PREFIX}workers", *gone)
+        return [_decode(raw) for raw in hashes if raw]
 
     def worker_alive(self, worker_id: str, generation: int) -> bool:
         return self.redis.hget(f"{PREFIX}worker:{worker_id}", "generation") == str(generation)

@@ -65,12 +65,18 @@ def test_one_shot_runs_and_results_name_their_worker(farm: Farm) -> None:
 
 
 def test_an_image_no_worker_serves_fails_fast(farm: Farm) -> None:
-    t0 = time.monotonic()
-    with pytest.raises(SandboxUnavailable, match="no live worker serves image 'gpu'"):
-        farm.session(image="gpu")
-    with pytest.raises(SandboxUnavailable):
-        farm.run("1", image="gpu")
-    assert time.monotonic() - t0 < 5
+    connected = Farm(farm.settings)  # a client of a running farm: it cannot start workers
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SandboxUnavailable, match="no live worker serves image 'gpu'"):
+            connected.session(image="gpu")
+        with pytest.raises(SandboxUnavailable):
+            connected.run("1", image="gpu")
+        assert time.monotonic() - t0 < 5
+    finally:
+        connected.close()
+    with pytest.raises(SandboxUnavailable, match="farm image build --tag farm-sandbox:gpu"):
+        farm.session(image="gpu")  # a local farm would start a worker, but there is no image
 
 
 def test_a_duplicated_exec_message_runs_the_code_once(farm: Farm) -> None:
@@ -310,3 +316,8 @@ def test_celery_with_a_prefork_pool_is_refused_with_a_clear_message(tmp_path: An
     )
     assert done.returncode != 0
     assert "farm workers need `--pool threads`" in done.stderr + done.stdout
+
+
+def test_celery_with_the_threads_pool_starts_a_farm_worker(farm: Farm) -> None:
+    """The other half of the pool check: the pool `farm worker` uses is accepted."""
+    assert all(w["ready"] for w in farm.workers()) and len(farm.workers()) == 2

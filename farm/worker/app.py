@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery.concurrency import get_implementation
 from celery.signals import celeryd_after_setup, worker_shutdown
 
 from farm.celeryconf import TASK_CLOSE, TASK_ECHO, TASK_EXEC, TASK_OPEN, TASK_RUN, make_app
@@ -31,12 +32,12 @@ def current() -> Worker:
 
 @celeryd_after_setup.connect
 def _start_worker(sender: Any, instance: Any, **kwargs: Any) -> None:
-    pool = getattr(instance.pool_cls, "__module__", str(instance.pool_cls))
-    if not pool.endswith(("threads", "solo")):
+    allowed = {get_implementation("threads"), get_implementation("solo")}
+    if get_implementation(instance.pool_cls) not in allowed:
         # Prefork children would each hold a different part of the sessions.
         raise SystemExit(
-            f"farm workers need `--pool threads` (or solo), not {pool}: one process must "
-            "own the sandbox and every session on it"
+            f"farm workers need `--pool threads` (or solo), not {instance.pool_cls}: one "
+            "process must own the sandbox and every session on it"
         )
     worker = Worker(FarmSettings())
     worker.start()

@@ -5,7 +5,7 @@ VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv setup test lint bench run clean
+.PHONY: venv setup test lint bench run clean images compose-up compose-down
 
 venv: $(STAMP)
 
@@ -29,16 +29,29 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy farm
 
+BENCHMARKS = kernel sandbox farm_e2e sweep
+
 bench: setup
-	@set -e; for f in bench/*.py; do \
-		[ -e "$$f" ] || { echo "no benchmarks in bench/"; break; }; \
-		echo "== $$f"; $(VPY) "$$f"; \
-	done
+	@set -e; for b in $(BENCHMARKS); do echo "== bench/$$b.py"; $(VPY) bench/$$b.py; done
 
 # The quick start: an embedded local farm (redis + 2 workers with Docker sandboxes) runs the
 # example sweep, prints the summary and removes everything it started.
 run: setup
 	$(VENV)/bin/farm sweep examples/sweep.jsonl -o out/example-results.jsonl --local 2
+
+# Deployment (README "Deployment"): farm-worker, farm-redis and farm-prometheus FROM the
+# sandbox's base, the worker from wheels made on the host (scripts/build-images).
+images: setup
+	scripts/build-images
+
+# docker-compose.yml on this host with WORKERS workers; Debian's docker-compose if missing.
+WORKERS ?= 2
+compose-up: images
+	scripts/ensure-compose
+	docker-compose up -d --no-build --scale worker=$(WORKERS)
+
+compose-down:
+	docker-compose down -v
 
 clean:
 	-command -v docker >/dev/null && docker ps -aq --filter label=farm.managed=1 | xargs -r docker rm -f

@@ -22,12 +22,9 @@ stops at ``BUDGET_S`` whatever its count, and every process started here is stop
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import multiprocessing
-import os
-import platform
 import socket
 import struct
 import sys
@@ -36,6 +33,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from benchlib import machine
 
 from farm.kernel.client import KernelClient
 from farm.kernel.framing import encode
@@ -96,29 +95,6 @@ class Deadline:
 
 
 # --- machine line -------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def machine() -> dict[str, Any]:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "python": platform.python_version(),
-    }
 
 
 # --- the echo baseline --------------------------------------------------------------------

@@ -24,10 +24,8 @@ asserted: the exit status is 0 whether or not the goals are met.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import socket
 import statistics
@@ -42,6 +40,7 @@ from typing import Any
 
 import docker
 import docker.errors
+from benchlib import machine
 from docker.models.containers import Container
 
 from farm.kernel.client import KernelClient
@@ -89,29 +88,6 @@ ITERATIONS = {
     "open_session": ((100, 5), (20, 3)),
     "rtt": ((2000, 100), (300, 30)),
 }
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def machine() -> dict[str, Any]:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "python": platform.python_version(),
-    }
 
 
 def summary(samples_ns: list[int]) -> dict[str, Any]:

@@ -26,15 +26,12 @@ temporary directory are removed on exit, also on errors and Ctrl-C.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
 import multiprocessing
 import os
-import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,16 +42,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# bench/ is sys.path[0] when this runs as a script: take the snippets from it, then drop it,
-# since bench/farm.py would shadow the farm package.
+from benchlib import machine
 from snippets import outcome, snippets
 
-if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
-    del sys.path[0]
-
-from farm.client import Farm  # noqa: E402 - after the path fix above
-from farm.sandbox.docker import LABEL_MANAGED, LABEL_OWNER  # noqa: E402
-from farm.sweep import Sweep, plan_sweep  # noqa: E402
+from farm.client import Farm
+from farm.sandbox.docker import LABEL_MANAGED, LABEL_OWNER
+from farm.sweep import Sweep, plan_sweep
 
 IMAGE = "farm-sandbox:default"
 OWNER = f"bench-{os.getpid()}"
@@ -109,29 +102,6 @@ class Run:
 
 
 # --- machine line -------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def machine() -> dict[str, Any]:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "python": platform.python_version(),
-    }
 
 
 # --- the three systems --------------------------------------------------------------------

@@ -26,12 +26,8 @@ containers and redis) and the ipykernel are stopped on exit, also on errors and 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import logging
-import os
-import platform
-import socket
 import sys
 import threading
 import time
@@ -41,16 +37,12 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from benchlib import machine
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
-# This program is named farm.py: run as a script, its own directory comes first on sys.path
-# and would shadow the farm package, so drop that entry before importing from farm.
-if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
-    del sys.path[0]
-
-from farm.celeryconf import TASK_ECHO, shared_queue  # noqa: E402 - after the path fix above
-from farm.client import Farm, Session, exec_request  # noqa: E402
+from farm.celeryconf import TASK_ECHO, shared_queue
+from farm.client import Farm, Session, exec_request
 
 CODE = "x+1"
 WORKERS = 2
@@ -116,29 +108,6 @@ class Deadline:
 
 
 # --- machine line -------------------------------------------------------------------------
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def machine() -> dict[str, Any]:
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return {
-        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "python": platform.python_version(),
-    }
 
 
 # --- the systems measured -----------------------------------------------------------------

@@ -162,6 +162,9 @@ class SessionManager:
         zygote.setblocking(False)
         self.loop.add_reader(zygote, self._on_zygote)
         self.zygote_alive = True
+        # Set when the zygote dies: its sessions died with it (PDEATHSIG) and no new one can
+        # start, so the kernel stops and its sandbox is replaced (``serve_forever``).
+        self.zygote_lost = asyncio.Event()
         self.oom_baseline = oom_kills()
 
     def _on_zygote(self) -> None:
@@ -174,6 +177,7 @@ class SessionManager:
                 self.zygote_alive = False
                 self.loop.remove_reader(self.zygote)
                 log.error("the zygote exited; no new sessions can start")
+                self.zygote_lost.set()
                 return
             message = json.loads(data)
             if message["op"] == "spawned":

@@ -218,6 +218,13 @@ async def serve_forever(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     on_ready(where)
-    await stop.wait()
+    stopped = asyncio.ensure_future(stop.wait())
+    zygote_lost = asyncio.ensure_future(server.manager.zygote_lost.wait())
+    await asyncio.wait({stopped, zygote_lost}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    zygote_lost.cancel()
     log.info("kernel stopping")
     server.stop()
+    if server.manager.zygote_lost.is_set():
+        # Not a clean stop: the exit status tells the sandbox's keeper to replace it.
+        raise SystemExit("the zygote died (killed by user code?): the kernel stops")

@@ -110,6 +110,7 @@ def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
     repl = Repl(extra)
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts.handler)
+    me = os.getpid()
     while True:
         request = recv_frame(ctl)
         if request is None:
@@ -124,6 +125,12 @@ def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
             value, error = None, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
         finally:
             interrupts.running = False
+        if os.getpid() != me:
+            # A child that user code forked (``os.fork()``, a fork bomb) came back here with a
+            # copy of this loop and of the control socket: it must never answer for the
+            # session, or the supervisor would read its reply as the session's.
+            _flush_all()
+            os._exit(0)
         _flush_all()
         cpu1, rss = _usage()
         reply: dict[str, Any] = {

@@ -141,10 +141,14 @@ class Farm:
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
         backoff = 0.05
         while True:
+            open_id = uuid.uuid4().hex
             pending = self.app.send_task(
-                TASK_OPEN, kwargs={"tools": tools}, queue=shared_queue(image)
+                TASK_OPEN, kwargs={"tools": tools, "open_id": open_id}, queue=shared_queue(image)
             )
-            reply = self._wait(pending, deadline + QUEUE_WAIT_S)
+            try:
+                reply = self._wait(pending, deadline + QUEUE_WAIT_S, exec_id=open_id)
+            except SessionLost as exc:  # the worker that took the open died: ask another
+                reply = {"busy": True, "reason": str(exc)}
             if not reply.get("busy"):
                 return Session(
                     self,

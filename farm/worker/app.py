@@ -54,8 +54,8 @@ def _stop_worker(**kwargs: Any) -> None:
 
 
 @app.task(name=TASK_OPEN)
-def open_session(tools: bool = True) -> dict[str, Any]:
-    return current().open_session(tools)
+def open_session(tools: bool = True, open_id: str | None = None) -> dict[str, Any]:
+    return current().open_session(tools, open_id)
 
 
 @app.task(name=TASK_EXEC)

@@ -191,7 +191,32 @@ class Worker:
 
     # --- tasks ----------------------------------------------------------------------------
 
-    def open_session(self, tools: bool = True) -> dict[str, Any]:
+    def open_session(self, tools: bool = True, open_id: str | None = None) -> dict[str, Any]:
+        """Open a session; ``open_id`` is claimed first, like an exec id.
+
+        The claim names this worker generation, so a client whose open was taken by a worker
+        that then died sees the death (heartbeat) and asks again, instead of waiting for an
+        answer that will never come (the message was acked when the task started).
+        """
+        if open_id is not None:
+            claim = self.registry.claim_exec(open_id, self.id, self.generation)
+            if claim is not None:  # a duplicate delivery: answer what the first one did
+                recorded = claim.get("result")
+                return (
+                    recorded
+                    if recorded
+                    else {
+                        "busy": True,
+                        "worker": self.id,
+                        "reason": "this open is already under way",
+                    }
+                )
+            reply = self._open_session(tools)
+            self.registry.finish_exec(open_id, reply)
+            return reply
+        return self._open_session(tools)
+
+    def _open_session(self, tools: bool) -> dict[str, Any]:
         with self._lock:
             if len(self.sessions) >= self.settings.max_sessions:
                 return {"busy": True, "worker": self.id, "reason": "at capacity"}

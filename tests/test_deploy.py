@@ -1,0 +1,283 @@
+"""docker-compose.yml end to end: the images build FROM the same base as the sandbox, the stack
+comes up under a project name of its own, a client on the host runs code through it,
+Prometheus scrapes every worker, scaling adds workers, and teardown leaves nothing behind.
+
+It uses Debian's docker-compose (v1), installed by scripts/ensure-compose when missing; it
+skips only when that cannot install it. The images come from scripts/build-images (what
+`make images` runs), so the test exercises exactly what a user builds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+BUILD_TIMEOUT_S = 240
+UP_TIMEOUT_S = 120
+READY_TIMEOUT_S = 90
+SCRAPE_TIMEOUT_S = 60
+DOWN_TIMEOUT_S = 60
+POLL_S = 0.5
+
+T = TypeVar("T")
+
+
+def wait_for(
+    what: str, probe: Callable[[], T | None], timeout_s: float, why: Callable[[], str]
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with ``why()`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} within {timeout_s:.0f}s\n{why()}")
+        time.sleep(POLL_S)  # poll interval of the deadline-bounded wait above
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+        raise AssertionError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+@dataclass
+class Stack:
+    """One docker-compose project: its name, environment and the client-side addresses."""
+
+    project: str
+    env: dict[str, str]
+    redis_url: str
+    prometheus_url: str
+    socket_dir: Path
+    docker: Any
+    worker_hosts: set[str] = field(default_factory=set)
+
+    def compose(self, *args: str, timeout_s: float = UP_TIMEOUT_S) -> str:
+        cmd = ["docker-compose", "--ansi", "never", "-f", str(COMPOSE_FILE), "-p", self.project]
+        return run([*cmd, *args], timeout_s, self.env)
+
+    def containers(self, service: str | None = None) -> list[Any]:
+        labels = [f"com.docker.compose.project={self.project}"]
+        if service:
+            labels.append(f"com.docker.compose.service={service}")
+        return list(self.docker.containers.list(all=True, filters={"label": labels}))
+
+    def remember_workers(self) -> None:
+        """Worker containers' hostnames: their sandboxes carry them as ``farm.host``."""
+        for c in self.containers("worker"):
+            self.worker_hosts.add(str(c.attrs["Config"]["Hostname"]))
+
+    def sandboxes(self) -> list[Any]:
+        self.remember_workers()
+        return [
+            c
+            for c in self.docker.containers.list(all=True, filters={"label": "farm.managed=1"})
+            if c.labels.get("farm.host") in self.worker_hosts
+        ]
+
+    def logs(self) -> str:
+        try:
+            return self.compose("logs", "--no-color", "--tail", "40", timeout_s=30)
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            return f"(no logs: {exc})"
+
+    def prometheus(self, path: str, **params: str) -> Any:
+        url = f"{self.prometheus_url}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return json.load(reply)["data"]
+
+    def worker_targets(self) -> list[dict[str, Any]]:
+        try:
+            targets = self.prometheus("/api/v1/targets")["activeTargets"]
+        except OSError:
+            return []  # Prometheus not answering yet
+        return [t for t in targets if t["labels"].get("job") == "farm-worker"]
+
+
+def ensure_compose() -> None:
+    proc = subprocess.run(
+        [str(ROOT / "scripts" / "ensure-compose")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    if proc.returncode != 0 or shutil.which("docker-compose") is None:
+        pytest.skip(f"docker-compose is missing and could not be installed: {proc.stderr.strip()}")
+
+
+def tear_down(stack: Stack) -> None:
+    """``down -v``, then any sandbox a worker of this project left; fail if anything stays."""
+    stack.remember_workers()
+    try:
+        stack.compose("down", "-v", "--remove-orphans", "-t", "20", timeout_s=DOWN_TIMEOUT_S)
+    finally:
+        for container in [*stack.sandboxes(), *stack.containers()]:
+            container.remove(force=True)
+        shutil.rmtree(stack.socket_dir, ignore_errors=True)
+    project_label = {"label": f"com.docker.compose.project={stack.project}"}
+    for network in stack.docker.networks.list(filters=project_label):
+        network.remove()
+    left = [c.name for c in [*stack.sandboxes(), *stack.containers()]]
+    left += [n.name for n in stack.docker.networks.list(filters=project_label)]
+    assert not left, f"teardown left {left}"
+
+
+@pytest.fixture(scope="module")
+def stack(docker_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The compose stack with one worker, built from this checkout; removed afterwards."""
+    ensure_compose()
+    run(
+        [str(ROOT / "scripts" / "build-images")],
+        BUILD_TIMEOUT_S,
+        {**os.environ, "VPY": sys.executable, "FARM_TAG": "latest"},
+    )
+    redis_port, prometheus_port = free_port(), free_port()
+    socket_dir = tmp_path_factory.mktemp("compose-sockets")
+    env = {
+        **os.environ,
+        "FARM_TAG": "latest",
+        "FARM_REDIS_PORT": str(redis_port),
+        "FARM_PROMETHEUS_PORT": str(prometheus_port),
+        "FARM_SOCKET_DIR": str(socket_dir),
+    }
+    built = Stack(
+        project=f"farmtest{os.getpid()}",
+        env=env,
+        redis_url=f"redis://127.0.0.1:{redis_port}/0",
+        prometheus_url=f"http://127.0.0.1:{prometheus_port}",
+        socket_dir=socket_dir,
+        docker=docker_env,
+    )
+    try:
+        built.compose("up", "-d", "--no-build")
+        built.remember_workers()
+        yield built
+    finally:
+        tear_down(built)
+
+
+@pytest.fixture(scope="module")
+def farm(stack: Stack) -> Iterator[Any]:
+    from farm.client import Farm
+
+    client = Farm.connect(stack.redis_url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def ready_workers(farm: Any, n: int) -> Callable[[], list[dict[str, Any]] | None]:
+    def probe() -> list[dict[str, Any]] | None:
+        try:
+            ready = [w for w in farm.workers() if w.get("ready")]
+        except Exception:  # noqa: BLE001 - Redis still starting
+            return None
+        return ready if len(ready) == n else None
+
+    return probe
+
+
+def test_a_host_client_runs_code_on_the_compose_farm(stack: Stack, farm: Any) -> None:
+    (worker,) = wait_for(
+        "one compose worker was not ready", ready_workers(farm, 1), READY_TIMEOUT_S, stack.logs
+    )
+    assert worker["sandbox"]["backend"] == "docker"
+    with farm.session() as session:
+        session.run("x = 6 * 7")
+        result = session.run("x")
+        assert result.ok, result.error
+        assert result.value.text == "42"
+        assert result.worker == worker["id"]
+    (sandbox,) = stack.sandboxes()
+    assert sandbox.attrs["HostConfig"]["NetworkMode"] == "none"
+
+
+def test_user_code_in_a_compose_sandbox_has_no_network(stack: Stack, farm: Any) -> None:
+    with farm.session() as session:
+        interfaces = session.run("import socket\nsorted(n for _, n in socket.if_nameindex())")
+        assert interfaces.value.text == "['lo']"
+        reach = session.run("socket.create_connection(('redis', 6379), timeout=2)")
+        assert reach.error is not None and reach.error.kind == "user", reach
+        assert reach.error.ename in (
+            "gaierror",
+            "OSError",
+            "TimeoutError",
+            "ConnectionRefusedError",
+        )
+
+
+def test_prometheus_scrapes_the_worker_metrics(stack: Stack, farm: Any) -> None:
+    wait_for("the worker was not ready", ready_workers(farm, 1), READY_TIMEOUT_S, stack.logs)
+    (worker_container,) = stack.containers("worker")
+    ip = next(iter(worker_container.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"]
+
+    def up() -> list[dict[str, Any]] | None:
+        targets = [t for t in stack.worker_targets() if t["health"] == "up"]
+        return targets or None
+
+    (target,) = wait_for("Prometheus did not scrape the worker", up, SCRAPE_TIMEOUT_S, stack.logs)
+    assert target["scrapeUrl"] == f"http://{ip}:9100/metrics"
+
+    def sandbox_up() -> list[dict[str, Any]] | None:
+        return stack.prometheus("/api/v1/query", query="farm_sandbox_up == 1")["result"] or None
+
+    (sample,) = wait_for(
+        "farm_sandbox_up was not 1 in Prometheus", sandbox_up, SCRAPE_TIMEOUT_S, stack.logs
+    )
+    assert sample["metric"]["instance"] == f"{ip}:9100"
+
+
+def test_scaling_to_two_workers_adds_a_worker_and_a_scrape_target(stack: Stack, farm: Any) -> None:
+    stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "worker=2")
+    stack.remember_workers()
+    workers = wait_for(
+        "two compose workers were not ready", ready_workers(farm, 2), READY_TIMEOUT_S, stack.logs
+    )
+    assert len({w["id"] for w in workers}) == 2
+    assert len(stack.containers("worker")) == 2
+
+    def two_up() -> list[dict[str, Any]] | None:
+        targets = [t for t in stack.worker_targets() if t["health"] == "up"]
+        return targets if len(targets) == 2 else None
+
+    wait_for("Prometheus did not scrape both workers", two_up, SCRAPE_TIMEOUT_S, stack.logs)
+    assert farm.run("sum(range(10))").value.text == "45"

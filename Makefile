@@ -57,3 +57,9 @@ clean:
 	-command -v docker >/dev/null && docker ps -aq --filter label=farm.managed=1 | xargs -r docker rm -f
 	rm -rf .pytest_cache .mypy_cache .ruff_cache build dist *.egg-info
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+# The reliability suite (adversarial code, protocol abuse, chaos with real processes, Docker and
+# Redis) and the soak (bench/soak.py); writes docs/reliability.md, also when something fails.
+.PHONY: reliability
+reliability: setup
+	$(VPY) scripts/reliability_report.py

@@ -1,0 +1,425 @@
+"""Chaos with real processes, Docker and Redis: what a running farm does when its parts die.
+
+- ``docker kill`` of a sandbox during a call: ``SessionLost`` within 2 s, a healthy
+  replacement sandbox on the same worker;
+- ``kill -9`` of a worker during a 500-item sweep: the sweep completes, every id exactly once,
+  lost items retried per the rules, and no message left for the dead worker ever runs;
+- a Redis restart during a sweep: it pauses and resumes, or fails with a clear error; no id
+  is reported twice, and ``--resume`` finishes the rest;
+- SIGTERM of a worker: the calls in flight finish, then it deregisters and removes its sandbox.
+
+Each test owns its farm, since each breaks it. Expected and observed outcomes go to junit
+properties for ``scripts/reliability_report.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from farm.client import Farm
+from farm.errors import FarmError, SessionLost
+from farm.local import LocalFarm
+from farm.sweep import Sweep, SweepSummary, plan_sweep
+from tests.test_reliability_adversarial import record, session_on
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
+
+LOST_WITHIN_S = 2.0
+SWEEP_DEADLINE_S = 150.0
+RESUME_DEADLINE_S = 60.0  # after Redis is back, the sweep must have moved on by then
+RETRIES = 2
+
+
+@pytest.fixture
+def own_farm(docker_env: Any) -> Iterator[Farm]:
+    local = LocalFarm(2).start()
+    farm = Farm(local.settings(), owned=local)
+    try:
+        yield farm
+    finally:
+        farm.close()
+
+
+def wait_for(predicate: Any, deadline_s: float, interval_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)  # poll interval of the deadline-bounded wait
+    return bool(predicate())
+
+
+# --- sweeps ---------------------------------------------------------------------------------
+
+
+def sweep_items(n: int) -> list[dict[str, Any]]:
+    """One item in five is a multi-cell session item; each takes a little time to run."""
+    items: list[dict[str, Any]] = []
+    for i in range(n):
+        if i % 5 == 0:
+            cells = [f"x = {i}", "import time\ntime.sleep(0.05)", "x * 2"]
+            items.append({"id": f"cells-{i}", "cells": cells})
+        else:
+            items.append({"id": f"code-{i}", "code": f"import time\ntime.sleep(0.05)\n{i} * 2"})
+    return items
+
+
+class BackgroundSweep:
+    """A ``Sweep`` running in a thread, so the test can break the farm under it."""
+
+    def __init__(self, farm: Farm, tmp_path: Path, items: list[dict[str, Any]]) -> None:
+        self.items = items
+        self.source = tmp_path / "in.jsonl"
+        self.source.write_text("".join(json.dumps(i) + "\n" for i in items))
+        self.out = tmp_path / "out.jsonl"
+        self.summary: SweepSummary | None = None
+        self.error: BaseException | None = None
+        self.sweep = Sweep(farm, concurrency=8, retries=RETRIES, timeout_s=30)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.summary = self.sweep.run(plan_sweep(self.source, self.out), self.out)
+        except BaseException as exc:  # noqa: BLE001 - the test judges what the sweep raised
+            self.error = exc
+
+    def start(self) -> BackgroundSweep:
+        self.thread.start()
+        return self
+
+    def lines(self) -> int:
+        return len(self.out.read_text().splitlines()) if self.out.exists() else 0
+
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.out.read_text().splitlines()]
+
+    def missing(self) -> list[str]:
+        done = {str(r["id"]) for r in self.records()}
+        return [str(i["id"]) for i in self.items if str(i["id"]) not in done]
+
+
+def where_stuck() -> str:
+    """Where the sweep's busy threads wait, innermost farm frames first (for the report)."""
+    frames = sys._current_frames()
+    places: Counter[str] = Counter()
+    for thread in threading.enumerate():
+        if not thread.name.startswith("farm-sweep") or thread.ident not in frames:
+            continue
+        stack = traceback.extract_stack(frames[thread.ident])
+        ours = [
+            f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack if "/farm/" in f.filename
+        ]
+        if ours:
+            places[" <- ".join(reversed(ours[-3:]))] += 1
+    return "; ".join(f"{n} thread(s) in {place}" for place, n in places.items()) or "-"
+
+
+def value_is_right(record_: dict[str, Any]) -> bool:
+    n = int(str(record_["id"]).rsplit("-", 1)[1])
+    value = (record_["cells"][-1] or {}).get("value") or {}
+    return value.get("text") == str(n * 2)
+
+
+def judge_records(records: list[dict[str, Any]]) -> list[str]:
+    """Problems with the outcome of each record, per the retry rules."""
+    problems = []
+    for r in records:
+        if r["status"] == "ok":
+            if not value_is_right(r):
+                problems.append(f"{r['id']}: wrong value")
+        elif r["kind"] != "sandbox_lost" or r["attempts"] != RETRIES + 1:
+            problems.append(f"{r['id']}: {r['kind']} after {r['attempts']} attempts")
+    return problems
+
+
+def queued_exec_ids(farm: Farm, queue: str) -> list[str]:
+    """The exec ids of the messages waiting in a (kombu/Redis) queue."""
+    ids = []
+    for raw in farm.registry.redis.lrange(queue, 0, -1):
+        message = json.loads(raw)
+        body = json.loads(base64.b64decode(message["body"]))
+        args = body[0] if body else []
+        if args and isinstance(args[0], dict) and "exec_id" in args[0]:
+            ids.append(str(args[0]["exec_id"]))
+    return ids
+
+
+# --- the cases ------------------------------------------------------------------------------
+
+
+def test_docker_kill_of_a_sandbox_mid_call_is_sandbox_lost_then_replaced(
+    own_farm: Farm, docker_env: Any, record_property: Any
+) -> None:
+    victim = own_farm.session()
+    worker = victim.worker
+    neighbour = session_on(own_farm, worker)
+    other_worker = next(w["id"] for w in own_farm.workers() if w["id"] != worker)
+    elsewhere = session_on(own_farm, other_worker)
+    for s in (victim, neighbour, elsewhere):
+        s.run("kept = 'yes'")
+    before = own_farm.registry.worker(worker) or {}
+    container_id = before["sandbox"]["container_id"]
+    outcome: dict[str, Any] = {}
+
+    def in_flight() -> None:
+        try:
+            outcome["result"] = victim.run("import time\ntime.sleep(60)", timeout_s=120)
+        except FarmError as exc:
+            outcome["error"] = exc
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    time.sleep(1.0)  # let the call reach the kernel: the state under test
+    killed_at = time.monotonic()
+    docker_env.containers.get(container_id).kill()
+    thread.join(60)
+    lost_after = outcome.get("at", float("inf")) - killed_at
+
+    def replaced() -> bool:
+        entry = own_farm.registry.worker(worker) or {}
+        sandbox = entry.get("sandbox") or {}
+        return bool(entry.get("ready")) and sandbox.get("container_id") not in (None, container_id)
+
+    replaced_in_time = wait_for(replaced, 30)
+    fresh = session_on(own_farm, worker)
+    fresh_value = fresh.run("6 * 7").value
+    fresh.close()
+    try:
+        neighbour.run("kept")
+        neighbour_fate = "kept (ran in a new sandbox?)"
+    except SessionLost:
+        neighbour_fate = "SessionLost"
+    elsewhere_value = elsewhere.run("kept").value
+    old_removed = wait_for(
+        lambda: not docker_env.containers.list(all=True, filters={"id": container_id}), 10
+    )
+    entry = own_farm.registry.worker(worker) or {}
+    error = outcome.get("error")
+    observed = (
+        f"run raised {type(error).__name__ if error else 'nothing'} after {lost_after:.2f}s; "
+        f"replacement ready: {replaced_in_time} (restarts {entry.get('restarts')}), fresh "
+        f"session value {fresh_value.text if fresh_value else None}; neighbour on the worker "
+        f"{neighbour_fate}; session on the other worker "
+        f"{elsewhere_value.text if elsewhere_value else None}; old container removed: "
+        f"{old_removed}"
+    )
+    record(
+        record_property,
+        f"SessionLost within {LOST_WITHIN_S:g}s; replacement sandbox serves a fresh session; "
+        "neighbours on that sandbox SessionLost; other worker unaffected; old container gone",
+        observed,
+    )
+    assert isinstance(error, SessionLost) and lost_after < LOST_WITHIN_S, observed
+    assert replaced_in_time and entry.get("restarts") == 1, observed
+    assert fresh_value is not None and fresh_value.text == "42", observed
+    assert neighbour_fate == "SessionLost", observed
+    assert elsewhere_value is not None and elsewhere_value.text == "'yes'", observed
+    assert old_removed, observed
+
+
+def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
+    own_farm: Farm, tmp_path: Path, record_property: Any
+) -> None:
+    local = own_farm.local_farm
+    sweep = BackgroundSweep(own_farm, tmp_path, sweep_items(500)).start()
+    assert wait_for(lambda: sweep.lines() >= 100, 120), "the sweep made no progress"
+    victim = sorted(local.workers)[0]
+    dead_queue = str((own_farm.registry.worker(victim) or {})["queue"])
+    local.kill_worker(victim)
+    killed_at = time.monotonic()
+    local.wait_ready([local.add_worker()])
+    finished = wait_for(lambda: not sweep.thread.is_alive(), SWEEP_DEADLINE_S, 0.5)
+    took = time.monotonic() - killed_at
+    stuck = "" if finished else f" stuck: {where_stuck()};"
+    records = sweep.records()
+    ids = Counter(str(r["id"]) for r in records)
+    twice = sorted(i for i, n in ids.items() if n > 1)
+    missing = sweep.missing()
+    problems = judge_records(records)
+    retried = sum(1 for r in records if r["attempts"] > 1)
+    # Messages left for the dead generation must never run, even with a new worker up.
+    stale = queued_exec_ids(own_farm, dead_queue)
+    time.sleep(3.0)  # give any wrongly subscribed worker time to take them: the state under test
+    ran_stale = [e for e in stale if own_farm.registry.exec_record(e) is not None]
+    observed = (
+        f"{'finished' if finished else 'NOT finished'} {took:.0f}s after the kill "
+        f"(error: {sweep.error!r});{stuck} {len(records)} lines, {len(ids)} ids, "
+        f"twice: {twice[:5]}, "
+        f"missing: {missing[:5]}{'...' if len(missing) > 5 else ''}; {retried} retried; "
+        f"problems: {problems[:3]}; {len(stale)} messages left in the dead queue, "
+        f"{len(ran_stale)} of them ran"
+    )
+    record(
+        record_property,
+        f"sweep finishes within {SWEEP_DEADLINE_S:g}s; 500 ids exactly once; ok with right "
+        f"values or sandbox_lost after {RETRIES + 1} attempts; the dead worker's queue never "
+        "runs",
+        observed,
+    )
+    assert finished and sweep.error is None, observed
+    assert not twice and not missing and len(records) == 500, observed
+    assert not problems, observed
+    assert not ran_stale, observed
+
+
+def restart_redis(local: LocalFarm, down_s: float) -> None:
+    """Stop the farm's redis-server and start a new, empty one on the same port."""
+    assert local.redis_proc is not None
+    args = local.redis_proc.args
+    local.redis_proc.terminate()
+    local.redis_proc.wait(10)
+    time.sleep(down_s)  # the outage: the state under test
+    local.redis_proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )  # owned by the LocalFarm from now on: its close() stops it
+    client = redis.Redis(port=local.port, socket_timeout=1)
+    try:
+        assert wait_for(lambda: _pings(client), 10), "the new redis-server did not start"
+    finally:
+        client.close()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def clear_error(exc: BaseException | None) -> bool:
+    """A typed farm error, or the broker's connection error naming the broker's address
+    (what ``farm sweep`` turns into "cannot reach the broker")."""
+    if isinstance(exc, FarmError):
+        return True
+    return isinstance(exc, redis.ConnectionError) and "127.0.0.1" in str(exc)
+
+
+def test_a_redis_restart_mid_sweep_resumes_or_fails_clearly(
+    own_farm: Farm, tmp_path: Path, record_property: Any
+) -> None:
+    local = own_farm.local_farm
+    sweep = BackgroundSweep(own_farm, tmp_path, sweep_items(300)).start()
+    assert wait_for(lambda: sweep.lines() >= 80, 120), "the sweep made no progress"
+    restart_redis(local, down_s=3.0)
+    back_at = time.monotonic()
+    moved_on = wait_for(lambda: not sweep.thread.is_alive(), RESUME_DEADLINE_S, 0.5)
+    took = time.monotonic() - back_at
+    stuck = sweep.missing() if not moved_on else []
+    first = Counter(str(r["id"]) for r in sweep.records())
+    # whatever happened, the workers come back and a resumed sweep finishes the rest
+    workers_back = wait_for(
+        lambda: len([w for w in own_farm.workers() if w.get("ready")]) == 2, 30, 0.5
+    )
+    resumed: SweepSummary | None = None
+    resume_error = ""
+    if moved_on:
+        try:
+            resumed = Sweep(own_farm, concurrency=8, retries=RETRIES, timeout_s=30).run(
+                plan_sweep(sweep.source, sweep.out, resume=True), sweep.out
+            )
+        except Exception as exc:  # noqa: BLE001 - reported below
+            resume_error = f"{type(exc).__name__}: {exc}"
+    final = Counter(str(r["id"]) for r in sweep.records())
+    twice = sorted(i for i, n in final.items() if n > 1)
+    if not moved_on:
+        how = (
+            f"STILL RUNNING {took:.0f}s after Redis came back, {len(stuck)} items stuck "
+            f"(e.g. {stuck[:3]}) in {where_stuck()}"
+        )
+    elif sweep.error is not None:
+        kind = f"{type(sweep.error).__module__}.{type(sweep.error).__name__}"
+        how = f"failed with {kind}: {sweep.error}"
+    else:
+        how = f"completed ({sweep.summary.by_outcome if sweep.summary else '?'})"
+    observed = (
+        f"first run {how}; {len(first)} ids written; workers back: {workers_back}; resume: "
+        f"{resumed.by_outcome if resumed else resume_error or 'not run'}; final {len(final)} "
+        f"ids, twice: {twice[:5]}"
+    )
+    record(
+        record_property,
+        f"within {RESUME_DEADLINE_S:g}s of Redis returning the sweep completes or fails with a "
+        "clear error; no id twice; a resumed sweep finishes every id exactly once",
+        observed,
+    )
+    assert moved_on, observed
+    assert sweep.error is None or clear_error(sweep.error), observed
+    assert not twice, observed
+    assert workers_back and not resume_error, observed
+    assert sorted(final) == sorted(str(i["id"]) for i in sweep.items), observed
+
+
+def test_sigterm_lets_calls_in_flight_finish_then_deregisters(
+    own_farm: Farm, docker_env: Any, record_property: Any
+) -> None:
+    local = own_farm.local_farm
+    first = own_farm.session()
+    worker = first.worker
+    busy = [first] + [session_on(own_farm, worker) for _ in range(2)]
+    idle = session_on(own_farm, worker)
+    other = next(w["id"] for w in own_farm.workers() if w["id"] != worker)
+    elsewhere = session_on(own_farm, other)
+    elsewhere.run("kept = 'yes'")
+    results: dict[int, str] = {}
+
+    def call(i: int) -> None:
+        try:
+            result = busy[i].run(f"import time\ntime.sleep(2)\n'finished-{i}'", timeout_s=30)
+            results[i] = result.value.text if result.value else repr(result.error)
+        except FarmError as exc:
+            results[i] = type(exc).__name__
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(busy))]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # let the calls reach the worker: the state under test
+    local.kill_worker(worker, signal.SIGTERM)
+    t0 = time.monotonic()
+    try:
+        late = idle.run("'sent after SIGTERM'", timeout_s=10)
+        late_outcome = f"ran: {late.value.text if late.value else late.error}"
+    except SessionLost:
+        late_outcome = "SessionLost"
+    late_s = time.monotonic() - t0
+    for thread in threads:
+        thread.join(60)
+    exit_code = local.workers[worker].wait(60)
+    deregistered = worker not in {w["id"] for w in own_farm.workers()}
+    containers = docker_env.containers.list(all=True, filters={"label": f"farm.owner={worker}"})
+    elsewhere_value = elsewhere.run("kept").value
+    fresh = own_farm.session()
+    fresh_worker = fresh.worker
+    fresh.close()
+    expected_results = {i: f"'finished-{i}'" for i in range(len(busy))}
+    observed = (
+        f"in-flight results {dict(sorted(results.items()))}; a call sent after SIGTERM: "
+        f"{late_outcome} after {late_s:.1f}s; worker exit code {exit_code}; deregistered: "
+        f"{deregistered}; its containers left: {len(containers)}; other worker's session "
+        f"{elsewhere_value.text if elsewhere_value else None}; new session on {fresh_worker}"
+    )
+    record(
+        record_property,
+        "every call in flight finishes with its value; later calls SessionLost within seconds; "
+        "the worker exits 0, deregisters and removes its sandbox; the other worker serves",
+        observed,
+    )
+    assert results == expected_results, observed
+    assert late_outcome in ("SessionLost", "ran: 'sent after SIGTERM'") and late_s < 15, observed
+    assert exit_code == 0 and deregistered and not containers, observed
+    assert elsewhere_value is not None and elsewhere_value.text == "'yes'", observed
+    assert fresh_worker == other, observed

@@ -1,4 +1,4 @@
-"""What every benchmark here shares: the machine line printed above its table.
+"""What every benchmark here shares: the machine line, percentiles and the command line.
 
 Imported as ``benchlib``: ``bench/`` is first on ``sys.path`` when a benchmark runs as a script
 (which is also why no file here may be called ``farm.py``: it would shadow the package).
@@ -6,10 +6,13 @@ Imported as ``benchlib``: ``bench/`` is first on ``sys.path`` when a benchmark r
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import logging
 import os
 import platform
 import socket
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -34,3 +37,31 @@ def machine() -> dict[str, Any]:
         "usable_cores": usable,
         "python": platform.python_version(),
     }
+
+
+@dataclass
+class Latency:
+    name: str
+    samples_ns: list[int] = field(default_factory=list)
+
+    def p(self, q: float) -> float:
+        """Nearest-rank percentile in nanoseconds (``nan`` when nothing was sampled)."""
+        if not self.samples_ns:
+            return float("nan")
+        ordered = sorted(self.samples_ns)
+        rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100)
+        return float(ordered[int(rank) - 1])
+
+
+def parse_args(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """``--quick`` and ``--json``, the options every benchmark takes; sets up warning logs."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="also print the results as JSON on stdout (the table then goes to stderr)",
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return args

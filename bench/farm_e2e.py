@@ -25,19 +25,17 @@ containers and redis) and the ipykernel are stopped on exit, also on errors and 
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchlib import machine
+from benchlib import Latency, machine, parse_args
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
@@ -67,20 +65,6 @@ class Plan:
 
 FULL = Plan(rtt_calls=500, rtt_warmup=50, throughput_s=10.0, echo_throughput_s=10.0, budget_s=60)
 QUICK = Plan(rtt_calls=150, rtt_warmup=20, throughput_s=3.0, echo_throughput_s=3.0, budget_s=20)
-
-
-@dataclass
-class Latency:
-    name: str
-    samples_ns: list[int] = field(default_factory=list)
-
-    def p(self, q: float) -> float:
-        """Nearest-rank percentile in nanoseconds (``nan`` when nothing was sampled)."""
-        if not self.samples_ns:
-            return float("nan")
-        ordered = sorted(self.samples_ns)
-        rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100)
-        return float(ordered[int(rank) - 1])
 
 
 @dataclass
@@ -420,15 +404,7 @@ def render(info: dict[str, Any], quick: bool, report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="also print the results as JSON on stdout (the table then goes to stderr)",
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(__doc__, argv)
     plan = QUICK if args.quick else FULL
     info = machine()
     report = summarise(measure(plan))

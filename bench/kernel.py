@@ -21,9 +21,7 @@ stops at ``BUDGET_S`` whatever its count, and every process started here is stop
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import multiprocessing
 import socket
 import struct
@@ -31,10 +29,10 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchlib import machine
+from benchlib import Latency, machine, parse_args
 
 from farm.kernel.client import KernelClient
 from farm.kernel.framing import encode
@@ -60,20 +58,6 @@ class Plan:
 
 FULL = Plan(rtt_calls=2000, rtt_warmup=200, opens=200, open_warmup=5, idle_sessions=20)
 QUICK = Plan(rtt_calls=300, rtt_warmup=50, opens=40, open_warmup=3, idle_sessions=5)
-
-
-@dataclass
-class Latency:
-    name: str
-    samples_ns: list[int] = field(default_factory=list)
-
-    def p(self, q: float) -> float:
-        """Nearest-rank percentile in nanoseconds (``nan`` when nothing was sampled)."""
-        if not self.samples_ns:
-            return float("nan")
-        ordered = sorted(self.samples_ns)
-        rank = max(1, -(-len(ordered) * q // 100))  # ceil(n * q / 100)
-        return float(ordered[int(rank) - 1])
 
 
 @dataclass
@@ -431,15 +415,7 @@ def render(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="also print the results as JSON on stdout (the table then goes to stderr)",
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(__doc__, argv)
     plan = QUICK if args.quick else FULL
     deadline = Deadline(BUDGET_S)
     info = machine()

@@ -23,7 +23,6 @@ asserted: the exit status is 0 whether or not the goals are met.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -40,7 +39,7 @@ from typing import Any
 
 import docker
 import docker.errors
-from benchlib import machine
+from benchlib import machine, parse_args
 from docker.models.containers import Container
 
 from farm.kernel.client import KernelClient
@@ -373,14 +372,7 @@ def render(out: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations")
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="also print the results as JSON on stdout (the table then goes to stderr)",
-    )
-    args = parser.parse_args(argv)
+    args = parse_args(__doc__, argv)
     client = docker.from_env()
     tmp = Path(tempfile.mkdtemp(prefix="farm-bench-sandbox-"))
     try:

@@ -25,9 +25,7 @@ temporary directory are removed on exit, also on errors and Ctrl-C.
 
 from __future__ import annotations
 
-import argparse
 import json
-import logging
 import multiprocessing
 import os
 import re
@@ -42,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine
+from benchlib import machine, parse_args
 from snippets import outcome, snippets
 
 from farm.client import Farm
@@ -311,15 +309,7 @@ def render(info: dict[str, Any], out: dict[str, Any], names: list[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="fewer snippets")
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="also print the results as JSON on stdout (the table then goes to stderr)",
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = parse_args(__doc__, argv)
     plan = QUICK if args.quick else FULL
     items = snippets(plan.items)
     info = machine()

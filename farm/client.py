@@ -18,6 +18,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 
 from farm.celeryconf import TASK_CLOSE, TASK_EXEC, TASK_OPEN, TASK_RUN, make_app, shared_queue
 from farm.errors import (
+    BrokerLost,
     FarmBusy,
     SandboxUnavailable,
     SessionLost,
@@ -142,12 +143,13 @@ class Farm:
         backoff = 0.05
         while True:
             open_id = uuid.uuid4().hex
+            mark = self.registry.broker_mark()
             pending = self.app.send_task(
                 TASK_OPEN, kwargs={"tools": tools, "open_id": open_id}, queue=shared_queue(image)
             )
             try:
-                reply = self._wait(pending, deadline + QUEUE_WAIT_S, exec_id=open_id)
-            except SessionLost as exc:  # the worker that took the open died: ask another
+                reply = self._wait(pending, deadline + QUEUE_WAIT_S, exec_id=open_id, mark=mark)
+            except (SessionLost, BrokerLost) as exc:  # the open died with its worker or broker
                 reply = {"busy": True, "reason": str(exc)}
             if not reply.get("busy"):
                 return Session(
@@ -200,10 +202,14 @@ class Farm:
         self._require_image(image)
         for attempt in range(retries + 1):
             request = exec_request(code, timeout_s, max_output_bytes)
+            mark = self.registry.broker_mark()
             pending = self.app.send_task(TASK_RUN, args=[request], queue=shared_queue(image))
             try:
                 raw = self._wait(
-                    pending, time.monotonic() + timeout_s + QUEUE_WAIT_S, exec_id=request["exec_id"]
+                    pending,
+                    time.monotonic() + timeout_s + QUEUE_WAIT_S,
+                    exec_id=request["exec_id"],
+                    mark=mark,
                 )
                 result = ExecResult.model_validate(raw)
             except SessionLost as exc:
@@ -213,6 +219,10 @@ class Farm:
                     str(exc),
                     exec_id=request["exec_id"],
                     worker=exc.worker,
+                )
+            except BrokerLost as exc:  # whether the code started is unknowable: no retry
+                return ExecResult.failure(
+                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
                 )
             except (WorkerFailed, FarmBusy) as exc:
                 result = ExecResult.failure(
@@ -232,8 +242,11 @@ class Farm:
         *,
         worker: tuple[str, int] | None = None,
         exec_id: str | None = None,
+        mark: str | None = None,
     ) -> dict[str, Any]:
-        """Wait for a task result, watching the worker that runs it (fencing on the client)."""
+        """Wait for a task result, watching the worker that runs it (fencing on the client)
+        and the broker's ``mark`` (read before sending): a changed mark means the message is
+        gone with the broker's data, and no answer will ever come."""
         while True:
             try:
                 reply: dict[str, Any] = pending.get(timeout=WAIT_SLICE_S, propagate=True)
@@ -253,6 +266,13 @@ class Farm:
                 pending.forget()
                 raise SessionLost(
                     exec_id or "?", owner[0], f"worker {owner[0]} (generation {owner[1]}) is gone"
+                )
+            if mark is not None and self.registry.broker_mark() != mark:
+                pending.forget()
+                raise BrokerLost(
+                    f"the broker lost its data while call {exec_id or '?'} waited (a Redis "
+                    "restart without persistence?): it may or may not have run; check before "
+                    "running it again"
                 )
             if time.monotonic() > deadline:
                 pending.forget()
@@ -320,11 +340,13 @@ class Session:
         timeout = timeout_s or self.timeout_s
         request = exec_request(code, timeout, max_output_bytes)
         request.update(session_id=self.id, epoch=self.epoch, generation=self.generation)
+        mark = self.farm.registry.broker_mark()
         pending = self.farm.app.send_task(TASK_EXEC, args=[request], queue=self.queue)
         raw = self.farm._wait(
             pending,
             time.monotonic() + timeout + QUEUE_WAIT_S,
             worker=(self.worker, self.generation),
+            mark=mark,
         )
         result = ExecResult.model_validate(raw)
         if result.kind == ErrorKind.SANDBOX_LOST:

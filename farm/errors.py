@@ -72,6 +72,12 @@ class WorkerFailed(FarmError):
     """A worker task crashed around the code (a farm bug or a broken worker); retryable."""
 
 
+class BrokerLost(FarmError):
+    """The broker lost its data while a call waited (a Redis restart without persistence, a
+    flush, a failover): the message, its claim and its result are gone, so nobody can tell
+    whether the code ran. Never retried behind the caller's back."""
+
+
 class ProtocolError(FarmError):
     """A peer spoke something other than the farm protocol (a bug or a version mismatch)."""
 

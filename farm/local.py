@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -56,7 +57,9 @@ class LocalFarm:
         self.port = 0
         self.redis_proc: subprocess.Popen[bytes] | None = None
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.worker_images: dict[str, str] = {}
         self._count = 0
+        self._serving = threading.Lock()
 
     @property
     def broker_url(self) -> str:
@@ -136,6 +139,7 @@ class LocalFarm:
             preexec_fn=die_with_parent,
         )
         log_file.close()
+        self.worker_images[worker_id] = image
         return worker_id
 
     def wait_ready(
@@ -167,7 +171,22 @@ class LocalFarm:
 
         ``default`` is built when missing; any other image must exist already (build it with
         ``farm image build --tag farm-sandbox:NAME``), since farm cannot guess its contents.
+        A live worker of ours that serves ``image`` but is not registered (starting, or the
+        broker lost its registration) is waited for instead: concurrent callers and a broker
+        restart must not multiply workers.
         """
+        with self._serving:
+            running = [
+                w
+                for w, served in self.worker_images.items()
+                if served == image and self.workers[w].poll() is None
+            ]
+            if running:
+                self.wait_ready(running[:1])
+                return running[0]
+            return self._start_for(image)
+
+    def _start_for(self, image: str) -> str:
         if self.backend != "process":
             from farm.sandbox.images import ensure_sandbox_image
 
@@ -224,7 +243,7 @@ class LocalFarm:
             client = docker.from_env()
         except Exception:  # noqa: BLE001 - nothing to clean without Docker
             return
-        for worker_id in self.workers:
+        for worker_id in list(self.workers):  # the supervisor thread may still add one
             for container in client.containers.list(
                 all=True, filters={"label": f"farm.owner={worker_id}"}
             ):

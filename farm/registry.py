@@ -7,6 +7,8 @@ Keys (all under ``farm:``):
 - ``exec:<id>``     JSON record of one exec: ``running`` (with worker) then ``done`` (with result);
                     ``SET NX`` makes a redelivered or duplicated message run its code once
 - ``gen:<id>``      counter of a worker id's starts (its generation)
+- ``broker``        a random mark set by whoever finds it missing: a wait that sees it change
+                    knows the broker lost its data (and the message waited for) meanwhile
 - ``workers``       set of worker ids that registered (pruned when their hash expired), so
                     listing workers never scans the keyspace (which holds every exec record)
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -30,6 +33,21 @@ class Registry:
 
     def close(self) -> None:
         self.redis.close()
+
+    # --- the broker's data set -----------------------------------------------------------
+
+    def broker_mark(self) -> str:
+        """The mark of the data set this broker holds now (created here when missing).
+
+        A restart with persistence keeps it; anything that loses queues and records (a
+        restart without persistence, FLUSHALL, a failover to an empty replica) changes it.
+        """
+        key = f"{PREFIX}broker"
+        with self.redis.pipeline() as pipe:
+            pipe.set(key, uuid.uuid4().hex, nx=True)
+            pipe.get(key)
+            _, mark = pipe.execute()
+        return str(mark)
 
     # --- workers --------------------------------------------------------------------------
 

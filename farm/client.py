@@ -326,21 +326,23 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_alive(self) -> None:
+    def _check_alive(self) -> str:
+        """Raise ``SessionLost`` unless the session can take a call; return the broker's mark
+        (for ``Farm._wait``)."""
         if self.closed:
             raise SessionLost(self.id, self.worker, "the session was closed")
-        why = self.farm.registry.session_state(self.id, self.worker, self.generation)
+        why, mark = self.farm.registry.session_state(self.id, self.worker, self.generation)
         if why is not None:
             raise SessionLost(self.id, self.worker, why)
+        return mark
 
     def run(
         self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
     ) -> ExecResult:
-        self._check_alive()
+        mark = self._check_alive()
         timeout = timeout_s or self.timeout_s
         request = exec_request(code, timeout, max_output_bytes)
         request.update(session_id=self.id, epoch=self.epoch, generation=self.generation)
-        mark = self.farm.registry.broker_mark()
         pending = self.farm.app.send_task(TASK_EXEC, args=[request], queue=self.queue)
         raw = self.farm._wait(
             pending,

@@ -24,6 +24,7 @@ import redis
 
 PREFIX = "farm:"
 EXEC_TTL_S = 24 * 3600
+BROKER_MARK = f"{PREFIX}broker"
 
 
 class Registry:
@@ -42,10 +43,9 @@ class Registry:
         A restart with persistence keeps it; anything that loses queues and records (a
         restart without persistence, FLUSHALL, a failover to an empty replica) changes it.
         """
-        key = f"{PREFIX}broker"
-        with self.redis.pipeline() as pipe:
-            pipe.set(key, uuid.uuid4().hex, nx=True)
-            pipe.get(key)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(BROKER_MARK, uuid.uuid4().hex, nx=True)
+            pipe.get(BROKER_MARK)
             _, mark = pipe.execute()
         return str(mark)
 
@@ -90,17 +90,22 @@ class Registry:
     def worker_alive(self, worker_id: str, generation: int) -> bool:
         return self.redis.hget(f"{PREFIX}worker:{worker_id}", "generation") == str(generation)
 
-    def session_state(self, session_id: str, worker_id: str, generation: int) -> str | None:
-        """``None`` when the session can take calls, else why not (one round trip)."""
+    def session_state(
+        self, session_id: str, worker_id: str, generation: int
+    ) -> tuple[str | None, str]:
+        """(``None`` when the session can take calls, else why not; the broker's mark), in
+        one round trip: a call about to be sent needs both."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(f"{PREFIX}worker:{worker_id}", "generation")
             pipe.exists(f"{PREFIX}session:{session_id}")
-            live_generation, exists = pipe.execute()
+            pipe.set(BROKER_MARK, uuid.uuid4().hex, nx=True)
+            pipe.get(BROKER_MARK)
+            live_generation, exists, _, mark = pipe.execute()
         if live_generation != str(generation):
-            return f"worker {worker_id} (generation {generation}) is gone"
+            return f"worker {worker_id} (generation {generation}) is gone", str(mark)
         if not exists:
-            return "the session was closed or expired after being idle"
-        return None
+            return "the session was closed or expired after being idle", str(mark)
+        return None, str(mark)
 
     def queue_length(self, queue: str) -> int:
         """Messages waiting in a broker queue (kombu's Redis transport keeps one list each)."""

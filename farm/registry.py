@@ -130,11 +130,15 @@ class Registry:
     # --- sessions -------------------------------------------------------------------------
 
     def put_session(self, session_id: str, fields: dict[str, Any], ttl_s: float) -> None:
-        key = f"{PREFIX}session:{session_id}"
         with self.redis.pipeline() as pipe:
-            pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
-            pipe.pexpire(key, int(ttl_s * 1000))
+            self._put_session(pipe, session_id, fields, ttl_s)
             pipe.execute()
+
+    @staticmethod
+    def _put_session(pipe: Any, session_id: str, fields: dict[str, Any], ttl_s: float) -> None:
+        key = f"{PREFIX}session:{session_id}"
+        pipe.hset(key, mapping={k: str(v) for k, v in fields.items()})
+        pipe.pexpire(key, int(ttl_s * 1000))
 
     def session(self, session_id: str) -> dict[str, Any] | None:
         raw = self.redis.hgetall(f"{PREFIX}session:{session_id}")
@@ -161,9 +165,20 @@ class Registry:
             return None
         return self.exec_record(exec_id) or record
 
-    def finish_exec(self, exec_id: str, result: dict[str, Any]) -> None:
+    def finish_exec(
+        self,
+        exec_id: str,
+        result: dict[str, Any],
+        session: tuple[str, dict[str, Any], float] | None = None,
+    ) -> None:
+        """Record the outcome; with ``session`` (id, fields, ttl) also refresh that session's
+        entry, in the same round trip (every session exec does both)."""
         record = {"state": "done", "result": result}
-        self.redis.set(f"{PREFIX}exec:{exec_id}", json.dumps(record), ex=EXEC_TTL_S)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(f"{PREFIX}exec:{exec_id}", json.dumps(record), ex=EXEC_TTL_S)
+            if session is not None:
+                self._put_session(pipe, *session)
+            pipe.execute()
 
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")

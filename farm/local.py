@@ -169,8 +169,9 @@ class LocalFarm:
     def serve_image(self, image: str) -> str:
         """Start a worker for ``image`` on demand; returns its id.
 
-        ``default`` is built when missing; any other image must exist already (build it with
-        ``farm image build --tag farm-sandbox:NAME``), since farm cannot guess its contents.
+        ``default`` and the variants farm defines (``docs``, ``browser``:
+        ``farm.sandbox.variants``) are built when missing or stale; any other image must exist
+        already (``farm image build --tag farm-sandbox:NAME``): farm cannot guess its contents.
         A live worker of ours that serves ``image`` but is not registered (starting, or the
         broker lost its registration) is waited for instead: concurrent callers and a broker
         restart must not multiply workers.
@@ -189,11 +190,15 @@ class LocalFarm:
     def _start_for(self, image: str) -> str:
         if self.backend != "process":
             from farm.sandbox.images import ensure_sandbox_image
+            from farm.sandbox.variants import VARIANTS, ensure_variant_image
 
             tag = f"farm-sandbox:{image}"
             if image == "default":
                 log.info("building %s for an on-demand worker", tag)
                 ensure_sandbox_image(tag=tag)
+            elif image in VARIANTS:
+                log.info("building %s (if stale) for an on-demand worker", tag)
+                ensure_variant_image(image)
             else:
                 import docker
 

@@ -6,8 +6,9 @@ Nothing else in farm reads ``os.environ`` (the kernel, being stdlib-only, reads 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -28,6 +29,16 @@ class SandboxLimits(BaseSettings):
     user: str = "10001:10001"
     runtime: str | None = Field(None, description="e.g. 'runsc' for gVisor")
     grace_s: float = Field(2.0, gt=0, description="interrupt-to-kill grace period of the kernel")
+
+
+# Limits that differ by image, applied where no FARM_SANDBOX_* variable says otherwise. The
+# browser runs Chromium and Playwright's node driver in the sandbox: about 300-600 MiB and a
+# hundred threads for a few pages, Chromium's shared memory in /tmp (--disable-dev-shm-usage).
+# The default image keeps the defaults above.
+IMAGE_LIMITS: dict[str, dict[str, Any]] = {
+    "browser": {"memory_mb": 2048, "pids": 512, "tmp_mb": 512, "nofile": 4096},
+    "docs": {"memory_mb": 1024},
+}
 
 
 class FarmSettings(BaseSettings):
@@ -55,6 +66,23 @@ class FarmSettings(BaseSettings):
         Path.home() / ".farm" / "local.json", description="where `farm up` records its farm"
     )
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    journal_max_events: int = Field(
+        10000, ge=10, description="events a session's journal keeps (oldest trimmed first)"
+    )
+    journal_ttl_s: float = Field(
+        7 * 24 * 3600.0, gt=0, description="a session's journal expires this long after its end"
+    )
+    event_stream_max_events: int = Field(10000, ge=10, description="events one streamed run keeps")
+    event_stream_ttl_s: float = Field(600.0, gt=0, description="a streamed run's events expire")
+
+    @model_validator(mode="after")
+    def _image_limits(self) -> FarmSettings:
+        """Give the served image its own limits (IMAGE_LIMITS) unless explicitly set."""
+        wanted = IMAGE_LIMITS.get(self.image, {})
+        update = {k: v for k, v in wanted.items() if k not in self.limits.model_fields_set}
+        if update:
+            self.limits = self.limits.model_copy(update=update)
+        return self
 
     @property
     def docker_image(self) -> str:

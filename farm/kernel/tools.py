@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .patching import PatchError, apply_unified_diff
+from .variants import variant_globals
 
 DEFAULT_LIMIT = 3000
 MAX_FILE_BYTES = 8 * 1024 * 1024
@@ -195,4 +196,5 @@ class Workspace:
             "apply_patch": self.apply_patch,
             "bash": self.bash,
             "__farm_files__": self,
+            **variant_globals(self),  # read_document, browser: only in images that have them
         }

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,16 +97,16 @@ def connect() -> docker.DockerClient:
     return client
 
 
-def kernel_source_hash(repo_root: Path) -> str:
+def kernel_source_hash(repo_root: Path, dockerfile_path: Path = DOCKERFILE) -> str:
     """sha256 over the kernel's ``*.py`` files and the sandbox Dockerfile, by sorted path.
 
     Paths go into the hash with the contents, so renaming or moving a module counts as a
     change too. Anything else in the repository does not reach the image and does not count.
     """
     kernel = repo_root / KERNEL_DIR
-    dockerfile = repo_root / DOCKERFILE
+    dockerfile = repo_root / dockerfile_path
     if not kernel.is_dir() or not dockerfile.is_file():
-        raise ImageBuildError(f"{repo_root} has no {KERNEL_DIR}/ or {DOCKERFILE}")
+        raise ImageBuildError(f"{repo_root} has no {KERNEL_DIR}/ or {dockerfile_path}")
     files = sorted([*kernel.rglob("*.py"), dockerfile], key=lambda p: p.relative_to(repo_root))
     digest = hashlib.sha256()
     for path in files:
@@ -255,31 +255,45 @@ def ensure_sandbox_image(
     force: bool = False,
     extra_pip: str = "",
     repo_root: Path | None = None,
+    dockerfile: Path = DOCKERFILE,
+    buildargs: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    prepare: Callable[[str], None] | None = None,
 ) -> SandboxImage:
     """Make ``tag`` an image of the current kernel, building only when it is missing or stale.
 
     Invariant: an image reused under ``tag`` has ``farm.kernel_hash`` equal to the hash of the
     kernel sources now, and ``farm.extra_pip`` equal to ``extra_pip``; anything else is rebuilt.
     ``force`` rebuilds without the layer cache (e.g. to take newer pip packages).
+
+    Variants (``farm.sandbox.variants``) pass their own ``dockerfile``, ``buildargs`` and
+    ``labels`` (which must match too), and ``prepare``, called with the base image before a
+    build (to put the wheels the Dockerfile installs in the build context).
     """
     root = (repo_root or default_repo_root()).resolve()
     client = client if client is not None else connect()
-    labels = {LABEL_KERNEL_HASH: kernel_source_hash(root), LABEL_EXTRA_PIP: extra_pip}
+    want = {
+        LABEL_KERNEL_HASH: kernel_source_hash(root, dockerfile),
+        LABEL_EXTRA_PIP: extra_pip,
+        **(labels or {}),
+    }
     previous = _tagged_image(client, tag)
-    if previous is not None and not force and _is_current(tag, previous[1], labels):
+    if previous is not None and not force and _is_current(tag, previous[1], want):
         logger.debug("%s is current (%s)", tag, previous[0])
         return SandboxImage(tag=tag, image_id=previous[0], built=False)
 
     base = ensure_base(client, repo_root=root)
+    if prepare is not None:
+        prepare(base)
     logger.info("building %s from %s", tag, base)
     tail: deque[str] = deque(maxlen=40)
     try:
         lines = client.api.build(
             path=str(root),
-            dockerfile=DOCKERFILE.as_posix(),
+            dockerfile=dockerfile.as_posix(),
             tag=tag,
-            buildargs={"BASE": base, "EXTRA_PIP": extra_pip},
-            labels={**labels, LABEL_BASE: base},
+            buildargs={"BASE": base, "EXTRA_PIP": extra_pip, **(buildargs or {})},
+            labels={**want, LABEL_BASE: base},
             nocache=force,
             rm=True,
             forcerm=True,

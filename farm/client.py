@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import time
 import uuid
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 
@@ -25,16 +27,20 @@ from farm.errors import (
     StateLost,
     WorkerFailed,
 )
+from farm.events import Event
 from farm.files import SessionFiles
-from farm.models import ErrorKind, ExecResult
+from farm.journal import Journal
+from farm.models import ErrorKind, ExecResult, RestoreReport
 from farm.registry import Registry
 from farm.settings import FarmSettings
+from farm.streams import EventStream
 
 DEFAULT_TIMEOUT_S = 30.0
 WAIT_SLICE_S = 0.5
 QUEUE_WAIT_S = 600.0
 IMAGE_CHECK_S = 1.0
 RETRYABLE = (ErrorKind.SANDBOX_LOST, ErrorKind.INFRA)
+OnStateLost = Literal["raise", "replay"]
 
 
 class Farm:
@@ -46,6 +52,7 @@ class Farm:
         self.registry = Registry(
             self.settings.broker_url, heartbeat_ttl_s=self.settings.heartbeat_ttl_s
         )
+        self.journal = Journal(self.registry.redis, self.settings)
         self._owned = owned
         self._served: dict[str, float] = {}
 
@@ -136,8 +143,12 @@ class Farm:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         open_wait_s: float | None = None,
         tools: bool = True,
+        on_state_lost: OnStateLost = "raise",
     ) -> Session:
-        """Open a session on a worker of ``image``; waits up to ``open_wait_s`` for room."""
+        """Open a session on a worker of ``image``; waits up to ``open_wait_s`` for room.
+
+        ``on_state_lost="replay"`` opts in to restoring lost state by re-running the journal's
+        successful cells (see ``Session``); the default raises ``StateLost``."""
         self._require_image(image)
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
         backoff = 0.05
@@ -160,6 +171,7 @@ class Farm:
                     reply["queue"],
                     reply["epoch"],
                     timeout_s,
+                    on_state_lost,
                 )
             if time.monotonic() + backoff > deadline:
                 raise FarmBusy(
@@ -168,6 +180,11 @@ class Farm:
                 )
             time.sleep(backoff)  # back off before asking the shared queue again
             backoff = min(backoff * 2, 1.0)
+
+    def replay(self, session_id: str) -> Iterator[Event]:
+        """The events of a session's runs as its journal holds them (any process, any time
+        within ``journal_ttl_s``): the same types ``Session.stream`` yields."""
+        return self.journal.events(session_id)
 
     def attach(self, session_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
         """Continue a session opened elsewhere (another process), as it is now."""
@@ -257,26 +274,39 @@ class Farm:
             except Exception as exc:  # the task itself crashed on the worker
                 pending.forget()
                 raise WorkerFailed(f"the worker task failed: {type(exc).__name__}: {exc}") from exc
-            owner = worker
-            if owner is None and exec_id is not None:
-                record = self.registry.exec_record(exec_id)
-                if record and record.get("state") == "running":
-                    owner = (str(record["worker"]), int(record["generation"]))
-            if owner is not None and not self.registry.worker_alive(*owner):
-                pending.forget()
-                raise SessionLost(
-                    exec_id or "?", owner[0], f"worker {owner[0]} (generation {owner[1]}) is gone"
-                )
-            if mark is not None and self.registry.broker_mark() != mark:
-                pending.forget()
-                raise BrokerLost(
-                    f"the broker lost its data while call {exec_id or '?'} waited (a Redis "
-                    "restart without persistence?): it may or may not have run; check before "
-                    "running it again"
-                )
-            if time.monotonic() > deadline:
-                pending.forget()
-                raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
+            self._check_waiting(pending, deadline, worker=worker, exec_id=exec_id, mark=mark)
+
+    def _check_waiting(
+        self,
+        pending: Any,
+        deadline: float,
+        *,
+        worker: tuple[str, int] | None = None,
+        exec_id: str | None = None,
+        mark: str | None = None,
+    ) -> None:
+        """Raise when a call can no longer be answered: its worker died, the broker lost its
+        data, or the deadline passed (one check, between two slices of waiting)."""
+        owner = worker
+        if owner is None and exec_id is not None:
+            record = self.registry.exec_record(exec_id)
+            if record and record.get("state") == "running":
+                owner = (str(record["worker"]), int(record["generation"]))
+        if owner is not None and not self.registry.worker_alive(*owner):
+            pending.forget()
+            raise SessionLost(
+                exec_id or "?", owner[0], f"worker {owner[0]} (generation {owner[1]}) is gone"
+            )
+        if mark is not None and self.registry.broker_mark() != mark:
+            pending.forget()
+            raise BrokerLost(
+                f"the broker lost its data while call {exec_id or '?'} waited (a Redis "
+                "restart without persistence?): it may or may not have run; check before "
+                "running it again"
+            )
+        if time.monotonic() > deadline:
+            pending.forget()
+            raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
 
 
 def exec_request(code: str, timeout_s: float, max_output_bytes: int | None) -> dict[str, Any]:
@@ -285,6 +315,16 @@ def exec_request(code: str, timeout_s: float, max_output_bytes: int | None) -> d
     if max_output_bytes is not None:
         request["max_output_bytes"] = max_output_bytes
     return request
+
+
+@dataclass
+class _Call:
+    """One exec in flight: its task, request, deadline and what to watch while waiting."""
+
+    pending: Any
+    request: dict[str, Any]
+    deadline: float
+    watch: dict[str, Any]
 
 
 class Session:
@@ -305,6 +345,7 @@ class Session:
         queue: str,
         epoch: int,
         timeout_s: float,
+        on_state_lost: OnStateLost = "raise",
     ) -> None:
         self.farm = farm
         self.id = session_id
@@ -316,6 +357,8 @@ class Session:
         self._kernel_epoch = epoch
         self.closed = False
         self.files = SessionFiles(self)
+        self.on_state_lost = on_state_lost
+        self.restores: list[RestoreReport] = []  # what each replay restore re-ran
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"
@@ -339,22 +382,50 @@ class Session:
     def run(
         self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
     ) -> ExecResult:
+        call = self._send(code, timeout_s, max_output_bytes=max_output_bytes)
+        return self._settle(self._collect(call), code, timeout_s, max_output_bytes=max_output_bytes)
+
+    def stream(
+        self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
+    ) -> EventStream:
+        """Run ``code`` and yield its events as they happen (``farm.events``); the stream's
+        ``result`` is then what ``run`` would have returned."""
+        return EventStream(self, code, timeout_s, max_output_bytes=max_output_bytes)
+
+    def _send(
+        self,
+        code: str,
+        timeout_s: float | None,
+        *,
+        max_output_bytes: int | None = None,
+        **extra: Any,
+    ) -> _Call:
+        """Send one exec (``extra``: ``stream``, ``replay_of``); the one place it is built."""
         mark = self._check_alive()
         timeout = timeout_s or self.timeout_s
         request = exec_request(code, timeout, max_output_bytes)
-        request.update(session_id=self.id, epoch=self.epoch, generation=self.generation)
+        request.update(session_id=self.id, epoch=self.epoch, generation=self.generation, **extra)
         pending = self.farm.app.send_task(TASK_EXEC, args=[request], queue=self.queue)
-        raw = self.farm._wait(
-            pending,
-            time.monotonic() + timeout + QUEUE_WAIT_S,
-            worker=(self.worker, self.generation),
-            mark=mark,
-        )
-        result = ExecResult.model_validate(raw)
+        watch = {"worker": (self.worker, self.generation), "mark": mark}
+        return _Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
+
+    def _collect(self, call: _Call) -> ExecResult:
+        raw = self.farm._wait(call.pending, call.deadline, **call.watch)
+        return ExecResult.model_validate(raw)
+
+    def _settle(
+        self, result: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
+    ) -> ExecResult:
+        """Turn losses into what the caller gets: ``SessionLost``, ``StateLost`` (default),
+        or, with ``on_state_lost="replay"``, a restored namespace (``farm.restore``)."""
         if result.kind == ErrorKind.SANDBOX_LOST:
             raise SessionLost(self.id, self.worker, result.error.evalue if result.error else "")
         if result.state_lost:
             self._kernel_epoch = result.epoch
+            if self.on_state_lost == "replay":
+                from farm.restore import restore
+
+                return restore(self, result, code, timeout_s, **kwargs)
         if result.kind == ErrorKind.STATE_LOST:
             raise StateLost(result)
         return result
@@ -425,6 +496,15 @@ class AsyncSession:
         return await asyncio.to_thread(self.sync.run, code, timeout_s, **kwargs)
 
     run = arun
+
+    async def stream(
+        self, code: str, timeout_s: float | None = None, **kwargs: Any
+    ) -> AsyncIterator[Event]:
+        """``async for event in session.stream(code)``: the sync stream, read off the loop."""
+        events = iter(self.sync.stream(code, timeout_s, **kwargs))
+        done: Any = object()
+        while (event := await asyncio.to_thread(next, events, done)) is not done:
+            yield event
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.sync.close)

@@ -46,6 +46,17 @@ class StateLost(ExecFailed):
     """The session's variables are gone; re-run its setup in the new epoch or open a new one."""
 
 
+class RestoreFailed(StateLost):
+    """``on_state_lost="replay"`` could not rebuild the namespace (a replayed cell failed, or
+    the journal no longer holds the whole history); ``report`` says what was re-run."""
+
+    def __init__(self, result: ExecResult, why: str, report: object = None) -> None:
+        super().__init__(result)
+        self.args = (f"{self.args[0]}; restore failed: {why}",)
+        self.why = why
+        self.report = report
+
+
 class SessionLost(FarmError):
     """The session's sandbox or worker is gone (kind ``sandbox_lost``)."""
 

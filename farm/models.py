@@ -165,6 +165,16 @@ class Execute(_Model):
     timeout_s: float = Field(gt=0)
     exec_id: str
     max_output_bytes: int | None = Field(default=None, ge=1024)
+    events: bool = Field(False, description="send the cell's events before its result")
+
+
+class KernelEvent(_Model):
+    """An intermediate frame of an ``execute`` with ``events``: ``event`` is ``started``,
+    ``stream`` (name, text) or ``display`` (value); ``farm.events`` holds the typed forms."""
+
+    type: Literal["event"]
+    exec_id: str
+    event: dict[str, Any]
 
 
 class ExecReply(_Model):
@@ -204,3 +214,32 @@ class SandboxHealth(_Model):
     ok: bool
     detail: str = ""
     rtt_s: float | None = None
+
+
+# --- restore --------------------------------------------------------------------------------
+
+
+class ReplayedCell(_Model):
+    exec_id: str = Field(description="the run this replays (in the journal)")
+    replay_exec_id: str = Field(description="the run that replayed it")
+    code: str
+
+
+class RestoreReport(_Model):
+    """What ``on_state_lost="replay"`` did after a state loss: exactly which cells it re-ran.
+
+    Replaying re-runs code: effects outside the session's namespace (files written elsewhere,
+    network calls, anything the cells did to the world) may happen again.
+    """
+
+    session_id: str
+    lost_exec_id: str = Field(description="the run whose result reported the loss")
+    reason: str
+    replayed: list[ReplayedCell] = Field(default_factory=list)
+    reran_lost_call: bool = Field(
+        False, description="the lost call had run nothing, so it was run again after the replay"
+    )
+    warning: str = (
+        "replayed cells ran again: side effects outside the session (files, network, "
+        "external services) may have been repeated"
+    )

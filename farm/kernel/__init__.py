@@ -11,6 +11,8 @@ outside this package. Layout, from the wire inwards:
 - ``repl``       IPython-style cell execution (``ast``-based last-expression value)
 - ``render``     the value's MIME bundle and its bounded text
 - ``output``     head+tail capped capture buffers
+- ``streaming``  a running cell's events (output chunks, displays) sent before its result
+- ``cell``       the result dict of one execute call
 - ``client``     ``KernelClient``, the stdlib client every host-side layer reuses
 """
 
@@ -33,3 +35,7 @@ KINDS = (
     KIND_SANDBOX_LOST,
     KIND_INFRA,
 )
+
+# Part of the message of a ``state_lost`` result whose code never started (the session died
+# between calls, or the call named an old epoch): the host may run it again after a restore.
+NOT_RUN = "nothing was run"

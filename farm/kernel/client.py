@@ -5,19 +5,28 @@ concurrency. Every socket operation has a deadline: connecting, the handshake, a
 request (an execute waits ``timeout_s + grace + slack``, since the kernel itself enforces the
 timeout). Failures raise ``KernelError`` subclasses; results are plain dicts that validate as
 ``farm.models.ExecResult``.
+
+A request is an exchange: the kernel may send intermediate frames before the final one
+(``event`` frames of a running cell, see ``farm.kernel.streaming``); ``request`` hands each to
+``on_frame`` and returns the final frame. This is the channel for everything that travels
+kernel -> host while code runs; a request from sandboxed code that waits for an answer would
+be one more intermediate frame type whose handler writes a reply frame back.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from . import auth
 from .framing import DEFAULT_MAX_FRAME, FrameError, recv_frame, send_frame
 
 DEFAULT_TIMEOUT_S = 30.0
+INTERMEDIATE = {"event"}  # frame types a kernel may send before the final reply
 REQUEST_SLACK_S = 15.0
 
 
@@ -145,16 +154,27 @@ class KernelClient:
             self._sock = None
 
     def request(
-        self, message: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S
+        self,
+        message: dict[str, Any],
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        on_frame: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
-        """Send one request and wait for its reply; raises on error frames."""
+        """Send one request and wait for its final reply (the whole exchange has
+        ``timeout_s``); intermediate frames go to ``on_frame``; raises on error frames."""
+        deadline = time.monotonic() + timeout_s
         with self._lock:
             self.connect()
             assert self._sock is not None
             try:
                 self._sock.settimeout(timeout_s)
                 send_frame(self._sock, message)
-                reply = recv_frame(self._sock, self.max_frame)
+                while True:
+                    reply = recv_frame(self._sock, self.max_frame)
+                    if reply is None or reply["type"] not in INTERMEDIATE:
+                        break
+                    if on_frame is not None:
+                        on_frame(reply)
+                    self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
             except (OSError, FrameError) as exc:
                 self.close()
                 raise KernelConnectionError(f"lost the kernel at {self.address}: {exc}") from exc
@@ -182,7 +202,10 @@ class KernelClient:
         exec_id: str | None = None,
         max_output_bytes: int | None = None,
         grace_s: float = 2.0,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
+        """Run ``code``; with ``on_event``, the cell's events (``started``, ``stream``,
+        ``display``) reach it while the code runs, in order, before this returns."""
         message: dict[str, Any] = {
             "type": "execute",
             "session_id": session_id,
@@ -193,7 +216,14 @@ class KernelClient:
         }
         if max_output_bytes is not None:
             message["max_output_bytes"] = max_output_bytes
-        reply = self.request(message, timeout_s + grace_s + REQUEST_SLACK_S)
+        on_frame = None
+        if on_event is not None:
+            message["events"] = True
+
+            def on_frame(frame: dict[str, Any]) -> None:
+                on_event(frame["event"])
+
+        reply = self.request(message, timeout_s + grace_s + REQUEST_SLACK_S, on_frame)
         if reply.get("type") != "exec_result":
             raise KernelProtocolError(f"unexpected reply to execute: {reply.get('type')!r}")
         result: dict[str, Any] = reply["result"]

@@ -25,9 +25,11 @@ import time
 import uuid
 from typing import Any
 
-from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
+from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
+from .cell import Cell
 from .framing import FrameError, encode, read_frame
 from .output import CappedBuffer
+from .streaming import CellEvents, Emit
 
 log = logging.getLogger("farm.kernel")
 
@@ -72,6 +74,7 @@ class SessionProcess:
         self.flood = asyncio.Event()
         self.exit: dict[str, Any] | None = None
         self.exited = asyncio.Event()
+        self.events: CellEvents | None = None
         self.reader: asyncio.StreamReader
         self.writer: asyncio.StreamWriter
 
@@ -95,14 +98,35 @@ class SessionProcess:
                 asyncio.get_running_loop().remove_reader(fd)
                 break
             buf.write(data)
+        if self.events is not None:
+            self.events.output(buf)
         if buf.total > self.flood_limit:
             self.flood.set()
 
-    def start_cell(self, cap: int) -> None:
+    def start_cell(self, cap: int, emit: Emit | None) -> None:
         for buf in self.fds.values():
             buf.reset(cap)
         self.flood_limit = cap * FLOOD_FACTOR
         self.flood.clear()
+        self.events = CellEvents(emit, self.out, self.err) if emit is not None else None
+
+    async def cell_reply(self) -> dict[str, Any] | None:
+        """Read the session's frames until its ``cell_done``. A ``display`` on the way goes
+        out as an event (dropped when nobody asked for events) and is answered, which lets the
+        session go on: a request from sandboxed code that needs a real answer (a host
+        callback) would be one more frame type here, answered once the host replied."""
+        while True:
+            frame = await read_frame(self.reader)
+            if frame is None or frame["type"] == "cell_done":
+                return frame
+            if frame["type"] == "display":
+                for fd in self.fds:  # the session waits: the pipes hold exactly what came first
+                    self.drain(fd)
+                if self.events is not None:
+                    self.events.display(frame.get("value"))
+                self.writer.write(encode({"type": "ack"}))
+            else:
+                log.warning("session pid %d sent an unknown frame %r", self.pid, frame["type"])
 
     def signal(self, sig: int, *, group: bool) -> None:
         try:
@@ -239,31 +263,38 @@ class SessionManager:
         session.proc = await self._spawn(session.tools)
         log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
 
-    async def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def execute(self, request: dict[str, Any], emit: Emit | None = None) -> dict[str, Any]:
         session = self.sessions.get(request["session_id"])
         if session is None:
             raise RequestError("no_such_session", f"no session {request['session_id']!r} here")
         async with session.lock:
             session.last_used = time.monotonic()
-            result = await self._execute_locked(session, request)
+            result = await self._execute_locked(session, request, emit)
             session.last_used = time.monotonic()
             return result
 
-    async def _execute_locked(self, session: Session, request: dict[str, Any]) -> dict[str, Any]:
+    async def _execute_locked(
+        self, session: Session, request: dict[str, Any], emit: Emit | None
+    ) -> dict[str, Any]:
         cell = Cell(session, request)
         if request["epoch"] != session.epoch:
             return cell.lost(
                 f"epoch {request['epoch']} of this session is gone (current epoch "
-                f"{session.epoch}): its variables were lost; nothing was run"
+                f"{session.epoch}): its variables were lost; {NOT_RUN}"
             )
         proc = session.proc
         if proc.exit is not None:
             death = proc.describe_exit()
             await self._replace(session)
-            return cell.lost(f"{death} between calls; its variables are gone; nothing was run")
-        proc.start_cell(request["max_output_bytes"])
+            return cell.lost(f"{death} between calls; its variables are gone; {NOT_RUN}")
+        proc.start_cell(request["max_output_bytes"], emit)
+        if proc.events is not None:
+            proc.events.started()
         reply, reason, killed = await self._run(proc, request)
         cell.finish(proc)
+        if proc.events is not None:
+            proc.events.finish()
+            proc.events = None
         if reply is not None:
             return cell.done(reply, reason)
         await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
@@ -282,7 +313,7 @@ class SessionManager:
         """Send the cell and wait for its reply, interrupting and killing as the rules say."""
         proc.writer.write(encode({"type": "cell", "code": request["code"]}))
         await proc.writer.drain()
-        reply_task = asyncio.ensure_future(read_frame(proc.reader))
+        reply_task = asyncio.ensure_future(proc.cell_reply())
         flood_task = asyncio.ensure_future(proc.flood.wait())
         reason: str | None = None
         killed = False
@@ -309,78 +340,3 @@ class SessionManager:
             return reply_task.result(), reason, killed
         except (FrameError, ConnectionError, OSError):
             return None, reason, killed
-
-
-class Cell:
-    """Builds the result dict of one execute call (validated host-side as ``ExecResult``)."""
-
-    def __init__(self, session: Session, request: dict[str, Any]) -> None:
-        self.session = session
-        self.request = request
-        self.t0 = time.perf_counter()
-        self.stdout = self.stderr = ""
-        self.stdout_truncated = self.stderr_truncated = False
-
-    def finish(self, proc: SessionProcess) -> None:
-        for fd in proc.fds:
-            proc.drain(fd)
-        self.stdout, self.stdout_truncated = proc.out.text(), proc.out.truncated
-        self.stderr, self.stderr_truncated = proc.err.text(), proc.err.truncated
-
-    def _result(self, **fields: Any) -> dict[str, Any]:
-        result = {
-            "exec_id": self.request["exec_id"],
-            "session_id": self.session.id,
-            "epoch": self.session.epoch,
-            "status": "ok",
-            "stdout": self.stdout,
-            "stderr": self.stderr,
-            "value": None,
-            "error": None,
-            "stdout_truncated": self.stdout_truncated,
-            "stderr_truncated": self.stderr_truncated,
-            "duration_s": time.perf_counter() - self.t0,
-            "cpu_s": 0.0,
-            "max_rss_kb": 0,
-            "state_lost": False,
-        }
-        result.update(fields)
-        return result
-
-    def _error(self, ename: str, evalue: str, kind: str, **fields: Any) -> dict[str, Any]:
-        error = {"ename": ename, "evalue": evalue, "traceback": [], "kind": kind}
-        return self._result(status="error", error=error, **fields)
-
-    def lost(self, why: str, *, kind: str = KIND_STATE_LOST) -> dict[str, Any]:
-        ename = "OutOfMemory" if kind == KIND_OOM else "StateLost"
-        return self._error(ename, f"{why} (new epoch {self.session.epoch})", kind, state_lost=True)
-
-    def killed(self, reason: str, grace_s: float) -> dict[str, Any]:
-        what = "produced too much output" if reason == KIND_OUTPUT_LIMIT else "timed out"
-        why = (
-            f"the code {what} and ignored the interrupt for {grace_s:g}s, so the session "
-            f"process was killed; its variables are gone (new epoch {self.session.epoch})"
-        )
-        ename = "OutputLimitExceeded" if reason == KIND_OUTPUT_LIMIT else "TimeoutError"
-        return self._error(ename, why, reason, state_lost=True)
-
-    def done(self, reply: dict[str, Any], reason: str | None) -> dict[str, Any]:
-        error = reply.get("error")
-        if error is not None and reason is not None and error["ename"] == "KeyboardInterrupt":
-            error["kind"] = reason
-            if reason == KIND_TIMEOUT:
-                error["ename"] = "TimeoutError"
-                error["evalue"] = (
-                    f"the code ran past its {self.request['timeout_s']:g}s timeout and was "
-                    "interrupted; the session's variables are kept"
-                )
-            else:
-                error["ename"] = "OutputLimitExceeded"
-                error["evalue"] = "the code printed too much and was interrupted; state kept"
-        return self._result(
-            status="error" if error else "ok",
-            value=reply.get("value"),
-            error=error,
-            cpu_s=reply.get("cpu_s", 0.0),
-            max_rss_kb=reply.get("max_rss_kb", 0),
-        )

@@ -22,6 +22,7 @@ from typing import Any
 from . import KERNEL_VERSION, auth
 from .framing import DEFAULT_MAX_FRAME, FrameError, encode, read_frame
 from .manager import DEFAULT_OUTPUT_BYTES, RequestError, SessionManager
+from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
 
@@ -137,7 +138,7 @@ class KernelServer:
             if message is None:
                 return
             try:
-                reply = await self._dispatch(message)
+                reply = await self._dispatch(message, writer)
             except RequestError as exc:
                 await _reply(writer, {"type": "error", "code": exc.code, "message": str(exc)})
                 if exc.code in _RECOVERABLE:
@@ -145,7 +146,9 @@ class KernelServer:
                 return
             await _reply(writer, reply)
 
-    async def _dispatch(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def _dispatch(
+        self, message: dict[str, Any], writer: asyncio.StreamWriter
+    ) -> dict[str, Any]:
         kind = message["type"]
         if kind == "ping":
             return self.info()
@@ -155,10 +158,9 @@ class KernelServer:
                 raise RequestError("bad_request", "field 'tools' must be a boolean")
             return await self.manager.open(tools)
         if kind == "execute":
-            return {
-                "type": "exec_result",
-                "result": await self.manager.execute(self._execute_request(message)),
-            }
+            request = self._execute_request(message)
+            emit = _emitter(writer, request["exec_id"]) if request["events"] else None
+            return {"type": "exec_result", "result": await self.manager.execute(request, emit)}
         if kind == "close_session":
             return self.manager.close(_field(message, "session_id", str))
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
@@ -171,7 +173,11 @@ class KernelServer:
         if not isinstance(max_output, int) or max_output < 1024:
             raise RequestError("bad_request", "max_output_bytes must be an integer >= 1024")
         epoch = _field(message, "epoch", int)
+        events = message.get("events", False)
+        if not isinstance(events, bool):
+            raise RequestError("bad_request", "field 'events' must be a boolean")
         return {
+            "events": events,
             "session_id": _field(message, "session_id", str),
             "epoch": epoch,
             "code": _field(message, "code", str),
@@ -199,6 +205,20 @@ def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) ->
     if not isinstance(value, kind) or isinstance(value, bool):
         raise RequestError("bad_request", f"field {name!r} is missing or has the wrong type")
     return value
+
+
+def _emitter(writer: asyncio.StreamWriter, exec_id: str) -> Emit:
+    """Intermediate frames of one execute, written in order before its final frame.
+
+    No ``drain`` here (emitters are called from sync code): the volume is bounded by the
+    output caps and the display budget of ``CellEvents``, so the transport buffer is too.
+    """
+
+    def emit(event: dict[str, Any]) -> None:
+        if not writer.is_closing():
+            writer.write(encode({"type": "event", "exec_id": exec_id, "event": event}))
+
+    return emit
 
 
 async def _reply(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:

@@ -5,25 +5,36 @@ are pipes read by the supervisor, so output is captured at the file-descriptor l
 processes and ``os.system`` included) and survives the process dying. It answers one exec
 request at a time on its control socket. SIGINT interrupts user code only while a cell runs
 (like Ctrl-C in Jupyter); a stray one between cells is ignored.
+
+The control socket carries more than the reply: while a cell runs, ``display(obj)`` (a
+builtin, like IPython's) sends ``display`` frames ahead of ``cell_done``, through ``Channel``,
+which serialises writers (user threads too), waits for the supervisor's answer (so output
+printed before a display is streamed before it), keeps SIGINT from tearing a frame in half, and
+refuses frames from forked children and from outside a running cell.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import ctypes
 import io
+import json
 import os
 import resource
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Any
 
 from .framing import recv_frame, send_frame
+from .render import bundle
 from .repl import Repl
 from .tools import DEFAULT_LIMIT, Workspace
 
+DISPLAY_FRAME_BYTES = 4 * 1024 * 1024  # a bigger bundle is sent as its text/plain alone
 STDOUT_SPARE = 1001  # copies of the capture pipes, to restore fds 1/2 if user code closes them
 STDERR_SPARE = 1002
 OOM_SCORE_ADJ = 800  # the OOM killer picks a session before the supervisor (which stays at 0)
@@ -92,6 +103,48 @@ def prepare_process() -> None:
     signal.set_wakeup_fd(-1)
 
 
+class Channel:
+    """The session's side of the control socket: one cell reply, and frames sent before it."""
+
+    def __init__(self, ctl: socket.socket) -> None:
+        self.ctl = ctl
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.open = False  # a cell is running: frames other than the reply may be sent
+
+    def request(self, frame: dict[str, Any]) -> dict[str, Any] | None:
+        """Send a frame of the running cell and wait for the supervisor's answer to it
+        (``None`` when no frame may be sent now). Waiting keeps the order exact: the
+        supervisor reads the capture pipes up to this point before it answers."""
+        if os.getpid() != self.pid:
+            return None
+        with self.lock:
+            if not self.open:
+                return None
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:  # an interrupt now would tear the frame or orphan its answer
+                send_frame(self.ctl, frame)
+                return recv_frame(self.ctl)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+    def reply(self, frame: dict[str, Any]) -> None:
+        with self.lock:
+            self.open = False
+            send_frame(self.ctl, frame)
+
+    def display(self, *objs: Any) -> None:
+        """``display(obj, ...)``: show each object's MIME bundle in the live stream."""
+        for obj in objs:
+            _flush_all()  # what was printed before comes first
+            value = bundle(obj)
+            if len(json.dumps(value)) > DISPLAY_FRAME_BYTES:
+                plain = value["data"]["text/plain"]
+                value = {"text": plain, "data": {"text/plain": plain}}
+            if self.request({"type": "display", "value": value}) is None:
+                print(value["text"])
+
+
 def _usage() -> tuple[float, int]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -108,6 +161,8 @@ def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
         if not config.get("tools", True):  # opted out: keep only what session.files uses
             extra = {"__farm_files__": workspace}
     repl = Repl(extra)
+    channel = Channel(ctl)
+    builtins.display = channel.display  # type: ignore[attr-defined]
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts.handler)
     me = os.getpid()
@@ -118,6 +173,7 @@ def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
         _restore_stdio()
         cpu0, _ = _usage()
         t0 = time.perf_counter()
+        channel.open = True
         interrupts.running = True
         try:
             value, error = repl.run_cell(request["code"])
@@ -141,4 +197,4 @@ def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
             "cpu_s": cpu1 - cpu0,
             "max_rss_kb": rss,
         }
-        send_frame(ctl, reply)
+        channel.reply(reply)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from farm.celeryconf import direct_queue, shared_queue
+from farm.journal import Journal
 from farm.kernel.client import KernelClient, KernelError, KernelRequestError
 from farm.models import ErrorKind, ExecResult
 from farm.registry import Registry
@@ -28,6 +29,7 @@ from farm.sandbox.factory import make_sandbox
 from farm.sandbox.keeper import SandboxKeeper
 from farm.settings import FarmSettings
 from farm.worker import metrics
+from farm.worker.recorder import ExecRecorder
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class Worker:
         self.generation = 0
         self.queue = ""
         self.registry = Registry(settings.broker_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+        self.journal = Journal(self.registry.redis, settings)
         self.keeper = SandboxKeeper(
             lambda: make_sandbox(settings, owner=self.id),
             interval_s=settings.watchdog_interval_s,
@@ -270,14 +273,16 @@ class Worker:
         if claim is not None:
             return self._recorded(exec_id, claim, request)
         t0 = time.perf_counter()
-        result = self._execute_claimed(request)
+        recorder = ExecRecorder(self.journal, request, self.id)
+        result = self._execute_claimed(request, recorder)
+        recorder.finish(result)  # the record is complete before anyone sees the result
         self.registry.finish_exec(exec_id, result)
         metrics.observe_exec(
             result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0
         )
         return result
 
-    def _execute_claimed(self, request: dict[str, Any]) -> dict[str, Any]:
+    def _execute_claimed(self, request: dict[str, Any], recorder: ExecRecorder) -> dict[str, Any]:
         session_id = request["session_id"]
         held = self.sessions.get(session_id)
         if held is None:
@@ -298,6 +303,7 @@ class Worker:
                 exec_id=request["exec_id"],
                 max_output_bytes=request.get("max_output_bytes"),
                 grace_s=self.settings.limits.grace_s,
+                on_event=recorder.on_kernel_event,
             )
         except KernelRequestError as exc:
             return self._lost(request, f"the sandbox no longer has it ({exc.code})")

@@ -1,0 +1,118 @@
+"""Where events live in Redis: a stream per streamed run, and a journal per session.
+
+Keys (all under ``farm:``):
+- ``journal:<session>``  Redis stream of every event of the session's runs, in order; bounded
+                         (``journal_max_events``, trimmed oldest first) and expiring
+                         ``journal_ttl_s`` after its last event, so any process can replay it
+- ``events:<exec>``      Redis stream of one run's events, written only when the caller
+                         streams it; bounded and expiring (``event_stream_ttl_s``)
+- ``journals``           sorted set of session ids by last event time (newest kept), so a UI
+                         lists sessions without scanning the keyspace
+
+Each entry holds one event as JSON in field ``e``. Writers never fail a run: the journal is a
+record of what happened, not part of running it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from farm.events import Event, parse_event
+from farm.settings import FarmSettings
+
+PREFIX = "farm:"
+INDEX = f"{PREFIX}journals"
+INDEX_MAX = 1000
+PAGE = 500
+
+
+def journal_key(session_id: str) -> str:
+    return f"{PREFIX}journal:{session_id}"
+
+
+def exec_key(exec_id: str) -> str:
+    return f"{PREFIX}events:{exec_id}"
+
+
+class Journal:
+    def __init__(self, client: redis.Redis, settings: FarmSettings) -> None:
+        self.redis = client  # decode_responses=True (the registry's client)
+        self.max_events = settings.journal_max_events
+        self.ttl_ms = int(settings.journal_ttl_s * 1000)
+        self.exec_max = settings.event_stream_max_events
+        self.exec_ttl_ms = int(settings.event_stream_ttl_s * 1000)
+
+    # --- writing (workers) ----------------------------------------------------------------
+
+    def append(self, events: list[Event], *, live: bool) -> None:
+        """Add a run's events to its session's journal and, when ``live``, to its stream."""
+        if not events:
+            return
+        session_id, exec_id = events[0].session_id, events[0].exec_id
+        journal, stream = journal_key(session_id), exec_key(exec_id)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for event in events:
+                entry: dict[Any, Any] = {"e": event.model_dump_json()}
+                pipe.xadd(journal, entry, maxlen=self.max_events, approximate=True)
+                if live:
+                    pipe.xadd(stream, entry, maxlen=self.exec_max, approximate=True)
+            pipe.pexpire(journal, self.ttl_ms)
+            if live:
+                pipe.pexpire(stream, self.exec_ttl_ms)
+            pipe.zadd(INDEX, {session_id: time.time()})
+            pipe.zremrangebyrank(INDEX, 0, -INDEX_MAX - 1)
+            pipe.execute()
+
+    # --- reading --------------------------------------------------------------------------
+
+    def read_exec(self, exec_id: str, after: str, block_ms: int) -> tuple[str, list[Event]]:
+        """Events of a streamed run after stream id ``after``, waiting up to ``block_ms``."""
+        reply = self.redis.xread({exec_key(exec_id): after}, count=PAGE, block=block_ms)
+        return _entries(reply, after)
+
+    def drop_exec(self, exec_id: str) -> None:
+        self.redis.delete(exec_key(exec_id))
+
+    def follow(self, session_id: str, after: str, block_ms: int) -> tuple[str, list[Event]]:
+        """Journal events after ``after`` (``"0"``: from the start), waiting up to ``block_ms``."""
+        reply = self.redis.xread({journal_key(session_id): after}, count=PAGE, block=block_ms)
+        return _entries(reply, after)
+
+    def events(self, session_id: str) -> Iterator[Event]:
+        """Every event the journal still holds, oldest first (read page by page)."""
+        after = "-"
+        while True:
+            rows: Any = self.redis.xrange(journal_key(session_id), min=after, count=PAGE)
+            for entry_id, fields in rows:
+                if entry_id != after:
+                    yield parse_event(fields["e"])
+            if len(rows) < PAGE:
+                return
+            after = rows[-1][0]
+
+    def complete(self, session_id: str) -> bool:
+        """True when the journal still holds every event ever added (none trimmed or expired)."""
+        try:
+            info = self.redis.xinfo_stream(journal_key(session_id))
+        except redis.ResponseError:  # no such key: expired, or never written
+            return False
+        added = info.get("entries-added")
+        return added is None or int(added) == int(info["length"])
+
+    def sessions(self, limit: int = 200) -> list[tuple[str, float]]:
+        """Session ids with a journal, most recently active first."""
+        rows: Any = self.redis.zrevrange(INDEX, 0, limit - 1, withscores=True)
+        return [(str(member), float(score)) for member, score in rows]
+
+
+def _entries(reply: Any, after: str) -> tuple[str, list[Event]]:
+    events: list[Event] = []
+    for _key, rows in reply or []:
+        for entry_id, fields in rows:
+            after = entry_id
+            events.append(parse_event(fields["e"]))
+    return after, events

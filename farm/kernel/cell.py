@@ -1,0 +1,91 @@
+"""``Cell``: builds the result dict of one execute call (validated host-side as ``ExecResult``).
+
+Every path of a call ends here: the code's own reply, an interrupt turned into ``timeout`` or
+``output_limit``, a kill (``state_lost``), or a refusal that ran nothing (whose message says
+``NOT_RUN``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
+
+if TYPE_CHECKING:
+    from .manager import Session, SessionProcess
+
+
+class Cell:
+    """Builds the result dict of one execute call (validated host-side as ``ExecResult``)."""
+
+    def __init__(self, session: Session, request: dict[str, Any]) -> None:
+        self.session = session
+        self.request = request
+        self.t0 = time.perf_counter()
+        self.stdout = self.stderr = ""
+        self.stdout_truncated = self.stderr_truncated = False
+
+    def finish(self, proc: SessionProcess) -> None:
+        for fd in proc.fds:
+            proc.drain(fd)
+        self.stdout, self.stdout_truncated = proc.out.text(), proc.out.truncated
+        self.stderr, self.stderr_truncated = proc.err.text(), proc.err.truncated
+
+    def _result(self, **fields: Any) -> dict[str, Any]:
+        result = {
+            "exec_id": self.request["exec_id"],
+            "session_id": self.session.id,
+            "epoch": self.session.epoch,
+            "status": "ok",
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "value": None,
+            "error": None,
+            "stdout_truncated": self.stdout_truncated,
+            "stderr_truncated": self.stderr_truncated,
+            "duration_s": time.perf_counter() - self.t0,
+            "cpu_s": 0.0,
+            "max_rss_kb": 0,
+            "state_lost": False,
+        }
+        result.update(fields)
+        return result
+
+    def _error(self, ename: str, evalue: str, kind: str, **fields: Any) -> dict[str, Any]:
+        error = {"ename": ename, "evalue": evalue, "traceback": [], "kind": kind}
+        return self._result(status="error", error=error, **fields)
+
+    def lost(self, why: str, *, kind: str = KIND_STATE_LOST) -> dict[str, Any]:
+        ename = "OutOfMemory" if kind == KIND_OOM else "StateLost"
+        return self._error(ename, f"{why} (new epoch {self.session.epoch})", kind, state_lost=True)
+
+    def killed(self, reason: str, grace_s: float) -> dict[str, Any]:
+        what = "produced too much output" if reason == KIND_OUTPUT_LIMIT else "timed out"
+        why = (
+            f"the code {what} and ignored the interrupt for {grace_s:g}s, so the session "
+            f"process was killed; its variables are gone (new epoch {self.session.epoch})"
+        )
+        ename = "OutputLimitExceeded" if reason == KIND_OUTPUT_LIMIT else "TimeoutError"
+        return self._error(ename, why, reason, state_lost=True)
+
+    def done(self, reply: dict[str, Any], reason: str | None) -> dict[str, Any]:
+        error = reply.get("error")
+        if error is not None and reason is not None and error["ename"] == "KeyboardInterrupt":
+            error["kind"] = reason
+            if reason == KIND_TIMEOUT:
+                error["ename"] = "TimeoutError"
+                error["evalue"] = (
+                    f"the code ran past its {self.request['timeout_s']:g}s timeout and was "
+                    "interrupted; the session's variables are kept"
+                )
+            else:
+                error["ename"] = "OutputLimitExceeded"
+                error["evalue"] = "the code printed too much and was interrupted; state kept"
+        return self._result(
+            status="error" if error else "ok",
+            value=reply.get("value"),
+            error=error,
+            cpu_s=reply.get("cpu_s", 0.0),
+            max_rss_kb=reply.get("max_rss_kb", 0),
+        )

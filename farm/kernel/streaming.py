@@ -1,0 +1,125 @@
+"""Events of a running cell, sent to the host before its result: the live half of the protocol.
+
+While an ``execute`` with ``"events": true`` runs, the kernel may write intermediate frames
+``{"type": "event", "exec_id": ..., "event": {...}}`` on the same connection before the final
+``exec_result`` frame. Event kinds: ``started`` (the code is about to run: nothing is sent when
+the kernel refuses to run it), ``stream`` (``name`` stdout/stderr, ``text``) and ``display``
+(``value``: a bundle from ``display(obj)``).
+
+Invariants:
+- the concatenated ``stream`` texts of a cell equal its result's ``stdout``/``stderr``: the
+  head of the capped buffer is streamed live, and what the buffer keeps past it (its tail, after
+  the cut marker when output was cut) is sent when the cell ends, so output caps hold for the
+  stream exactly as for the result;
+- chunks are batched: a flush at most every ``FLUSH_S`` (and at the cell's end or before a
+  display), so a print-heavy cell costs a frame per batch, not per write;
+- displays are bounded per cell (``MAX_DISPLAYS``, ``DISPLAY_BYTES``); past that one notice is
+  streamed instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import json
+from collections.abc import Callable
+from typing import Any
+
+from .output import MARKER, CappedBuffer
+
+FLUSH_S = 0.03
+MAX_DISPLAYS = 200
+DISPLAY_BYTES = 16 * 1024 * 1024
+
+Emit = Callable[[dict[str, Any]], None]
+
+
+class _Tap:
+    """The streamed part of one output stream of one cell."""
+
+    def __init__(self, name: str, buf: CappedBuffer) -> None:
+        self.name = name
+        self.buf = buf
+        self.sent = 0  # bytes of the buffer's head streamed so far
+        self.pending = bytearray()
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def take(self) -> str:
+        text = self.decoder.decode(bytes(self.pending))
+        self.pending.clear()
+        return text
+
+    def rest(self) -> str:
+        """What the result keeps beyond the streamed head, decoded to finish the stream."""
+        buf = self.buf
+        self.pending += bytes(buf.head[self.sent :])
+        self.sent = len(buf.head)
+        if buf.truncated:
+            cut = buf.total - len(buf.head) - len(buf.tail)
+            text = self.take() + self.decoder.decode(b"", final=True)
+            return text + MARKER.format(cut=cut) + bytes(buf.tail).decode("utf-8", "replace")
+        self.pending += bytes(buf.tail)
+        return self.take() + self.decoder.decode(b"", final=True)
+
+
+class CellEvents:
+    """The event emitter of one running cell (created only when the host asked for events)."""
+
+    def __init__(self, emit: Emit, out: CappedBuffer, err: CappedBuffer) -> None:
+        self.emit = emit
+        self.taps = {"stdout": _Tap("stdout", out), "stderr": _Tap("stderr", err)}
+        self.timer: asyncio.TimerHandle | None = None
+        self.displays = 0
+        self.display_bytes = 0
+        self.limited = False
+        self.closed = False
+
+    def started(self) -> None:
+        self.emit({"type": "started"})
+
+    def output(self, buf: CappedBuffer) -> None:
+        """New bytes reached ``buf``: stream what is new in its head, soon."""
+        if self.closed:
+            return
+        for tap in self.taps.values():
+            if tap.buf is buf and len(buf.head) > tap.sent:
+                tap.pending += bytes(buf.head[tap.sent :])
+                tap.sent = len(buf.head)
+                if self.timer is None:
+                    loop = asyncio.get_running_loop()
+                    self.timer = loop.call_later(FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        for tap in self.taps.values():
+            if tap.pending:
+                text = tap.take()
+                if text:
+                    self.emit({"type": "stream", "name": tap.name, "text": text})
+
+    def display(self, value: Any) -> None:
+        if self.closed or self.limited or not isinstance(value, dict):
+            return
+        self.flush()  # output printed before display() comes first
+        size = len(json.dumps(value))
+        if self.displays >= MAX_DISPLAYS or self.display_bytes + size > DISPLAY_BYTES:
+            self.limited = True
+            note = "[farm: display() limit of this cell reached; further displays dropped]\n"
+            self.emit({"type": "stream", "name": "stderr", "text": note})
+            return
+        self.displays += 1
+        self.display_bytes += size
+        self.emit({"type": "display", "value": value})
+
+    def finish(self) -> None:
+        """The cell ended and its buffers were drained: send the rest, then stop."""
+        if self.closed:
+            return
+        self.flush()
+        for tap in self.taps.values():
+            text = tap.rest()
+            if text:
+                self.emit({"type": "stream", "name": tap.name, "text": text})
+        self.closed = True

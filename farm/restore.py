@@ -1,0 +1,95 @@
+"""Opt-in restore after a state loss: re-run the session's successful cells from its journal.
+
+``farm.session(on_state_lost="replay")``: when a call reports ``state_lost`` (the session
+process died, was killed after ignoring a timeout, ran out of memory), the session accepts the
+new epoch and re-runs, in order, the cells that built the lost namespace: those that ended
+``ok`` since the last loss (earlier cells were lost before and replays of them count as cells).
+The report (``Session.restores``) names every replayed cell. Invariants:
+- nothing is replayed from a partial history: a journal that was trimmed or expired, or a
+  replayed cell that fails, ends in ``RestoreFailed`` (a ``StateLost``), never in a namespace
+  that silently lacks part of its state;
+- a lost call that ran nothing (the process had died between calls) is run again once after
+  the replay; a call that ran is never run again (its failure is the result returned);
+- replaying re-runs code: effects outside the namespace may repeat (the report says so).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from farm.errors import RestoreFailed, SessionLost, StateLost
+from farm.events import Event, ExecEnd, ExecStart
+from farm.models import ErrorKind, ExecResult, ReplayedCell, RestoreReport
+
+if TYPE_CHECKING:
+    from farm.client import Session
+
+log = logging.getLogger(__name__)
+
+
+def live_cells(events: Iterable[Event], lost_exec_id: str) -> list[ExecStart]:
+    """The cells whose effects the namespace held when run ``lost_exec_id`` lost it."""
+    starts: dict[str, ExecStart] = {}
+    live: list[ExecStart] = []
+    for event in events:
+        if isinstance(event, ExecStart):
+            starts[event.exec_id] = event
+        elif isinstance(event, ExecEnd):
+            if event.exec_id == lost_exec_id:
+                break
+            if event.state_lost:
+                live.clear()
+            elif event.status == "ok" and event.exec_id in starts:
+                live.append(starts[event.exec_id])
+    return live
+
+
+def restore(
+    session: Session, lost: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
+) -> ExecResult:
+    """Rebuild ``session``'s namespace after ``lost``; return the call's result."""
+    journal = session.farm.journal
+    events = list(journal.events(session.id))
+    if not journal.complete(session.id):
+        raise RestoreFailed(lost, "the journal no longer holds the session's whole history")
+    end = next((e for e in events if isinstance(e, ExecEnd) and e.exec_id == lost.exec_id), None)
+    report = RestoreReport(
+        session_id=session.id,
+        lost_exec_id=lost.exec_id,
+        reason=lost.error.evalue if lost.error else "state lost",
+    )
+    session.restart()
+    for cell in live_cells(events, lost.exec_id):
+        replay = session._collect(session._send(cell.code, timeout_s, replay_of=cell.exec_id))
+        if replay.state_lost:
+            session._kernel_epoch = replay.epoch
+        if not replay.ok:
+            why = f"replaying run {cell.exec_id} failed: {replay.error}"
+            raise RestoreFailed(lost, why, report)
+        report.replayed.append(
+            ReplayedCell(exec_id=cell.exec_id, replay_exec_id=replay.exec_id, code=cell.code)
+        )
+    session.restores.append(report)
+    log.warning(
+        "session %s on worker %s: state lost in exec %s; replayed %d cells (%s)",
+        session.id,
+        session.worker,
+        lost.exec_id,
+        len(report.replayed),
+        report.warning,
+    )
+    if end is not None and not end.ran:
+        report.reran_lost_call = True
+        result = session._collect(session._send(code, timeout_s, **kwargs))
+        if result.kind == ErrorKind.SANDBOX_LOST:
+            raise SessionLost(
+                session.id, session.worker, result.error.evalue if result.error else ""
+            )
+        if result.state_lost:  # lost again: once is enough, the caller decides what next
+            session._kernel_epoch = result.epoch
+        if result.kind == ErrorKind.STATE_LOST:
+            raise StateLost(result)
+        return result
+    return lost

@@ -1,0 +1,94 @@
+"""``ExecRecorder``: one run's kernel events and result turned into typed events, published.
+
+The kernel sends ``started``/``stream``/``display`` while the code runs (``farm.kernel.
+streaming``); the result ends the run. The recorder numbers them, publishes each as it comes
+(to the session's journal, and to the run's own stream when the caller streams it) and, at the
+end, adds ``Result``/``Error``/``ExecEnd`` from the result itself, so every run has a complete
+record even when the kernel was never reached (a lost session still gets start, error, end).
+
+Publishing is best effort: a Redis hiccup is logged and the run goes on; the caller still gets
+its result through the task.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from farm.events import Display, Event, ExecStart, Stream, closing_events
+from farm.journal import Journal
+from farm.models import Value
+
+log = logging.getLogger(__name__)
+
+
+class ExecRecorder:
+    def __init__(self, journal: Journal, request: dict[str, Any], worker_id: str) -> None:
+        self.journal = journal
+        self.request = request
+        self.worker_id = worker_id
+        self.live = bool(request.get("stream"))
+        self.seq = 0
+        self.started = False  # the kernel said the code started
+
+    def _common(self) -> dict[str, Any]:
+        fields = {
+            "exec_id": self.request["exec_id"],
+            "session_id": self.request.get("session_id", ""),
+            "seq": self.seq,
+            "ts": time.time(),
+        }
+        self.seq += 1
+        return fields
+
+    def _start(self) -> ExecStart:
+        return ExecStart(
+            **self._common(),
+            code=self.request["code"],
+            epoch=int(self.request.get("epoch", 0)),
+            worker=self.worker_id,
+            replay_of=self.request.get("replay_of"),
+        )
+
+    def _publish(self, events: list[Event]) -> None:
+        try:
+            self.journal.append(events, live=self.live)
+        except Exception as exc:  # noqa: BLE001 - the record must never fail the run
+            log.warning(
+                "exec %s of session %s on worker %s: events not published: %s",
+                self.request["exec_id"],
+                self.request.get("session_id"),
+                self.worker_id,
+                exc,
+            )
+
+    def on_kernel_event(self, event: dict[str, Any]) -> None:
+        """One kernel event of the running cell (called in order, on the worker's thread)."""
+        kind = event.get("type")
+        try:
+            if kind == "started":
+                self.started = True
+                self._publish([self._start()])
+            elif kind == "stream":
+                self._publish([Stream(**self._common(), name=event["name"], text=event["text"])])
+            elif kind == "display":
+                value = Value.model_validate(event["value"])
+                self._publish([Display(**self._common(), value=value)])
+        except (KeyError, TypeError, ValueError) as exc:  # a malformed event is dropped
+            log.warning("exec %s: bad kernel event %r: %s", self.request["exec_id"], kind, exc)
+
+    def finish(self, result: dict[str, Any]) -> None:
+        """The run's result is known: close its record (after this, the task returns)."""
+        events: list[Event] = [] if self.started else [self._start()]
+        worker = result.get("worker") or self.worker_id
+        closing = closing_events(
+            {**result, "worker": worker},
+            exec_id=self.request["exec_id"],
+            session_id=self.request.get("session_id", ""),
+            seq=self.seq,
+            ts=time.time(),
+            ran=self.started,
+        )
+        self.seq += len(closing)
+        self._publish(events + closing)

@@ -1,0 +1,127 @@
+"""The kernel's live half: a running cell's events reach the host before its result."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from farm.kernel.client import KernelClient
+from farm.models import ExecResult, Value
+from tests.conftest import Cells
+
+
+def run_collect(
+    client: KernelClient, cells: Cells, code: str, **kwargs: Any
+) -> tuple[ExecResult, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    raw = client.execute(
+        cells.id, code, epoch=cells.epoch, timeout_s=30, on_event=events.append, **kwargs
+    )
+    result = ExecResult.model_validate(raw)
+    cells.epoch = result.epoch
+    return result, events
+
+
+def streamed(events: list[dict[str, Any]], name: str) -> str:
+    return "".join(e["text"] for e in events if e["type"] == "stream" and e["name"] == name)
+
+
+def test_events_come_in_order_and_the_stream_equals_the_result(
+    client: KernelClient, cells: Cells
+) -> None:
+    code = "print('a')\ndisplay(42)\nimport sys\nprint('oops', file=sys.stderr)\nprint('b')\n7"
+    result, events = run_collect(client, cells, code)
+    assert result.ok and result.value is not None and result.value.text == "7"
+    assert events[0] == {"type": "started"}
+    kinds = [e["type"] for e in events]
+    display_at = kinds.index("display")
+    assert streamed(events[:display_at], "stdout") == "a\n"  # printed before display() comes first
+    Value.model_validate(events[display_at]["value"])
+    assert events[display_at]["value"]["text"] == "42"
+    assert streamed(events, "stdout") == result.stdout == "a\nb\n"
+    assert streamed(events, "stderr") == result.stderr == "oops\n"
+
+
+def test_output_reaches_the_host_while_the_cell_still_runs(
+    client: KernelClient, cells: Cells
+) -> None:
+    seen: list[float] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"] == "stream":
+            seen.append(time.monotonic())
+
+    t0 = time.monotonic()
+    raw = client.execute(
+        cells.id,
+        "print('early')\nimport time\ntime.sleep(3)",
+        epoch=cells.epoch,
+        timeout_s=30,
+        on_event=on_event,
+    )
+    ended = time.monotonic()
+    assert raw["status"] == "ok" and ended - t0 >= 3
+    assert seen and seen[0] - t0 < 2.0, "the print only arrived with the result"
+
+
+def test_streamed_output_keeps_the_caps_and_matches_the_cut_result(
+    client: KernelClient, cells: Cells
+) -> None:
+    code = "for i in range(20000):\n    print(f'line {i}')"
+    result, events = run_collect(client, cells, code, max_output_bytes=4096)
+    assert result.stdout_truncated
+    assert streamed(events, "stdout") == result.stdout
+    assert len(result.stdout) < 5000 and "farm cut" in result.stdout
+    chunks = [e for e in events if e["type"] == "stream"]
+    assert len(chunks) < 50  # batched, not one event per print
+
+
+def test_many_small_prints_are_batched(client: KernelClient, cells: Cells) -> None:
+    result, events = run_collect(client, cells, "for i in range(3000):\n    print(i)")
+    assert streamed(events, "stdout") == result.stdout
+    assert 1 <= sum(e["type"] == "stream" for e in events) < 100
+
+
+def test_display_shows_rich_bundles_and_is_bounded(client: KernelClient, cells: Cells) -> None:
+    code = (
+        "class Rich:\n"
+        "    def _repr_html_(self): return '<b>bold</b>'\n"
+        "    def _repr_markdown_(self): return '**bold**'\n"
+        "display(Rich(), 'two')\n"
+        "for i in range(300):\n"
+        "    display(i)\n"
+    )
+    result, events = run_collect(client, cells, code)
+    assert result.ok, result.error
+    displays = [e["value"] for e in events if e["type"] == "display"]
+    assert displays[0]["data"]["text/html"] == "<b>bold</b>"
+    assert displays[0]["text"] == "**bold**"
+    assert displays[1]["text"] == "'two'"
+    assert len(displays) == 200  # MAX_DISPLAYS, then one notice
+    assert "display() limit" in streamed(events, "stderr")
+
+
+def test_without_events_display_costs_nothing_and_the_protocol_stays_sound(
+    client: KernelClient, cells: Cells
+) -> None:
+    assert cells.value("display('x')\n1") == "1"
+    # a thread that displays after its cell ended must not leave a frame for the next cell
+    cells.run("import threading, time\nthreading.Timer(0.2, display, ('late',)).start()")
+    time.sleep(0.5)  # let the timer fire between cells (what is tested is that nothing breaks)
+    assert cells.value("2 + 2") == "4"
+    result, events = run_collect(client, cells, "print('next')")
+    assert streamed(events, "stdout") == "next\n"
+
+
+def test_a_killed_cell_streams_what_it_printed(own_cells: Cells) -> None:
+    events: list[dict[str, Any]] = []
+    raw = own_cells.client.execute(
+        own_cells.id,
+        "print('before', flush=True)\nimport os\nos._exit(3)",
+        epoch=own_cells.epoch,
+        timeout_s=30,
+        on_event=events.append,
+    )
+    result = ExecResult.model_validate(raw)
+    assert result.state_lost and result.stdout == "before\n"
+    assert streamed(events, "stdout") == "before\n"

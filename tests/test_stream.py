@@ -1,0 +1,182 @@
+"""Live event streams, the MIME stream, the session journal with replay, and opt-in restore,
+against a real farm (Redis, Celery workers, Docker sandboxes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from farm.client import AsyncSession, Farm
+from farm.errors import StateLost
+from farm.events import Display, Error, ExecEnd, ExecStart, Result, Stream
+from farm.streams import mime_stream, to_html, to_markdown
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+RICH = """
+import base64
+class Chart:
+    def _repr_png_(self):
+        return base64.b64decode(
+            'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=='
+        )
+    def __repr__(self):
+        return '<Chart>'
+class Table:
+    def _repr_html_(self):
+        return '<table><tr><td>cell</td></tr></table>'
+"""
+
+
+def test_output_reaches_the_client_before_the_code_ends(farm: Farm) -> None:
+    with farm.session() as s:
+        stream = s.stream("print('early', flush=True)\nimport time\ntime.sleep(5)\n'done'")
+        t0 = time.monotonic()
+        arrivals: list[tuple[float, Any]] = []
+        for event in stream:
+            arrivals.append((time.monotonic() - t0, event))
+        kinds = [type(e) for _, e in arrivals]
+        assert kinds == [ExecStart, Stream, Result, ExecEnd]
+        first_output = next(t for t, e in arrivals if isinstance(e, Stream))
+        assert first_output < 4.0, f"the print arrived only after {first_output:.1f}s"
+        assert arrivals[-1][0] >= 5.0
+        assert stream.result is not None and stream.result.stdout == "early\n"
+        assert stream.result.value is not None and stream.result.value.text == "'done'"
+        assert [e.seq for _, e in arrivals] == [0, 1, 2, 3]
+
+
+def test_run_returns_the_same_result_as_before(farm: Farm) -> None:
+    with farm.session() as s:
+        result = s.run("print('hi')\ndisplay('shown')\n6 * 7")
+        assert result.ok and result.stdout == "hi\n" and result.value is not None
+        assert result.value.text == "42" and result.worker == s.worker
+        failed = s.run("raise ValueError('bad')")
+        assert failed.kind == "user" and failed.error is not None
+        assert failed.error.ename == "ValueError"
+
+
+def test_displays_and_errors_are_typed_events_with_their_own_bundles(farm: Farm) -> None:
+    with farm.session() as s:
+        s.run(RICH)
+        events = list(s.stream("print('a')\ndisplay(Chart())\ndisplay(Table())\n1/0"))
+    kinds = [type(e).__name__ for e in events]
+    assert kinds == ["ExecStart", "Stream", "Display", "Display", "Error", "ExecEnd"]
+    chart, table = events[2], events[3]
+    assert isinstance(chart, Display) and "image/png" in chart._repr_mimebundle_()
+    assert isinstance(table, Display) and "<table>" in table.mime_bundle()["text/html"]
+    error = events[4]
+    assert isinstance(error, Error) and error.error.ename == "ZeroDivisionError"
+    end = events[-1]
+    assert isinstance(end, ExecEnd) and end.status == "error" and end.kind == "user"
+    for event in events:
+        assert isinstance(event._repr_markdown_(), str) and event._repr_markdown_()
+    assert "ZeroDivisionError" in to_markdown(events)
+
+
+def test_the_mime_stream_round_trips_through_json(farm: Farm) -> None:
+    with farm.session() as s:
+        s.run(RICH)
+        items = list(mime_stream(s.stream("print('x')\ndisplay(Chart())\nTable()")))
+    assert json.loads(json.dumps(items)) == items
+    by_type = {item["type"]: item for item in items}
+    assert by_type["display"]["data"]["image/png"].startswith("iVBOR")
+    assert "<table>" in by_type["result"]["data"]["text/html"]
+    assert by_type["stream"]["data"]["text/plain"] == "x\n"
+    assert "```python" in by_type["exec_start"]["data"]["text/markdown"]
+    page = to_html(items_to_events(items))
+    assert "data:image/png;base64," in page and "<iframe sandbox" in page
+
+
+def items_to_events(items: list[dict[str, Any]]) -> list[Any]:
+    from farm.events import parse_event
+
+    out = []
+    for item in items:
+        raw = dict(item)
+        data = raw.pop("data")
+        if raw["type"] in ("display", "result"):
+            raw["value"] = {"text": data["text/plain"], "data": data}
+        out.append(parse_event(raw))
+    return out
+
+
+def test_any_process_replays_a_sessions_journal(farm: Farm) -> None:
+    with farm.session() as s:
+        s.run("x = 20")
+        live = list(s.stream("print('hello')\ndisplay(x)\nx + 1"))
+        session_id = s.id
+    other = Farm(farm.settings)
+    try:
+        replayed = list(other.replay(session_id))
+    finally:
+        other.close()
+    assert [type(e) for e in replayed][:2] == [ExecStart, ExecEnd]  # the first cell: x = 20
+    assert replayed[2:] == live  # the same events, in the same order
+
+
+def test_a_timeout_and_a_loss_end_the_stream_like_run(farm: Farm) -> None:
+    with farm.session() as s:
+        events = list(s.stream("import time\ntime.sleep(10)", timeout_s=1))
+        end = events[-1]
+        assert isinstance(end, ExecEnd) and end.kind == "timeout" and not end.state_lost
+        stream = s.stream("import os\nos._exit(1)")
+        with pytest.raises(StateLost):
+            for _ in stream:
+                pass
+
+
+def test_async_stream_yields_the_same_events(farm: Farm) -> None:
+    async def main() -> list[Any]:
+        session = AsyncSession(await asyncio.to_thread(farm.session))
+        try:
+            return [e async for e in session.stream("print('async')\n3")]
+        finally:
+            await session.aclose()
+
+    events = asyncio.run(main())
+    assert [type(e) for e in events] == [ExecStart, Stream, Result, ExecEnd]
+
+
+def test_replay_restore_reruns_the_successful_cells(farm: Farm) -> None:
+    with farm.session(on_state_lost="replay") as s:
+        s.run("x = 1")
+        s.run("y = x + 1")
+        s.run("undefined_name")  # failed: not replayed
+        s.run("import pathlib\npathlib.Path('/tmp/ran').open('a').write('r')")
+        lost = s.run("import os\nos._exit(1)")
+        assert lost.state_lost and lost.kind == "state_lost"
+        report = s.restores[-1]
+        assert [c.code for c in report.replayed] == [
+            "x = 1",
+            "y = x + 1",
+            "import pathlib\npathlib.Path('/tmp/ran').open('a').write('r')",
+        ]
+        assert "side effects" in report.warning and not report.reran_lost_call
+        value = s.run("(x, y, open('/tmp/ran').read())").value
+        assert value is not None and value.text == "(1, 2, 'rr')"  # the side effect repeated
+        replays = [e for e in s.farm.replay(s.id) if isinstance(e, ExecStart) and e.replay_of]
+        assert [e.replay_of for e in replays] == [c.exec_id for c in report.replayed]
+
+
+def test_replay_restore_reruns_a_call_that_found_its_process_dead(farm: Farm) -> None:
+    with farm.session(on_state_lost="replay") as s:
+        s.run("x = 41")
+        s.run("import os, threading\nthreading.Timer(0.3, os._exit, (1,)).start()")
+        deadline = time.monotonic() + 10
+        result = s.run("x + 1")
+        while not s.restores and time.monotonic() < deadline:  # the timer may not have fired
+            result = s.run("x + 1")
+        assert s.restores and s.restores[-1].reran_lost_call
+        assert result.ok and result.value is not None and result.value.text == "42"
+
+
+def test_the_default_still_raises_state_lost(farm: Farm) -> None:
+    with farm.session() as s:
+        s.run("x = 1")
+        with pytest.raises(StateLost):
+            s.run("import os\nos._exit(1)")
+        assert s.restores == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import documents
+from . import browser, documents
 
 if TYPE_CHECKING:
     from .tools import Workspace
@@ -20,4 +20,6 @@ def variant_globals(workspace: Workspace) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     if documents.AVAILABLE:
         extra["read_document"] = documents.DocumentReader(workspace)
+    if browser.AVAILABLE:
+        extra["browser"] = browser.Browser(workspace)
     return extra

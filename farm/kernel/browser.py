@@ -1,0 +1,310 @@
+"""The ``browser`` global of sessions in the ``browser`` image: Debian's Chromium via Playwright.
+
+``browser.goto(url)``, ``click(selector)``, ``type(selector, text)``, ``scroll()``, ``back()``
+and ``observe()`` each return an :class:`Observation` (``url``, ``title``, ``content`` as
+markdown, ``screenshot`` as a MIME bundle ``{"image/png": base64}``, ``ax_tree``, ``error``).
+A failed action is an observation with ``error`` set, never an exception and never a dead
+session: a crashed browser is started again on the next call.
+
+Invariants:
+
+- Chromium is started on first use, in the session process, and lives as long as the
+  session (Playwright's driver is in the session's process group; Chromium talks to it over a
+  pipe and exits when the session does). Its memory counts against the sandbox's limit.
+- The kernel stays stdlib-only: Playwright and markdownify are imported on first use, and
+  only the browser image has them (``AVAILABLE``).
+- Requests go only to loopback hosts and ``file://`` inside the workspace (pages, links and
+  their resources alike), unless a host is in the image's allowlist,
+  ``/etc/farm/browser-allow-hosts`` (empty by default; the sandbox's network, ``--network
+  none`` by default, decides whether anything is reachable at all).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlsplit
+
+if TYPE_CHECKING:
+    from .tools import Workspace
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+ALLOW_HOSTS_FILE = Path("/etc/farm/browser-allow-hosts")
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+NAVIGATION_TIMEOUT_S = 20.0
+ACTION_TIMEOUT_S = 5.0
+OBSERVE_TIMEOUT_S = 5.0
+VIEWPORT = {"width": 1280, "height": 800}
+CONTENT_CHARS = 20_000
+AX_TREE_CHARS = 20_000
+
+# Decided once, when the zygote imports the kernel, without importing Playwright.
+AVAILABLE = importlib.util.find_spec("playwright") is not None and os.path.exists(CHROMIUM)
+
+# The page's text without scripts and styles, for markdownify.
+BODY_HTML_JS = """() => {
+  const body = document.body ? document.body.cloneNode(true) : null;
+  if (!body) return "";
+  body.querySelectorAll("script,style,noscript,template").forEach((e) => e.remove());
+  return body.outerHTML;
+}"""
+
+
+def allow_hosts_from_image(path: Path = ALLOW_HOSTS_FILE) -> frozenset[str]:
+    """The image's egress allowlist: one host a line; missing or empty means none."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(line.strip().lower() for line in text.splitlines() if line.strip())
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - limit} chars cut ...]"
+
+
+class Observation(dict[str, Any]):
+    """What the browser shows after an action; a dict, rendered as markdown + PNG + JSON."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.get("error")
+
+    def _repr_png_(self) -> bytes | None:
+        data = self.get("screenshot", {}).get("image/png")
+        return base64.b64decode(data) if data else None
+
+    def _repr_json_(self) -> dict[str, Any]:
+        return {k: v for k, v in self.items() if k != "screenshot"}
+
+    def _repr_markdown_(self) -> str:
+        head = f"**{self.get('title') or '(untitled)'}** <{self.get('url')}>"
+        if self.get("error"):
+            head += f"\n\nerror: {self['error']}"
+        return f"{head}\n\n{_clip(str(self.get('content', '')), 2000)}"
+
+    def __repr__(self) -> str:
+        error = f" error={self['error']!r}" if self.get("error") else ""
+        return f"<Observation url={self.get('url')!r} title={self.get('title')!r}{error}>"
+
+
+class Browser:
+    """One Chromium page per session, started on first use (see the module docstring)."""
+
+    def __init__(self, workspace: Workspace, allow_hosts: frozenset[str] | None = None) -> None:
+        self.workspace = workspace
+        self.allow_hosts = allow_hosts_from_image() if allow_hosts is None else allow_hosts
+        self.timeout_s = NAVIGATION_TIMEOUT_S
+        self.action_timeout_s = ACTION_TIMEOUT_S
+        self._playwright: Any = None
+        self._browser: Any = None
+        self._page: Any = None
+        self._cdp: Any = None
+
+    # --- actions ------------------------------------------------------------------------
+
+    def goto(self, url: str, timeout_s: float | None = None) -> Observation:
+        """Open ``url``: http(s) on loopback (or allowlisted hosts), or a workspace file
+        (``file:///workspace/x.html`` or just ``x.html``)."""
+        return self._act(lambda page: self._goto(page, url, timeout_s))
+
+    def click(self, selector: str) -> Observation:
+        """Click the element ``selector`` names and wait for a navigation it starts."""
+
+        def click(page: Any) -> None:
+            page.click(selector, timeout=self.action_timeout_s * 1000)
+            self._settle(page)
+
+        return self._act(click)
+
+    def type(self, selector: str, text: str, submit: bool = False) -> Observation:
+        """Fill the field ``selector`` names with ``text``; press Enter after when ``submit``."""
+
+        def fill(page: Any) -> None:
+            page.fill(selector, text, timeout=self.action_timeout_s * 1000)
+            if submit:
+                page.press(selector, "Enter", timeout=self.action_timeout_s * 1000)
+                self._settle(page)
+
+        return self._act(fill)
+
+    def scroll(self, direction: str = "down", pages: float = 1.0) -> Observation:
+        """Scroll by ``pages`` viewport heights, ``down`` or ``up``."""
+        if direction not in ("down", "up"):
+            return self._act(lambda page: self._fail("direction must be 'down' or 'up'"))
+        sign = 1 if direction == "down" else -1
+        script = f"() => window.scrollBy(0, {sign * pages:f} * window.innerHeight)"
+        return self._act(lambda page: page.evaluate(script))
+
+    def back(self) -> Observation:
+        """Go back one page in the history."""
+
+        def back(page: Any) -> None:
+            if page.go_back(wait_until="load", timeout=self.timeout_s * 1000) is None:
+                self._fail("there is no previous page")
+
+        return self._act(back)
+
+    def observe(self) -> Observation:
+        """The current page, without acting."""
+        return self._act(lambda page: None)
+
+    def close(self) -> None:
+        """Stop Chromium and the driver now (the session's end does it anyway)."""
+        playwright, self._playwright = self._playwright, None
+        browser, self._browser, self._page, self._cdp = self._browser, None, None, None
+        for stop in (browser.close if browser else None, playwright.stop if playwright else None):
+            if stop is not None:
+                with contextlib.suppress(Exception):  # already gone: nothing left to stop
+                    stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self._browser is not None else "not started"
+        return f"<browser: Chromium ({state}); goto, click, type, scroll, back, observe>"
+
+    # --- machinery ----------------------------------------------------------------------
+
+    def _fail(self, message: str) -> None:
+        raise BrowserActionError(message)
+
+    def _act(self, action: Callable[[Any], Any]) -> Observation:
+        error: str | None = None
+        try:
+            page = self._ensure_page()
+            action(page)
+        except Exception as exc:  # every failure is an observation, never a dead session
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+        return self._observe(error)
+
+    def _ensure_page(self) -> Any:
+        if self._browser is not None and not self._browser.is_connected():
+            self.close()  # crashed or killed: start a new one
+        if self._page is not None and not self._page.is_closed():
+            return self._page
+        if self._browser is None:
+            from playwright.sync_api import sync_playwright
+
+            self._playwright = sync_playwright().start()
+            self._browser = self._playwright.chromium.launch(
+                executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True, timeout=30_000
+            )
+        context = self._browser.new_context(viewport=VIEWPORT, service_workers="block")
+        context.route("**/*", self._filter)
+        self._page = context.new_page()
+        self._page.set_default_timeout(self.action_timeout_s * 1000)
+        self._cdp = context.new_cdp_session(self._page)
+        return self._page
+
+    def _allowed(self, url: str) -> bool:
+        parts = urlsplit(url)
+        if parts.scheme in ("data", "blob", "about"):
+            return True
+        if parts.scheme == "file":  # a page, link or resource: only inside the workspace
+            try:
+                self.workspace.confine(unquote(parts.path))
+            except PermissionError:
+                return False
+            return True
+        if parts.scheme not in ("http", "https", "ws", "wss"):
+            return False
+        host = (parts.hostname or "").lower()
+        return host in LOOPBACK_HOSTS or host.startswith("127.") or host in self.allow_hosts
+
+    def _filter(self, route: Any, request: Any) -> None:
+        if self._allowed(request.url):
+            route.continue_()
+        else:
+            route.abort("blockedbyclient")
+
+    def _goto(self, page: Any, url: str, timeout_s: float | None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme == "file" or not parts.scheme:
+            # A workspace file: confined like every tool's path.
+            url = self.workspace.confine(unquote(parts.path) if parts.scheme else url).as_uri()
+        elif not self._allowed(url):
+            self._fail(f"{parts.hostname!r} is not an allowed host (loopback or the allowlist)")
+        try:
+            page.goto(url, wait_until="load", timeout=(timeout_s or self.timeout_s) * 1000)
+        except Exception:
+            self._stop_loading()
+            raise
+
+    def _settle(self, page: Any) -> None:
+        """Wait for a navigation an action started to load (at most the navigation timeout)."""
+        try:
+            page.wait_for_load_state("load", timeout=self.timeout_s * 1000)
+        except Exception:
+            self._stop_loading()
+            raise
+
+    def _stop_loading(self) -> None:
+        """Stop a navigation that timed out, so the page can be observed as it is."""
+        with contextlib.suppress(Exception):  # the page is gone; the observation says so
+            self._cdp.send("Page.stopLoading")
+
+    def _observe(self, error: str | None) -> Observation:
+        obs = Observation(url="", title="", content="", screenshot={}, ax_tree="", error=error)
+        page = self._page
+        if page is None or page.is_closed():
+            return obs
+        problems: list[str] = []
+
+        def part(name: str, get: Callable[[], Any]) -> None:
+            try:
+                obs[name] = get()
+            except Exception as exc:  # one broken part must not hide the others
+                problems.append(f"{name}: {type(exc).__name__}")
+
+        timeout_ms = OBSERVE_TIMEOUT_S * 1000
+        part("url", lambda: page.url)
+        part("title", lambda: page.title())
+        part("content", lambda: _clip(self._markdown(page.evaluate(BODY_HTML_JS)), CONTENT_CHARS))
+        part(
+            "screenshot",
+            lambda: {
+                "image/png": base64.b64encode(
+                    page.screenshot(type="png", timeout=timeout_ms)
+                ).decode("ascii")
+            },
+        )
+        part(
+            "ax_tree",
+            lambda: _clip(page.locator("body").aria_snapshot(timeout=timeout_ms), AX_TREE_CHARS),
+        )
+        if problems and not error:
+            obs["error"] = "could not observe " + ", ".join(problems)
+        return obs
+
+    @staticmethod
+    def _markdown(html: str) -> str:
+        from markdownify import markdownify
+
+        text: str = markdownify(html, heading_style="ATX")
+        lines = [line.rstrip() for line in text.splitlines()]
+        # markdownify leaves runs of blank lines where block elements were.
+        out: list[str] = []
+        for line in lines:
+            if line or (out and out[-1]):
+                out.append(line)
+        return "\n".join(out).strip()
+
+
+class BrowserActionError(RuntimeError):
+    """An action the browser refused before trying it (bad argument, host not allowed)."""

@@ -1,0 +1,69 @@
+"""Image variants without Docker: per-image limits, pagination, the browser's request filter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from farm.kernel.browser import Browser, allow_hosts_from_image
+from farm.kernel.documents import DocumentError, paginate
+from farm.kernel.tools import Workspace
+from farm.sandbox.variants import VARIANTS
+from farm.settings import FarmSettings
+
+
+def test_variant_images_get_their_own_limits_and_the_default_keeps_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    default, browser = FarmSettings().limits, FarmSettings(image="browser").limits
+    assert (default.memory_mb, default.pids, default.tmp_mb) == (512, 128, 64)
+    assert (browser.memory_mb, browser.pids, browser.tmp_mb) == (2048, 512, 512)
+    assert browser.network == "none"
+    assert FarmSettings(image="docs").limits.memory_mb == 1024
+    monkeypatch.setenv("FARM_SANDBOX_MEMORY_MB", "1500")
+    assert FarmSettings(image="browser").limits.memory_mb == 1500  # explicit settings win
+
+
+def test_variants_are_named_after_their_images() -> None:
+    assert {name: v.tag for name, v in VARIANTS.items()} == {
+        "docs": "farm-sandbox:docs",
+        "browser": "farm-sandbox:browser",
+    }
+
+
+def test_pages_are_cut_by_lines() -> None:
+    text = "\n".join(f"l{i}" for i in range(1, 8)) + "\n"
+    assert paginate(text, 3) == ["l1\nl2\nl3", "l4\nl5\nl6", "l7"]
+    assert paginate("", 3) == [""]
+    with pytest.raises(DocumentError):
+        paginate(text, 0)
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://127.0.0.1:8000/", True),
+        ("http://localhost/x", True),
+        ("http://[::1]:80/", True),
+        ("http://example.com/", False),
+        ("https://allowed.example/", True),
+        ("https://sub.allowed.example/", False),
+        ("ftp://127.0.0.1/", False),
+        ("data:text/html,hi", True),
+        ("file:///etc/passwd", False),
+        ("file://{ws}/page.html", True),
+        ("file://{ws}/../etc/passwd", False),
+    ],
+)
+def test_the_browser_requests_only_loopback_the_workspace_and_the_allowlist(
+    tmp_path: Path, url: str, allowed: bool
+) -> None:
+    browser = Browser(Workspace(tmp_path), allow_hosts=frozenset({"allowed.example"}))
+    assert browser._allowed(url.format(ws=tmp_path)) is allowed
+
+
+def test_the_allowlist_is_empty_unless_the_image_has_one(tmp_path: Path) -> None:
+    assert allow_hosts_from_image(tmp_path / "missing") == frozenset()
+    (tmp_path / "hosts").write_text("\nExample.org\n  api.example.com \n")
+    assert allow_hosts_from_image(tmp_path / "hosts") == {"example.org", "api.example.com"}

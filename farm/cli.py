@@ -158,6 +158,7 @@ def sweep(
     cache: Path | None = typer.Option(None, help="reuse results keyed by code+image+limits"),
     local: int = typer.Option(0, help="run an embedded farm with this many workers"),
     backend: str = typer.Option("docker", help="backend of the embedded farm"),
+    journal: bool = typer.Option(False, help="add each item's session journal to its line"),
 ) -> None:
     """Run a JSONL sweep through the farm; resumable; prints a summary."""
     from farm.sweep import Sweep, SweepRecord, plan_sweep
@@ -194,6 +195,7 @@ def sweep(
             retries=retries,
             image=image,
             cache_dir=cache,
+            journal=journal,
             on_record=on_record,
             on_start=lambda total: progress.update(task, total=total),
         )
@@ -213,6 +215,46 @@ def sweep(
     console.print(f"results: {output}")
     if summary.interrupted:
         raise typer.Exit(130)
+
+
+@app.command()
+def replay(
+    session_id: Annotated[str, typer.Argument(help="the session whose journal to show")],
+    fmt: str = typer.Option("markdown", "--format", help="markdown | json (lines) | html"),
+    output: Path | None = typer.Option(None, "-o", "--output", help="write to this file"),
+) -> None:
+    """Print or export a session's transcript from its journal."""
+    from farm.streams import to_html, to_json_lines, to_markdown
+
+    if fmt not in ("markdown", "json", "html"):
+        _fail(f"unknown format {fmt!r}: use markdown, json or html", 2)
+    with _farm() as farm:
+        events = list(farm.replay(session_id))
+    if not events:
+        _fail(f"no journal for session {session_id} (never ran, or expired)")
+    if fmt == "json":
+        text = "".join(line + "\n" for line in to_json_lines(events))
+    elif fmt == "html":
+        text = to_html(events, title=f"farm session {session_id}")
+    else:
+        text = to_markdown(events)
+    if output is not None:
+        output.write_text(text, encoding="utf-8")
+        err.print(f"{len(events)} events written to {output}")
+    else:
+        sys.stdout.write(text)
+
+
+@app.command()
+def ui(
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8765, help="port (0: any free port)"),
+) -> None:
+    """Serve the live transcript page: workers, sessions, a session's transcript as it runs."""
+    from farm.ui import serve
+
+    with _farm() as farm:
+        serve(farm, host=host, port=port)
 
 
 @app.command()

@@ -82,6 +82,18 @@ class Journal:
         reply = self.redis.xread({journal_key(session_id): after}, count=PAGE, block=block_ms)
         return _entries(reply, after)
 
+    def follow_ids(
+        self, session_id: str, after: str, block_ms: int
+    ) -> tuple[str, list[tuple[str, Event]]]:
+        """Like ``follow``, with each event's stream id (a reader's resume point)."""
+        reply: Any = self.redis.xread({journal_key(session_id): after}, count=PAGE, block=block_ms)
+        out: list[tuple[str, Event]] = []
+        for _key, rows in reply or []:
+            for entry_id, fields in rows:
+                after = entry_id
+                out.append((entry_id, parse_event(fields["e"])))
+        return after, out
+
     def events(self, session_id: str) -> Iterator[Event]:
         """Every event the journal still holds, oldest first (read page by page)."""
         after = "-"

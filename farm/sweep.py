@@ -30,6 +30,7 @@ import farm
 from farm.client import Farm
 from farm.errors import FarmError, FileOperationError, SessionLost, StateLost
 from farm.models import ErrorKind, ExecResult
+from farm.streams import mime_stream
 
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
 
@@ -67,6 +68,9 @@ class SweepRecord(BaseModel):
     duration_s: float = 0.0
     cached: bool = False
     manifest: dict[str, Any] = Field(default_factory=dict)
+    journal: list[dict[str, Any]] | None = Field(
+        None, description="with --journal: the item's session journal as mime_stream dicts"
+    )
 
 
 class SweepSummary(BaseModel):
@@ -156,6 +160,7 @@ class Sweep:
         retries: int = 2,
         image: str = "default",
         cache_dir: Path | None = None,
+        journal: bool = False,
         on_record: Callable[[SweepRecord], None] | None = None,
         on_start: Callable[[int], None] | None = None,
     ) -> None:
@@ -165,6 +170,7 @@ class Sweep:
         self.retries = retries
         self.image = image
         self.cache_dir = cache_dir
+        self.journal = journal
         self.on_record = on_record
         self.on_start = on_start
         self._lock = threading.Lock()
@@ -194,7 +200,8 @@ class Sweep:
 
     def _emit(self, out: Any, record: SweepRecord, outcomes: Counter[str]) -> None:
         with self._lock:
-            out.write(record.model_dump_json() + "\n")
+            skip = {"journal"} if record.journal is None else None
+            out.write(record.model_dump_json(exclude=skip) + "\n")
             out.flush()
         outcomes[f"{record.status}/{record.kind or '-'}"] += 1
         if self.on_record is not None:
@@ -228,8 +235,11 @@ class Sweep:
         t0 = time.perf_counter()
         record = SweepRecord(id=item.id, status="error")
         for attempt in range(1, self.retries + 2):
-            record = self._attempt(item)
+            sessions: list[str] = []
+            record = self._attempt(item, sessions)
             record.attempts = attempt
+            if self.journal and sessions:
+                record.journal = list(mime_stream(self.farm.replay(sessions[-1])))
             if record.kind not in RETRYABLE or self._stop.is_set():
                 break
         record.duration_s = time.perf_counter() - t0
@@ -237,11 +247,13 @@ class Sweep:
             self._cache_put(key, record)
         return record
 
-    def _attempt(self, item: SweepItem) -> SweepRecord:
+    def _attempt(self, item: SweepItem, sessions: list[str]) -> SweepRecord:
+        """One try at an item; the session it opens is added to ``sessions``."""
         timeout = item.timeout_s or self.timeout_s
         results: list[ExecResult] = []
         try:
             with self.farm.session(self.image, timeout_s=timeout) as session:
+                sessions.append(session.id)
                 for path, content in (item.files or {}).items():
                     session.files.write(path, content)
                 for code in item.all_cells():

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -180,3 +184,56 @@ def test_the_default_still_raises_state_lost(farm: Farm) -> None:
         with pytest.raises(StateLost):
             s.run("import os\nos._exit(1)")
         assert s.restores == []
+
+
+def test_farm_replay_prints_and_exports_a_transcript(farm: Farm, tmp_path: Path) -> None:
+    with farm.session() as s:
+        s.run("print('for the record')\ndisplay({'k': 1})\n6 * 7")
+    env = {**os.environ, "FARM_BROKER_URL": farm.settings.broker_url}
+    farm_cli = str(Path(sys.executable).parent / "farm")
+
+    def replay(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [farm_cli, "replay", s.id, *args], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    markdown = replay()
+    assert markdown.returncode == 0, markdown.stderr
+    assert "```python" in markdown.stdout and "for the record" in markdown.stdout
+    assert "**Out:**" in markdown.stdout and "42" in markdown.stdout
+    lines = replay("--format", "json").stdout.splitlines()
+    items = [json.loads(line) for line in lines]
+    assert [i["type"] for i in items] == ["exec_start", "stream", "display", "result", "exec_end"]
+    page = tmp_path / "t.html"
+    assert replay("--format", "html", "-o", str(page)).returncode == 0
+    assert "for the record" in page.read_text() and "<script" not in page.read_text()
+    missing = replay_missing(farm_cli, env)
+    assert missing.returncode == 1 and "no journal" in missing.stderr
+
+
+def replay_missing(farm_cli: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [farm_cli, "replay", "no-such-session"], env=env, capture_output=True, text=True
+    )
+
+
+def test_a_sweep_can_carry_each_items_journal(farm: Farm, tmp_path: Path) -> None:
+    from farm.sweep import Sweep, plan_sweep
+
+    source = tmp_path / "in.jsonl"
+    source.write_text(
+        json.dumps({"id": 1, "cells": ["a = 2", "print(a * 21)"]})
+        + "\n"
+        + json.dumps({"id": 2, "code": "1/0"})
+        + "\n"
+    )
+    out = tmp_path / "out.jsonl"
+    Sweep(farm, concurrency=2, journal=True).run(plan_sweep(source, out), out)
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    first = [i["type"] for i in records[1]["journal"]]
+    assert first == ["exec_start", "exec_end", "exec_start", "stream", "exec_end"]
+    assert records[1]["journal"][3]["data"]["text/plain"] == "42\n"
+    assert [i["type"] for i in records[2]["journal"]][-2:] == ["error", "exec_end"]
+    plain = tmp_path / "plain.jsonl"
+    Sweep(farm, concurrency=2).run(plan_sweep(source, plain), plain)
+    assert all("journal" not in json.loads(line) for line in plain.read_text().splitlines())

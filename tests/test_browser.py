@@ -182,7 +182,11 @@ def test_errors_are_observations_and_the_session_lives_on(
     web: Session, code: str, error: str
 ) -> None:
     observe(web, "browser.goto(home)")
-    obs = observe(web, code)
+    obs = observe(
+        web,
+        f"browser.action_timeout_s = 1\ntry:\n    obs = {code}\nfinally:\n"
+        "    browser.action_timeout_s = 5\nobs",
+    )
     assert obs["error"] and error in obs["error"], obs["error"]
     assert observe(web, "browser.goto(home)")["error"] is None
 
@@ -242,3 +246,37 @@ def test_the_browser_image_has_its_own_limits(web: Session, docker_env: Any) -> 
     assert host["Memory"] == 2048 * 1024 * 1024  # IMAGE_LIMITS["browser"]
     assert host["PidsLimit"] == 512
     assert host["NetworkMode"] == "none"
+
+
+def test_an_exec_timeout_during_an_action_leaves_a_working_browser(web: Session) -> None:
+    result = web.run("browser.goto(home + 'hang', timeout_s=120)", timeout_s=3)
+    assert result.error is not None and result.error.kind == "timeout"
+    observations = [observe(web, "browser.goto(home)") for _ in range(2)]
+    assert observations[-1]["error"] is None, observations
+    assert observations[-1]["title"] == "Home"
+
+
+def test_a_directory_served_by_python_m_http_server(web: Session) -> None:
+    web.files.write("served/index.html", "<title>Served</title><p>from http.server</p>")
+    started = web.run(
+        "import socket, time\n"
+        "pid = int(bash('python3 -m http.server 8123 --bind 127.0.0.1 --directory served "
+        ">/dev/null 2>&1 & echo $!').split()[0])\n"
+        "deadline = time.monotonic() + 20\n"
+        "while True:\n"
+        "    try:\n"
+        "        socket.create_connection(('127.0.0.1', 8123), timeout=1).close()\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        if time.monotonic() > deadline:\n"
+        "            raise\n"
+        "        time.sleep(0.05)  # poll interval of the deadline-bounded readiness check\n",
+        timeout_s=40,
+    )
+    assert started.ok, started.error
+    try:
+        obs = observe(web, "browser.goto('http://localhost:8123/')")
+        assert (obs["title"], obs["error"]) == ("Served", None)
+        assert "from http.server" in obs["content"]
+    finally:
+        web.run("import os, signal\nos.kill(pid, signal.SIGTERM)").raise_for_error()

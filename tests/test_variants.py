@@ -67,3 +67,22 @@ def test_the_allowlist_is_empty_unless_the_image_has_one(tmp_path: Path) -> None
     assert allow_hosts_from_image(tmp_path / "missing") == frozenset()
     (tmp_path / "hosts").write_text("\nExample.org\n  api.example.com \n")
     assert allow_hosts_from_image(tmp_path / "hosts") == {"example.org", "api.example.com"}
+
+
+def test_the_kernel_imports_only_the_standard_library_at_module_level() -> None:
+    """markitdown and playwright are imported inside functions, only in the images that
+    have them; a module-level import would break the default image."""
+    import ast
+    import sys
+
+    kernel = Path(__file__).resolve().parents[1] / "farm" / "kernel"
+    for path in kernel.glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                assert name.split(".")[0] in sys.stdlib_module_names, (path.name, name)

@@ -258,7 +258,7 @@ def ensure_sandbox_image(
     dockerfile: Path = DOCKERFILE,
     buildargs: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
-    prepare: Callable[[str], None] | None = None,
+    prepare: Callable[[str], Path] | None = None,
 ) -> SandboxImage:
     """Make ``tag`` an image of the current kernel, building only when it is missing or stale.
 
@@ -268,7 +268,8 @@ def ensure_sandbox_image(
 
     Variants (``farm.sandbox.variants``) pass their own ``dockerfile``, ``buildargs`` and
     ``labels`` (which must match too), and ``prepare``, called with the base image before a
-    build (to put the wheels the Dockerfile installs in the build context).
+    build: it returns the build context to use instead of the repository (laid out like it,
+    with the wheels the Dockerfile installs).
     """
     root = (repo_root or default_repo_root()).resolve()
     client = client if client is not None else connect()
@@ -283,13 +284,12 @@ def ensure_sandbox_image(
         return SandboxImage(tag=tag, image_id=previous[0], built=False)
 
     base = ensure_base(client, repo_root=root)
-    if prepare is not None:
-        prepare(base)
+    context = prepare(base) if prepare is not None else root
     logger.info("building %s from %s", tag, base)
     tail: deque[str] = deque(maxlen=40)
     try:
         lines = client.api.build(
-            path=str(root),
+            path=str(context),
             dockerfile=dockerfile.as_posix(),
             tag=tag,
             buildargs={"BASE": base, "EXTRA_PIP": extra_pip, **(buildargs or {})},

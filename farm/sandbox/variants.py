@@ -11,7 +11,8 @@
 
 Both are built from ``images/sandbox/variant.Dockerfile`` on the same base as the default
 image. Python packages come as wheels the host downloads into ``build/sandbox-wheels/NAME/``
-(``farm.sandbox.wheels``: a container build cannot be trusted to reach PyPI); Debian packages
+(``farm.sandbox.wheels``: a container build cannot be trusted to reach PyPI), built from a
+context of their own (``build/sandbox-context/NAME/``); Debian packages
 are installed with apt in the build, from the mirror the base was bootstrapped from. Heavy
 layers come before the kernel, so a kernel change rebuilds only the last layers.
 
@@ -25,6 +26,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import shutil
 import sys
 import time
@@ -35,6 +37,7 @@ from pathlib import Path
 import docker
 
 from farm.sandbox.images import (
+    KERNEL_DIR,
     DockerUnavailableError,
     ImageBuildError,
     SandboxImage,
@@ -48,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 VARIANT_DOCKERFILE = Path("images/sandbox/variant.Dockerfile")
 WHEELS_DIR = Path("build/sandbox-wheels")
+CONTEXT_DIR = Path("build/sandbox-context")
 LABEL_VARIANT = "farm.variant"
 LABEL_VARIANT_HASH = "farm.variant_hash"
 
@@ -80,7 +84,7 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-def _download_wheels(variant: Variant, base: str, client: docker.DockerClient, root: Path) -> None:
+def _download_wheels(variant: Variant, base: str, client: docker.DockerClient, root: Path) -> Path:
     """Put ``variant``'s wheels (and pip's own, to install them) in build/sandbox-wheels/NAME.
 
     Skipped when ``wheels.stamp`` says they were made for this base image and these
@@ -92,7 +96,7 @@ def _download_wheels(variant: Variant, base: str, client: docker.DockerClient, r
     stamp_file = dest / "wheels.stamp"
     if stamp_file.exists() and stamp_file.read_text() == stamp:
         logger.info("wheels for %s are current", variant.tag)
-        return
+        return dest
     started = time.monotonic()
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -105,6 +109,29 @@ def _download_wheels(variant: Variant, base: str, client: docker.DockerClient, r
     stamp_file.write_text(stamp)
     count = len(list(dest.glob("*.whl")))
     logger.info("%d wheels in %s (%.0fs)", count, dest, time.monotonic() - started)
+    return dest
+
+
+def _build_context(variant: Variant, wheels: Path, root: Path) -> Path:
+    """build/sandbox-context/NAME: the kernel, the Dockerfile and the wheels, laid out like the
+    repository, so the repository's own build context (the default image's, the worker's)
+    never carries the variants' wheels."""
+    context = root / CONTEXT_DIR / variant.name
+    shutil.rmtree(context, ignore_errors=True)
+    (context / VARIANT_DOCKERFILE).parent.mkdir(parents=True)
+    shutil.copy2(root / VARIANT_DOCKERFILE, context / VARIANT_DOCKERFILE)
+    shutil.copytree(
+        root / KERNEL_DIR, context / KERNEL_DIR, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(wheels, context / WHEELS_DIR / variant.name, copy_function=_link_or_copy)
+    return context
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
 def ensure_variant_image(
@@ -121,8 +148,8 @@ def ensure_variant_image(
     root = (repo_root or default_repo_root()).resolve()
     client = client if client is not None else connect()
 
-    def prepare(base: str) -> None:
-        _download_wheels(variant, base, client, root)
+    def prepare(base: str) -> Path:
+        return _build_context(variant, _download_wheels(variant, base, client, root), root)
 
     return ensure_sandbox_image(
         client,

@@ -3,7 +3,8 @@
 # `python -m farm.sandbox.variants NAME` (farm/sandbox/variants.py), which picks BASE like the
 # default image, puts the wheels in build/sandbox-wheels/NAME/ on the host (a build here
 # cannot be trusted to reach PyPI) and labels the image with farm.kernel_hash and
-# farm.variant_hash.
+# farm.variant_hash. Build context: build/sandbox-context/NAME/, laid out like the repository
+# but holding only this file, farm/kernel/ and the variant's wheels.
 #
 # The heavy layers (apt, wheels) come first: a kernel change rebuilds only the last layers.
 # Containers run like the default image's: read-only root, no network, uid 10001.

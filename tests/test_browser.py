@@ -63,16 +63,19 @@ home = f"http://127.0.0.1:{site.server_port}/"
 
 CHROMIUM_PIDS = r"""
 import os
-def chromium_pids():
+def pids_of(program):
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"chromium" in f.read().split(b"\0")[0]:
+                if program in f.read().split(b"\0")[0]:
                     pids.append(int(pid))
         except OSError:
             pass
     return pids
+
+def chromium_pids():
+    return pids_of(b"chromium")
 
 def own_chromium_pids():  # Chromium processes descending from this session's process
     def ancestors(pid):
@@ -208,10 +211,14 @@ def test_workspace_files_open_by_path(web: Session) -> None:
     assert "## From the workspace" in obs["content"]
 
 
-def test_a_killed_browser_is_started_again(web: Session) -> None:
+@pytest.mark.parametrize("program", [b"chromium", b"playwright/driver/node"])
+def test_a_killed_browser_is_started_again(web: Session, program: bytes) -> None:
     web.run(CHROMIUM_PIDS).raise_for_error()
     observe(web, "browser.goto(home)")
-    web.run("import os, signal\n[os.kill(p, signal.SIGKILL) for p in chromium_pids()]")
+    killed = web.run(
+        f"import os, signal\n[os.kill(p, signal.SIGKILL) for p in pids_of({program!r})]"
+    )
+    assert killed.value is not None and killed.value.text != "[]"
     observations = [observe(web, "browser.goto(home)") for _ in range(2)]
     assert observations[-1]["error"] is None, observations
     assert observations[-1]["title"] == "Home"

@@ -191,7 +191,17 @@ class Browser:
             action(page)
         except Exception as exc:  # every failure is an observation, never a dead session
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}"
+            if self._gone(exc):
+                # Chromium or the driver died: forget them (they cannot be asked anything),
+                # so the next call starts a new browser instead of failing forever.
+                self.close()
+                error += " (the browser is gone; the next call starts a new one)"
         return self._observe(error)
+
+    def _gone(self, exc: Exception) -> bool:
+        if type(exc).__name__ == "TargetClosedError" or "connection closed" in str(exc).lower():
+            return True
+        return self._browser is not None and not self._browser.is_connected()
 
     def _ensure_page(self) -> Any:
         if self._browser is not None and not self._browser.is_connected():

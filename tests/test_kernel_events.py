@@ -125,3 +125,35 @@ def test_a_killed_cell_streams_what_it_printed(own_cells: Cells) -> None:
     result = ExecResult.model_validate(raw)
     assert result.state_lost and result.stdout == "before\n"
     assert streamed(events, "stdout") == "before\n"
+
+
+def test_only_a_cell_that_keeps_running_says_so(client: KernelClient, cells: Cells) -> None:
+    _, quick = run_collect(client, cells, "1")
+    assert [e["type"] for e in quick] == ["started"]
+    _, slow = run_collect(client, cells, "import time\ntime.sleep(0.5)")
+    assert [e["type"] for e in slow] == ["started", "running"]
+
+
+def test_a_session_dying_just_before_a_call_is_reported_not_a_broken_connection(
+    kernel: Any,
+) -> None:
+    with kernel.kernel() as client:
+        for _ in range(5):
+            session = client.open_session()
+            sid, epoch = session["session_id"], session["epoch"]
+            client.execute(
+                sid,
+                "import os, threading\nthreading.Timer(0.1, os._exit, (1,)).start()",
+                epoch=epoch,
+                timeout_s=10,
+            )
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                raw = client.execute(sid, "1", epoch=epoch, timeout_s=10, on_event=lambda e: None)
+                if raw["state_lost"]:
+                    assert raw["error"]["kind"] == "state_lost"
+                    break
+                time.sleep(0.002)  # calls close together, so one may meet the dead process
+            else:
+                raise AssertionError("the session never died")
+            client.close_session(sid)

@@ -169,7 +169,9 @@ def test_replay_restore_reruns_the_successful_cells(farm: Farm) -> None:
 def test_replay_restore_reruns_a_call_that_found_its_process_dead(farm: Farm) -> None:
     with farm.session(on_state_lost="replay") as s:
         s.run("x = 41")
-        s.run("import os, threading\nthreading.Timer(0.3, os._exit, (1,)).start()")
+        # the cell that arms the kill fails, so a restore does not replay (and re-arm) it
+        armed = "import os, threading\nthreading.Timer(0.3, os._exit, (1,)).start()\n1/0"
+        assert s.run(armed).kind == "user"
         deadline = time.monotonic() + 10
         result = s.run("x + 1")
         while not s.restores and time.monotonic() < deadline:  # the timer may not have fired

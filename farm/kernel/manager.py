@@ -283,11 +283,19 @@ class SessionManager:
                 f"{session.epoch}): its variables were lost; {NOT_RUN}"
             )
         proc = session.proc
+        if proc.exit is None:
+            proc.start_cell(request["max_output_bytes"], emit)
+            try:
+                proc.writer.write(encode({"type": "cell", "code": request["code"]}))
+                await proc.writer.drain()
+            except (ConnectionError, OSError):  # it died before its exit was reported
+                await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
+                proc.exit = proc.exit or {"code": None}
+                proc.events = None
         if proc.exit is not None:
             death = proc.describe_exit()
             await self._replace(session)
             return cell.lost(f"{death} between calls; its variables are gone; {NOT_RUN}")
-        proc.start_cell(request["max_output_bytes"], emit)
         if proc.events is not None:
             proc.events.started()
         reply, reason, killed = await self._run(proc, request)
@@ -310,9 +318,7 @@ class SessionManager:
     async def _run(
         self, proc: SessionProcess, request: dict[str, Any]
     ) -> tuple[dict[str, Any] | None, str | None, bool]:
-        """Send the cell and wait for its reply, interrupting and killing as the rules say."""
-        proc.writer.write(encode({"type": "cell", "code": request["code"]}))
-        await proc.writer.drain()
+        """Wait for the cell's reply (it was sent), interrupting and killing as the rules say."""
         reply_task = asyncio.ensure_future(proc.cell_reply())
         flood_task = asyncio.ensure_future(proc.flood.wait())
         reason: str | None = None

@@ -3,16 +3,19 @@
 While an ``execute`` with ``"events": true`` runs, the kernel may write intermediate frames
 ``{"type": "event", "exec_id": ..., "event": {...}}`` on the same connection before the final
 ``exec_result`` frame. Event kinds: ``started`` (the code is about to run: nothing is sent when
-the kernel refuses to run it), ``stream`` (``name`` stdout/stderr, ``text``) and ``display``
-(``value``: a bundle from ``display(obj)``).
+the kernel refuses to run it), ``running`` (the cell is still running ``TICK_S`` after it
+started: a host may hold ``started`` back until then, so a quick cell costs it nothing),
+``stream`` (``name`` stdout/stderr, ``text``) and ``display`` (``value``: a bundle from
+``display(obj)``).
 
 Invariants:
 - the concatenated ``stream`` texts of a cell equal its result's ``stdout``/``stderr``: the
   head of the capped buffer is streamed live, and what the buffer keeps past it (its tail, after
   the cut marker when output was cut) is sent when the cell ends, so output caps hold for the
   stream exactly as for the result;
-- chunks are batched: a flush at most every ``FLUSH_S`` (and at the cell's end or before a
-  display), so a print-heavy cell costs a frame per batch, not per write;
+- chunks are batched: output after a quiet spell goes out at once, then at most one flush
+  every ``FLUSH_S`` (and at the cell's end or before a display), so a print-heavy cell costs
+  a frame per batch, not per write, and a lone print is not held back;
 - displays are bounded per cell (``MAX_DISPLAYS``, ``DISPLAY_BYTES``); past that one notice is
   streamed instead.
 """
@@ -28,6 +31,7 @@ from typing import Any
 from .output import MARKER, CappedBuffer
 
 FLUSH_S = 0.03
+TICK_S = 0.1
 MAX_DISPLAYS = 200
 DISPLAY_BYTES = 16 * 1024 * 1024
 
@@ -69,13 +73,24 @@ class CellEvents:
         self.emit = emit
         self.taps = {"stdout": _Tap("stdout", out), "stderr": _Tap("stderr", err)}
         self.timer: asyncio.TimerHandle | None = None
+        self.last_flush = float("-inf")
+        self.tick: asyncio.TimerHandle | None = None
+        self.live = False  # until started(): the cell may not have been sent yet
         self.displays = 0
         self.display_bytes = 0
         self.limited = False
         self.closed = False
 
     def started(self) -> None:
+        """The cell was sent: events flow from here on (output that came first waits)."""
+        self.live = True
         self.emit({"type": "started"})
+        self.tick = asyncio.get_running_loop().call_later(TICK_S, self._running)
+        self._schedule()
+
+    def _running(self) -> None:
+        if not self.closed:
+            self.emit({"type": "running"})
 
     def output(self, buf: CappedBuffer) -> None:
         """New bytes reached ``buf``: stream what is new in its head, soon."""
@@ -85,11 +100,21 @@ class CellEvents:
             if tap.buf is buf and len(buf.head) > tap.sent:
                 tap.pending += bytes(buf.head[tap.sent :])
                 tap.sent = len(buf.head)
-                if self.timer is None:
-                    loop = asyncio.get_running_loop()
-                    self.timer = loop.call_later(FLUSH_S, self.flush)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        if not self.live:
+            return
+        if self.timer is None and any(tap.pending for tap in self.taps.values()):
+            loop = asyncio.get_running_loop()
+            wait = self.last_flush + FLUSH_S - loop.time()
+            if wait <= 0:
+                self.flush()  # quiet until now: no reason to wait
+            else:
+                self.timer = loop.call_later(wait, self.flush)
 
     def flush(self) -> None:
+        self.last_flush = asyncio.get_running_loop().time()
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -117,6 +142,8 @@ class CellEvents:
         """The cell ended and its buffers were drained: send the rest, then stop."""
         if self.closed:
             return
+        if self.tick is not None:
+            self.tick.cancel()
         self.flush()
         for tap in self.taps.values():
             text = tap.rest()

@@ -1,10 +1,12 @@
 """``ExecRecorder``: one run's kernel events and result turned into typed events, published.
 
-The kernel sends ``started``/``stream``/``display`` while the code runs (``farm.kernel.
-streaming``); the result ends the run. The recorder numbers them, publishes each as it comes
-(to the session's journal, and to the run's own stream when the caller streams it) and, at the
-end, adds ``Result``/``Error``/``ExecEnd`` from the result itself, so every run has a complete
-record even when the kernel was never reached (a lost session still gets start, error, end).
+The kernel sends ``started``/``running``/``stream``/``display`` while the code runs
+(``farm.kernel.streaming``); the result ends the run. The recorder numbers them, publishes each
+as it comes (to the session's journal, and to the run's own stream when the caller streams it)
+and, at the end, adds ``Result``/``Error``/``ExecEnd`` from the result itself, so every run has
+a complete record even when the kernel was never reached (a lost session still gets start,
+error, end). ``ExecStart`` is held back until the cell has something else to say or is still
+running after the kernel's tick, so a quick silent cell costs one Redis round trip, not two.
 
 Publishing is best effort: a Redis hiccup is logged and the run goes on; the caller still gets
 its result through the task.
@@ -31,6 +33,7 @@ class ExecRecorder:
         self.live = bool(request.get("stream"))
         self.seq = 0
         self.started = False  # the kernel said the code started
+        self.held: list[Event] = []  # ExecStart, until something else is published
 
     def _common(self) -> dict[str, Any]:
         fields = {
@@ -52,6 +55,9 @@ class ExecRecorder:
         )
 
     def _publish(self, events: list[Event]) -> None:
+        events, self.held = self.held + events, []
+        if not events:
+            return
         try:
             self.journal.append(events, live=self.live)
         except Exception as exc:  # noqa: BLE001 - the record must never fail the run
@@ -69,7 +75,9 @@ class ExecRecorder:
         try:
             if kind == "started":
                 self.started = True
-                self._publish([self._start()])
+                self.held = [self._start()]
+            elif kind == "running":
+                self._publish([])
             elif kind == "stream":
                 self._publish([Stream(**self._common(), name=event["name"], text=event["text"])])
             elif kind == "display":

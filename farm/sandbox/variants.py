@@ -23,6 +23,7 @@ package lists. ``python -m farm.sandbox.variants [--force] NAME...`` is the comm
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import logging
@@ -37,6 +38,8 @@ from pathlib import Path
 import docker
 
 from farm.sandbox.images import (
+    BASE_BUILD_TIMEOUT_S,
+    BUILD_TOTAL_TIMEOUT_S,
     KERNEL_DIR,
     DockerUnavailableError,
     ImageBuildError,
@@ -52,6 +55,7 @@ logger = logging.getLogger(__name__)
 VARIANT_DOCKERFILE = Path("images/sandbox/variant.Dockerfile")
 WHEELS_DIR = Path("build/sandbox-wheels")
 CONTEXT_DIR = Path("build/sandbox-context")
+LOCK_TIMEOUT_S = BUILD_TOTAL_TIMEOUT_S + BASE_BUILD_TIMEOUT_S
 LABEL_VARIANT = "farm.variant"
 LABEL_VARIANT_HASH = "farm.variant_hash"
 
@@ -151,16 +155,35 @@ def ensure_variant_image(
     def prepare(base: str) -> Path:
         return _build_context(variant, _download_wheels(variant, base, client, root), root)
 
-    return ensure_sandbox_image(
-        client,
-        tag=variant.tag,
-        force=force,
-        repo_root=root,
-        dockerfile=VARIANT_DOCKERFILE,
-        buildargs={"VARIANT": variant.name, "APT_PACKAGES": " ".join(variant.apt)},
-        labels={LABEL_VARIANT: variant.name, LABEL_VARIANT_HASH: variant.spec_hash(root)},
-        prepare=prepare,
-    )
+    # One builder at a time per variant on this checkout: two would share the wheel and
+    # context directories. The second one then finds the image current.
+    lock_path = root / CONTEXT_DIR / f"{variant.name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        _wait_for_lock(lock.fileno(), variant.tag)
+        return ensure_sandbox_image(
+            client,
+            tag=variant.tag,
+            force=force,
+            repo_root=root,
+            dockerfile=VARIANT_DOCKERFILE,
+            buildargs={"VARIANT": variant.name, "APT_PACKAGES": " ".join(variant.apt)},
+            labels={LABEL_VARIANT: variant.name, LABEL_VARIANT_HASH: variant.spec_hash(root)},
+            prepare=prepare,
+        )
+
+
+def _wait_for_lock(fd: int, tag: str) -> None:
+    """Take the builder lock, waiting at most as long as another build may take."""
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise ImageBuildError(f"another build of {tag} held its lock too long") from None
+            time.sleep(0.5)  # poll interval of the deadline-bounded lock wait
 
 
 def main(argv: Sequence[str] | None = None) -> int:

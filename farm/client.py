@@ -1,4 +1,5 @@
-"""The Python API: ``Farm`` (a connection to a farm) and ``Session`` (a stateful REPL on it).
+"""The Python API: ``Farm`` (a connection to a farm), its ``Session``s (``farm.session``: a
+stateful REPL on it) and their asyncio twins.
 
 The client reaches workers only through the broker (task and queue names from
 ``farm.celeryconf``) and reads who owns what from the registry. A session call goes to the
@@ -9,38 +10,34 @@ heartbeat, so a dead worker turns into ``SessionLost`` within seconds instead of
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 
-from farm.celeryconf import TASK_CLOSE, TASK_EXEC, TASK_OPEN, TASK_RUN, make_app, shared_queue
+from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app, shared_queue
 from farm.errors import (
     BrokerLost,
     FarmBusy,
     SandboxUnavailable,
     SessionLost,
-    StateLost,
     WorkerFailed,
 )
 from farm.events import Event
-from farm.files import SessionFiles
 from farm.journal import Journal
-from farm.models import ErrorKind, ExecResult, RestoreReport
+from farm.models import ErrorKind, ExecResult
 from farm.registry import Registry
+from farm.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
 from farm.settings import FarmSettings
-from farm.streams import EventStream
+
+__all__ = ["AsyncFarm", "AsyncSession", "Farm", "Session", "exec_request"]
 
 DEFAULT_TIMEOUT_S = 30.0
 WAIT_SLICE_S = 0.5
-QUEUE_WAIT_S = 600.0
 IMAGE_CHECK_S = 1.0
 RETRYABLE = (ErrorKind.SANDBOX_LOST, ErrorKind.INFRA)
-OnStateLost = Literal["raise", "replay"]
 
 
 class Farm:
@@ -307,143 +304,6 @@ class Farm:
         if time.monotonic() > deadline:
             pending.forget()
             raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
-
-
-def exec_request(code: str, timeout_s: float, max_output_bytes: int | None) -> dict[str, Any]:
-    """The one place an exec message is built (sync and async callers alike)."""
-    request: dict[str, Any] = {"code": code, "timeout_s": timeout_s, "exec_id": uuid.uuid4().hex}
-    if max_output_bytes is not None:
-        request["max_output_bytes"] = max_output_bytes
-    return request
-
-
-@dataclass
-class _Call:
-    """One exec in flight: its task, request, deadline and what to watch while waiting."""
-
-    pending: Any
-    request: dict[str, Any]
-    deadline: float
-    watch: dict[str, Any]
-
-
-class Session:
-    """A REPL on one worker's sandbox: variables persist between ``run`` calls.
-
-    ``run`` returns an ``ExecResult`` for everything the code did (errors, timeouts, OOM);
-    it raises ``SessionLost`` when the sandbox or worker holding the state is gone and
-    ``StateLost`` when the variables are gone (call ``restart()`` to go on in a fresh
-    namespace: farm never does that silently).
-    """
-
-    def __init__(
-        self,
-        farm: Farm,
-        session_id: str,
-        worker: str,
-        generation: int,
-        queue: str,
-        epoch: int,
-        timeout_s: float,
-        on_state_lost: OnStateLost = "raise",
-    ) -> None:
-        self.farm = farm
-        self.id = session_id
-        self.worker = worker
-        self.generation = generation
-        self.queue = queue
-        self.epoch = epoch
-        self.timeout_s = timeout_s
-        self._kernel_epoch = epoch
-        self.closed = False
-        self.files = SessionFiles(self)
-        self.on_state_lost = on_state_lost
-        self.restores: list[RestoreReport] = []  # what each replay restore re-ran
-
-    def __repr__(self) -> str:
-        return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"
-
-    def __enter__(self) -> Session:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _check_alive(self) -> str:
-        """Raise ``SessionLost`` unless the session can take a call; return the broker's mark
-        (for ``Farm._wait``)."""
-        if self.closed:
-            raise SessionLost(self.id, self.worker, "the session was closed")
-        why, mark = self.farm.registry.session_state(self.id, self.worker, self.generation)
-        if why is not None:
-            raise SessionLost(self.id, self.worker, why)
-        return mark
-
-    def run(
-        self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
-    ) -> ExecResult:
-        call = self._send(code, timeout_s, max_output_bytes=max_output_bytes)
-        return self._settle(self._collect(call), code, timeout_s, max_output_bytes=max_output_bytes)
-
-    def stream(
-        self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
-    ) -> EventStream:
-        """Run ``code`` and yield its events as they happen (``farm.events``); the stream's
-        ``result`` is then what ``run`` would have returned."""
-        return EventStream(self, code, timeout_s, max_output_bytes=max_output_bytes)
-
-    def _send(
-        self,
-        code: str,
-        timeout_s: float | None,
-        *,
-        max_output_bytes: int | None = None,
-        **extra: Any,
-    ) -> _Call:
-        """Send one exec (``extra``: ``stream``, ``replay_of``); the one place it is built."""
-        mark = self._check_alive()
-        timeout = timeout_s or self.timeout_s
-        request = exec_request(code, timeout, max_output_bytes)
-        request.update(session_id=self.id, epoch=self.epoch, generation=self.generation, **extra)
-        pending = self.farm.app.send_task(TASK_EXEC, args=[request], queue=self.queue)
-        watch = {"worker": (self.worker, self.generation), "mark": mark}
-        return _Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
-
-    def _collect(self, call: _Call) -> ExecResult:
-        raw = self.farm._wait(call.pending, call.deadline, **call.watch)
-        return ExecResult.model_validate(raw)
-
-    def _settle(
-        self, result: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
-    ) -> ExecResult:
-        """Turn losses into what the caller gets: ``SessionLost``, ``StateLost`` (default),
-        or, with ``on_state_lost="replay"``, a restored namespace (``farm.restore``)."""
-        if result.kind == ErrorKind.SANDBOX_LOST:
-            raise SessionLost(self.id, self.worker, result.error.evalue if result.error else "")
-        if result.state_lost:
-            self._kernel_epoch = result.epoch
-            if self.on_state_lost == "replay":
-                from farm.restore import restore
-
-                return restore(self, result, code, timeout_s, **kwargs)
-        if result.kind == ErrorKind.STATE_LOST:
-            raise StateLost(result)
-        return result
-
-    def restart(self) -> None:
-        """Accept the loss of state: continue in the fresh namespace of the current epoch."""
-        self.epoch = self._kernel_epoch
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        if self.farm.registry.worker_alive(self.worker, self.generation):
-            pending = self.farm.app.send_task(TASK_CLOSE, args=[self.id], queue=self.queue)
-            with contextlib.suppress(SessionLost, FarmBusy):
-                self.farm._wait(
-                    pending, time.monotonic() + 30, worker=(self.worker, self.generation)
-                )
 
 
 class AsyncFarm:

@@ -24,7 +24,7 @@ from farm.events import Event, ExecEnd, ExecStart
 from farm.models import ErrorKind, ExecResult, ReplayedCell, RestoreReport
 
 if TYPE_CHECKING:
-    from farm.client import Session
+    from farm.session import Session
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from farm.events import Event, ExecEnd, ExecStart, closing_events, parse_event
 from farm.models import ExecResult
 
 if TYPE_CHECKING:
-    from farm.client import Session
+    from farm.session import Session
 
 BLOCK_MS = 250
 

@@ -120,6 +120,9 @@ def test_any_process_replays_a_sessions_journal(farm: Farm) -> None:
         other.close()
     assert [type(e) for e in replayed][:2] == [ExecStart, ExecEnd]  # the first cell: x = 20
     assert replayed[2:] == live  # the same events, in the same order
+    import farm as farm_package
+
+    assert farm_package.replay(session_id, farm.settings.broker_url) == replayed
 
 
 def test_a_timeout_and_a_loss_end_the_stream_like_run(farm: Farm) -> None:

@@ -251,8 +251,10 @@ def ui(
     port: int = typer.Option(8765, help="port (0: any free port)"),
 ) -> None:
     """Serve the live transcript page: workers, sessions, a session's transcript as it runs."""
-    from farm.ui import serve
-
+    try:
+        from farm.ui import serve
+    except ImportError as exc:
+        _fail(f"farm ui needs starlette and uvicorn ({exc}): pip install 'farm[ui]'")
     with _farm() as farm:
         serve(farm, host=host, port=port)
 

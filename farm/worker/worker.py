@@ -274,25 +274,31 @@ class Worker:
             return self._recorded(exec_id, claim, request)
         t0 = time.perf_counter()
         recorder = ExecRecorder(self.journal, request, self.id)
-        result = self._execute_claimed(request, recorder)
+        result, held = self._execute_claimed(request, recorder)
         recorder.finish(result)  # the record is complete before anyone sees the result
-        self.registry.finish_exec(exec_id, result)
+        refresh = None
+        if held is not None:  # the kernel ran it: the session lives on, at this epoch
+            fields = self._session_fields(held.epoch)
+            refresh = (request["session_id"], fields, self.settings.idle_timeout_s)
+        self.registry.finish_exec(exec_id, result, session=refresh)
         metrics.observe_exec(
             result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0
         )
         return result
 
-    def _execute_claimed(self, request: dict[str, Any], recorder: ExecRecorder) -> dict[str, Any]:
+    def _execute_claimed(
+        self, request: dict[str, Any], recorder: ExecRecorder
+    ) -> tuple[dict[str, Any], HeldSession | None]:
+        """The result, and the session when its kernel ran the call (else ``None``)."""
         session_id = request["session_id"]
         held = self.sessions.get(session_id)
         if held is None:
-            return self._lost(
-                request, f"worker {self.id} holds no session {session_id} (closed or expired)"
-            )
+            why = f"worker {self.id} holds no session {session_id} (closed or expired)"
+            return self._lost(request, why), None
         if held.lost is not None:
-            return self._lost(request, held.lost)
+            return self._lost(request, held.lost), None
         if held.sandbox_generation != self.keeper.generation:
-            return self._lost(request, "its sandbox was replaced")
+            return self._lost(request, "its sandbox was replaced"), None
         held.last_used = time.monotonic()
         try:
             raw = self._kernel().execute(
@@ -306,17 +312,14 @@ class Worker:
                 on_event=recorder.on_kernel_event,
             )
         except KernelRequestError as exc:
-            return self._lost(request, f"the sandbox no longer has it ({exc.code})")
+            return self._lost(request, f"the sandbox no longer has it ({exc.code})"), None
         except KernelError as exc:
             self._drop_kernel()
             held.lost = f"its sandbox failed during a call ({exc})"
-            return self._lost(request, held.lost)
+            return self._lost(request, held.lost), None
         held.epoch = raw["epoch"]
         held.last_used = time.monotonic()
-        self.registry.put_session(
-            session_id, self._session_fields(held.epoch), self.settings.idle_timeout_s
-        )
-        return {**raw, "worker": self.id}
+        return {**raw, "worker": self.id}, held
 
     def run_once(self, request: dict[str, Any]) -> dict[str, Any]:
         """A one-shot run: a fresh session for this code alone, closed afterwards."""

@@ -25,6 +25,7 @@ import base64
 import contextlib
 import importlib.util
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -211,6 +212,8 @@ class Browser:
         if self._browser is None:
             from playwright.sync_api import sync_playwright
 
+            _ignore_sigpipe()
+
             self._playwright = sync_playwright().start()
             self._browser = self._playwright.chromium.launch(
                 executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True, timeout=30_000
@@ -314,6 +317,17 @@ class Browser:
             if line or (out and out[-1]):
                 out.append(line)
         return "\n".join(out).strip()
+
+
+def _ignore_sigpipe() -> None:
+    """A write to a dead driver's pipe must fail with EPIPE, not kill the session.
+
+    Session processes give user code the default SIGPIPE (terminate); Python itself ignores
+    it, and so does a session from its first browser start on (the driver's pipe may break at
+    any write, even after the browser is forgotten).
+    """
+    with contextlib.suppress(ValueError):  # not the main thread: cannot change it, keep going
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
 
 
 class BrowserActionError(RuntimeError):

@@ -2,8 +2,10 @@
 
 Keys (all under ``farm:``):
 - ``journal:<session>``  Redis stream of every event of the session's runs, in order; bounded
-                         (``journal_max_events``, trimmed oldest first) and expiring
-                         ``journal_ttl_s`` after its last event, so any process can replay it
+                         (``journal_max_events``, trimmed oldest first; a run adds at most
+                         ``journal_exec_max_bytes``, past which its outputs keep only their
+                         text) and expiring ``journal_ttl_s`` after its last event, so any
+                         process can replay it
 - ``events:<exec>``      Redis stream of one run's events, written only when the caller
                          streams it; bounded and expiring (``event_stream_ttl_s``)
 - ``journals``           sorted set of session ids by last event time (newest kept), so a UI
@@ -45,21 +47,24 @@ class Journal:
         self.ttl_ms = int(settings.journal_ttl_s * 1000)
         self.exec_max = settings.event_stream_max_events
         self.exec_ttl_ms = int(settings.event_stream_ttl_s * 1000)
+        self.exec_max_bytes = settings.journal_exec_max_bytes
 
     # --- writing (workers) ----------------------------------------------------------------
 
-    def append(self, events: list[Event], *, live: bool) -> None:
-        """Add a run's events to its session's journal and, when ``live``, to its stream."""
-        if not events:
+    def append(self, journaled: list[Event], live: list[Event] | None = None) -> None:
+        """Add a run's events to its session's journal and, when the caller streams it, the
+        ``live`` ones (the same events, outputs in full) to the run's own stream."""
+        if not journaled:
             return
-        session_id, exec_id = events[0].session_id, events[0].exec_id
+        session_id, exec_id = journaled[0].session_id, journaled[0].exec_id
         journal, stream = journal_key(session_id), exec_key(exec_id)
         with self.redis.pipeline(transaction=False) as pipe:
-            for event in events:
+            for event in journaled:
                 entry: dict[Any, Any] = {"e": event.model_dump_json()}
                 pipe.xadd(journal, entry, maxlen=self.max_events, approximate=True)
-                if live:
-                    pipe.xadd(stream, entry, maxlen=self.exec_max, approximate=True)
+            for event in live or []:
+                entry = {"e": event.model_dump_json()}
+                pipe.xadd(stream, entry, maxlen=self.exec_max, approximate=True)
             pipe.pexpire(journal, self.ttl_ms)
             if live:
                 pipe.pexpire(stream, self.exec_ttl_ms)

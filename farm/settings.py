@@ -72,6 +72,11 @@ class FarmSettings(BaseSettings):
     journal_ttl_s: float = Field(
         7 * 24 * 3600.0, gt=0, description="a session's journal expires this long after its end"
     )
+    journal_exec_max_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        description="bytes one run may add to its journal; past it outputs keep only their text",
+    )
     event_stream_max_events: int = Field(10000, ge=10, description="events one streamed run keeps")
     event_stream_ttl_s: float = Field(600.0, gt=0, description="a streamed run's events expire")
 

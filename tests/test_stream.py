@@ -242,3 +242,22 @@ def test_a_sweep_can_carry_each_items_journal(farm: Farm, tmp_path: Path) -> Non
     plain = tmp_path / "plain.jsonl"
     Sweep(farm, concurrency=2).run(plan_sweep(source, plain), plain)
     assert all("journal" not in json.loads(line) for line in plain.read_text().splitlines())
+
+
+def test_outputs_past_a_runs_journal_budget_keep_only_their_text(farm: Farm) -> None:
+    code = (
+        "class Big:\n"
+        "    def _repr_html_(self):\n"
+        "        return '<p>' + 'x' * 2_000_000 + '</p>'\n"
+        "    def __repr__(self):\n"
+        "        return '<Big>'\n"
+        "for _ in range(3):\n"
+        "    display(Big())"
+    )
+    with farm.session() as s:
+        live = [e for e in s.stream(code) if isinstance(e, Display)]
+        journaled = [e for e in farm.replay(s.id) if isinstance(e, Display)]
+    assert len(live) == len(journaled) == 3
+    assert all("text/html" in e.value.data for e in live)  # the live stream gets them whole
+    assert "text/html" in journaled[0].value.data
+    assert journaled[-1].value.data == {"text/plain": "<Big>"}  # 4 MB per run by default

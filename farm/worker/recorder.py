@@ -18,7 +18,7 @@ import logging
 import time
 from typing import Any
 
-from farm.events import Display, Event, ExecStart, Stream, closing_events
+from farm.events import Display, Event, ExecStart, Result, Stream, clip, closing_events
 from farm.journal import Journal
 from farm.models import Value
 
@@ -34,6 +34,7 @@ class ExecRecorder:
         self.seq = 0
         self.started = False  # the kernel said the code started
         self.held: list[Event] = []  # ExecStart, until something else is published
+        self.budget = journal.exec_max_bytes
 
     def _common(self) -> dict[str, Any]:
         fields = {
@@ -54,12 +55,26 @@ class ExecRecorder:
             replay_of=self.request.get("replay_of"),
         )
 
+    def _slim(self, event: Event) -> Event:
+        """The event as the journal keeps it: whole while the run's byte budget lasts, then
+        outputs as bounded text (the live stream still gets them whole)."""
+        size = len(event.model_dump_json())
+        if size <= self.budget or not isinstance(event, Display | Result | Stream):
+            self.budget -= size
+            return event
+        if isinstance(event, Stream):
+            cut = f"[... {len(event.text)} characters not journaled: the run's budget is spent]\n"
+            return event.model_copy(update={"text": cut})
+        text = clip(event.value.text, 2000)
+        return event.model_copy(update={"value": Value(text=text, data={"text/plain": text})})
+
     def _publish(self, events: list[Event]) -> None:
         events, self.held = self.held + events, []
         if not events:
             return
         try:
-            self.journal.append(events, live=self.live)
+            journaled = [self._slim(event) for event in events]
+            self.journal.append(journaled, events if self.live else None)
         except Exception as exc:  # noqa: BLE001 - the record must never fail the run
             log.warning(
                 "exec %s of session %s on worker %s: events not published: %s",

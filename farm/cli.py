@@ -248,7 +248,7 @@ def replay(
 @app.command()
 def ui(
     host: str = typer.Option("127.0.0.1", help="address to listen on"),
-    port: int = typer.Option(8765, help="port (0: any free port)"),
+    port: int = typer.Option(8765, help="port"),
 ) -> None:
     """Serve the live transcript page: workers, sessions, a session's transcript as it runs."""
     try:
@@ -256,6 +256,7 @@ def ui(
     except ImportError as exc:
         _fail(f"farm ui needs starlette and uvicorn ({exc}): pip install 'farm[ui]'")
     with _farm() as farm:
+        console.print(f"farm ui: http://{host}:{port}/ (Ctrl-C stops it)")
         serve(farm, host=host, port=port)
 
 

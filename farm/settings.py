@@ -70,10 +70,10 @@ class FarmSettings(BaseSettings):
         10000, ge=10, description="events a session's journal keeps (oldest trimmed first)"
     )
     journal_ttl_s: float = Field(
-        7 * 24 * 3600.0, gt=0, description="a session's journal expires this long after its end"
+        24 * 3600.0, gt=0, description="a session's journal expires this long after its end"
     )
     journal_exec_max_bytes: int = Field(
-        4 * 1024 * 1024,
+        2 * 1024 * 1024,
         ge=64 * 1024,
         description="bytes one run may add to its journal; past it outputs keep only their text",
     )

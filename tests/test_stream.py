@@ -260,4 +260,4 @@ def test_outputs_past_a_runs_journal_budget_keep_only_their_text(farm: Farm) -> 
     assert len(live) == len(journaled) == 3
     assert all("text/html" in e.value.data for e in live)  # the live stream gets them whole
     assert "text/html" in journaled[0].value.data
-    assert journaled[-1].value.data == {"text/plain": "<Big>"}  # 4 MB per run by default
+    assert journaled[-1].value.data == {"text/plain": "<Big>"}  # 2 MB per run by default

@@ -37,6 +37,7 @@ class Site(http.server.BaseHTTPRequestHandler):
                 "<h1>Welcome</h1><form action='/greet'><label for='name'>Name</label>"
                 "<input id='name' name='name'><button id='go' type='submit'>Greet</button>"
                 "</form><p><a id='about' href='/about'>About us</a></p>"
+                "<p><a id='popup' href='/about' target='_blank'>In a new tab</a></p>"
                 + "<p>filler</p>" * 300 + "<p id='bottom'>Bottom</p>"
             )
         elif url.path == "/about":
@@ -145,6 +146,13 @@ def test_navigate_fill_click_and_read_the_result(web: Session) -> None:
     obs = observe(web, "browser.back()")
     assert obs["title"] == "Home"
     obs = observe(web, "browser.click('text=About us')")
+    assert (obs["title"], obs["error"]) == ("About", None)
+    assert "We run code." in obs["content"]
+
+
+def test_a_link_that_opens_a_new_tab_is_followed_there(web: Session) -> None:
+    observe(web, "browser.goto(home)")
+    obs = observe(web, "browser.click('#popup')")
     assert (obs["title"], obs["error"]) == ("About", None)
     assert "We run code." in obs["content"]
 

@@ -57,6 +57,19 @@ AX_TREE_CHARS = 20_000
 # Decided once, when the zygote imports the kernel, without importing Playwright.
 AVAILABLE = importlib.util.find_spec("playwright") is not None and os.path.exists(CHROMIUM)
 
+# One page per session: links and forms with a target, and window.open, navigate the page
+# itself instead of opening a tab the observations would never show.
+SINGLE_TAB_JS = """
+document.addEventListener("click", (e) => {
+  const a = e.target && e.target.closest ? e.target.closest("a[target]") : null;
+  if (a) a.removeAttribute("target");
+}, true);
+document.addEventListener("submit", (e) => {
+  if (e.target && e.target.removeAttribute) e.target.removeAttribute("target");
+}, true);
+window.open = (url) => { if (url) window.location.href = url; return window; };
+"""
+
 # The page's text without scripts and styles, for markdownify.
 BODY_HTML_JS = """() => {
   const body = document.body ? document.body.cloneNode(true) : null;
@@ -107,7 +120,10 @@ class Observation(dict[str, Any]):
 
 
 class Browser:
-    """One Chromium page per session, started on first use (see the module docstring)."""
+    """One Chromium page per session, started on first use (see the module docstring).
+
+    Links and forms that would open a new tab (``target``, ``window.open``) open in that one
+    page, so every observation shows where an action led."""
 
     def __init__(self, workspace: Workspace, allow_hosts: frozenset[str] | None = None) -> None:
         self.workspace = workspace
@@ -117,7 +133,6 @@ class Browser:
         self._playwright: Any = None
         self._browser: Any = None
         self._page: Any = None
-        self._cdp: Any = None
 
     # --- actions ------------------------------------------------------------------------
 
@@ -170,7 +185,7 @@ class Browser:
     def close(self) -> None:
         """Stop Chromium and the driver now (the session's end does it anyway)."""
         playwright, self._playwright = self._playwright, None
-        browser, self._browser, self._page, self._cdp = self._browser, None, None, None
+        browser, self._browser, self._page = self._browser, None, None
         for stop in (browser.close if browser else None, playwright.stop if playwright else None):
             if stop is not None:
                 with contextlib.suppress(Exception):  # already gone: nothing left to stop
@@ -220,9 +235,8 @@ class Browser:
             )
         context = self._browser.new_context(viewport=VIEWPORT, service_workers="block")
         context.route("**/*", self._filter)
+        context.add_init_script(SINGLE_TAB_JS)
         self._page = context.new_page()
-        self._page.set_default_timeout(self.action_timeout_s * 1000)
-        self._cdp = context.new_cdp_session(self._page)
         return self._page
 
     def _allowed(self, url: str) -> bool:
@@ -270,7 +284,7 @@ class Browser:
     def _stop_loading(self) -> None:
         """Stop a navigation that timed out, so the page can be observed as it is."""
         with contextlib.suppress(Exception):  # the page is gone; the observation says so
-            self._cdp.send("Page.stopLoading")
+            self._page.context.new_cdp_session(self._page).send("Page.stopLoading")
 
     def _observe(self, error: str | None) -> Observation:
         obs = Observation(url="", title="", content="", screenshot={}, ax_tree="", error=error)

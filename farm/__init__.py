@@ -16,7 +16,7 @@ _LAZY = {
     "AsyncFarm": "farm.client",
     "AsyncSession": "farm.client",
     "ExecResult": "farm.models",
-    "replay": "farm.streams",
+    "replay": "farm.client",
 }
 
 

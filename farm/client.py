@@ -32,7 +32,7 @@ from farm.registry import Registry
 from farm.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
 from farm.settings import FarmSettings
 
-__all__ = ["AsyncFarm", "AsyncSession", "Farm", "Session", "exec_request"]
+__all__ = ["AsyncFarm", "AsyncSession", "Farm", "Session", "exec_request", "replay"]
 
 DEFAULT_TIMEOUT_S = 30.0
 WAIT_SLICE_S = 0.5
@@ -304,6 +304,13 @@ class Farm:
         if time.monotonic() > deadline:
             pending.forget()
             raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
+
+
+def replay(session_id: str, broker_url: str | None = None) -> list[Event]:
+    """``farm.replay(session_id)``: a session's journal, read through a farm of its own
+    (``broker_url``, else the one ``Farm.default()`` finds); ``Farm.replay`` reuses yours."""
+    with Farm.connect(broker_url) if broker_url else Farm.default() as farm:
+        return list(farm.replay(session_id))
 
 
 class AsyncFarm:

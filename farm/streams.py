@@ -97,15 +97,6 @@ class EventStream:
         )
 
 
-def replay(session_id: str, broker_url: str | None = None) -> list[Event]:
-    """``farm.replay(session_id)``: a session's journal, read through a farm of its own
-    (``broker_url``, else the one ``Farm.default()`` finds); ``Farm.replay`` reuses yours."""
-    from farm.client import Farm
-
-    with Farm.connect(broker_url) if broker_url else Farm.default() as farm:
-        return list(farm.replay(session_id))
-
-
 # --- portable MIME stream ---------------------------------------------------------------------
 
 

@@ -303,3 +303,31 @@ def test_a_directory_served_by_python_m_http_server(web: Session) -> None:
         assert "from http.server" in obs["content"]
     finally:
         web.run("import os, signal\nos.kill(pid, signal.SIGTERM)").raise_for_error()
+
+
+def test_the_egress_allowlist_is_an_opt_in_image_that_keeps_the_network_policy(
+    docker_env: Any, tmp_path_factory: Any, web: Session
+) -> None:
+    """``--allow-host`` builds farm-sandbox:browser-egress; its browser asks for the host, and
+    the sandbox's --network none still answers: no route."""
+    from farm.settings import FarmSettings
+    from tests.conftest import Cells, make_docker_sandbox
+
+    assert web.run("browser.allow_hosts").value.text == "frozenset()"  # type: ignore[union-attr]
+    image = ensure_variant_image("browser", docker_env, allow_hosts=["Example.com"])
+    assert image.tag == "farm-sandbox:browser-egress"
+    limits = FarmSettings(image="browser").limits
+    with (
+        make_docker_sandbox(docker_env, tmp_path_factory, image=image.tag, limits=limits) as box,
+        box.kernel() as client,
+    ):
+        cells = Cells(client)
+        assert cells.value("browser.allow_hosts") == "frozenset({'example.com'})"
+        result = cells.run("browser.goto('http://example.com/')['error']", timeout_s=60)
+        assert result.value is not None
+        error = result.value.text
+        assert "not an allowed host" not in error and "ERR_BLOCKED_BY_CLIENT" not in error
+        assert "ERR_NAME_NOT_RESOLVED" in error or "ERR_INTERNET_DISCONNECTED" in error, error
+        assert "not an allowed host" in str(
+            cells.value("browser.goto('http://other.org/')['error']")
+        )

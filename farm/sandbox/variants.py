@@ -58,6 +58,7 @@ CONTEXT_DIR = Path("build/sandbox-context")
 LOCK_TIMEOUT_S = BUILD_TOTAL_TIMEOUT_S + BASE_BUILD_TIMEOUT_S
 LABEL_VARIANT = "farm.variant"
 LABEL_VARIANT_HASH = "farm.variant_hash"
+LABEL_ALLOW_HOSTS = "farm.browser_allow_hosts"
 
 
 @dataclass(frozen=True)
@@ -144,11 +145,23 @@ def ensure_variant_image(
     *,
     force: bool = False,
     repo_root: Path | None = None,
+    allow_hosts: Sequence[str] = (),
 ) -> SandboxImage:
-    """Make ``farm-sandbox:NAME`` current for the variant ``name``, building only if needed."""
+    """Make ``farm-sandbox:NAME`` current for the variant ``name``, building only if needed.
+
+    ``allow_hosts`` (browser only) builds the egress extension point instead:
+    ``farm-sandbox:browser-egress``, whose browser may request those hosts too. It never
+    replaces ``farm-sandbox:browser``, which stays loopback-only; workers opt in with
+    ``FARM_IMAGE=browser FARM_SANDBOX_IMAGE=farm-sandbox:browser-egress`` and a
+    ``FARM_SANDBOX_NETWORK`` whose only way out enforces the same list (README, "Browser").
+    """
     if name not in VARIANTS:
         raise ImageBuildError(f"unknown sandbox variant {name!r}; known: {sorted(VARIANTS)}")
     variant = VARIANTS[name]
+    if allow_hosts and name != "browser":
+        raise ImageBuildError("only the browser variant has an egress allowlist")
+    hosts = " ".join(sorted({h.strip().lower() for h in allow_hosts if h.strip()}))
+    tag = f"{variant.tag}-egress" if hosts else variant.tag
     root = (repo_root or default_repo_root()).resolve()
     client = client if client is not None else connect()
 
@@ -160,15 +173,23 @@ def ensure_variant_image(
     lock_path = root / CONTEXT_DIR / f"{variant.name}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("w") as lock:
-        _wait_for_lock(lock.fileno(), variant.tag)
+        _wait_for_lock(lock.fileno(), tag)
         return ensure_sandbox_image(
             client,
-            tag=variant.tag,
+            tag=tag,
             force=force,
             repo_root=root,
             dockerfile=VARIANT_DOCKERFILE,
-            buildargs={"VARIANT": variant.name, "APT_PACKAGES": " ".join(variant.apt)},
-            labels={LABEL_VARIANT: variant.name, LABEL_VARIANT_HASH: variant.spec_hash(root)},
+            buildargs={
+                "VARIANT": variant.name,
+                "APT_PACKAGES": " ".join(variant.apt),
+                "BROWSER_ALLOW_HOSTS": hosts,
+            },
+            labels={
+                LABEL_VARIANT: variant.name,
+                LABEL_VARIANT_HASH: variant.spec_hash(root),
+                LABEL_ALLOW_HOSTS: hosts,
+            },
             prepare=prepare,
         )
 
@@ -193,6 +214,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("names", nargs="+", choices=sorted(VARIANTS), metavar="NAME")
     parser.add_argument("--force", action="store_true", help="rebuild without the layer cache")
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="browser only: build farm-sandbox:browser-egress, whose browser may request HOST "
+        "(repeatable; the sandbox network must let it out, see the README)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show build output")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -202,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in args.names:
         started = time.monotonic()
         try:
-            image = ensure_variant_image(name, force=args.force)
+            image = ensure_variant_image(name, force=args.force, allow_hosts=args.allow_host)
         except DockerUnavailableError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

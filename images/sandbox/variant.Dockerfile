@@ -14,10 +14,6 @@ FROM ${BASE}
 ARG VARIANT
 # Space-separated Debian packages (e.g. "chromium fonts-dejavu-core"); empty: none.
 ARG APT_PACKAGES=""
-# Browser egress allowlist (hosts, space separated), written to /etc/farm/browser-allow-hosts.
-# Empty by default: the browser requests only loopback and file:// URLs. It does not open the
-# sandbox's network (FARM_SANDBOX_NETWORK does): see the README, "Browser".
-ARG BROWSER_ALLOW_HOSTS=""
 
 LABEL farm.managed="1" farm.image="sandbox"
 
@@ -25,8 +21,7 @@ RUN groupadd --gid 10001 farm \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/farm \
         --shell /usr/sbin/nologin farm \
     && mkdir -p /workspace /run/farm /etc/farm \
-    && chown 10001:10001 /workspace /run/farm \
-    && printf '%s\n' $BROWSER_ALLOW_HOSTS > /etc/farm/browser-allow-hosts
+    && chown 10001:10001 /workspace /run/farm
 
 RUN if [ -n "$APT_PACKAGES" ]; then \
         set -e; \
@@ -43,6 +38,13 @@ RUN set -e; \
         --disable-pip-version-check --root-user-action=ignore --no-warn-script-location \
         $(ls /tmp/wheels/*.whl | grep -v '/pip-'); \
     rm -rf /tmp/wheels
+
+# Browser egress allowlist (hosts, space separated), written to /etc/farm/browser-allow-hosts.
+# Empty by default: the browser requests only loopback and workspace files. It does not open
+# the sandbox's network (FARM_SANDBOX_NETWORK does): see the README, "Browser". Declared here,
+# after the heavy layers, so an allowlisted image shares them.
+ARG BROWSER_ALLOW_HOSTS=""
+RUN printf '%s\n' $BROWSER_ALLOW_HOSTS > /etc/farm/browser-allow-hosts
 
 # Only the kernel: an empty farm/__init__.py stands in for the real one, which must not be here.
 COPY farm/kernel/ /opt/farm/farm/kernel/

@@ -4,6 +4,7 @@ none``) through a local farm, browsing a small site served from inside the sandb
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -113,6 +114,15 @@ def web(browser_farm: Farm) -> Iterator[Session]:
     with browser_farm.session(image="browser") as session:
         session.run(SITE).raise_for_error()
         yield session
+
+
+@contextlib.contextmanager
+def _removed_after(docker_env: Any, tag: str) -> Iterator[None]:
+    """A test-only image: removed after the test (its layers are the browser image's)."""
+    try:
+        yield
+    finally:
+        docker_env.images.remove(tag)
 
 
 def observe(session: Session, code: str, timeout_s: float = 60) -> dict[str, Any]:
@@ -318,6 +328,7 @@ def test_the_egress_allowlist_is_an_opt_in_image_that_keeps_the_network_policy(
     assert image.tag == "farm-sandbox:browser-egress"
     limits = FarmSettings(image="browser").limits
     with (
+        _removed_after(docker_env, image.tag),
         make_docker_sandbox(docker_env, tmp_path_factory, image=image.tag, limits=limits) as box,
         box.kernel() as client,
     ):

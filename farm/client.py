@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 
+from farm.callbacks import Callbacks
 from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app, shared_queue
 from farm.errors import (
     BrokerLost,
@@ -141,11 +142,19 @@ class Farm:
         open_wait_s: float | None = None,
         tools: bool = True,
         on_state_lost: OnStateLost = "raise",
+        callbacks: Mapping[str, Callable[..., Any]] | None = None,
+        max_depth: int = 2,
+        max_calls: int = 32,
+        callback_timeout_s: float = 60.0,
     ) -> Session:
         """Open a session on a worker of ``image``; waits up to ``open_wait_s`` for room.
 
         ``on_state_lost="replay"`` opts in to restoring lost state by re-running the journal's
-        successful cells (see ``Session``); the default raises ``StateLost``."""
+        successful cells (see ``Session``); the default raises ``StateLost``. ``callbacks``
+        are functions of this process the session's code may call by name, within
+        ``max_depth`` nested sessions, ``max_calls`` calls per run and ``callback_timeout_s``
+        per call (``farm.callbacks``)."""
+        hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
         self._require_image(image)
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
         backoff = 0.05
@@ -169,6 +178,7 @@ class Farm:
                     reply["epoch"],
                     timeout_s,
                     on_state_lost,
+                    hooks,
                 )
             if time.monotonic() + backoff > deadline:
                 raise FarmBusy(
@@ -183,8 +193,18 @@ class Farm:
         within ``journal_ttl_s``): the same types ``Session.stream`` yields."""
         return self.journal.events(session_id)
 
-    def attach(self, session_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
-        """Continue a session opened elsewhere (another process), as it is now."""
+    def attach(
+        self,
+        session_id: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        callbacks: Mapping[str, Callable[..., Any]] | None = None,
+        max_depth: int = 2,
+        max_calls: int = 32,
+        callback_timeout_s: float = 60.0,
+    ) -> Session:
+        """Continue a session opened elsewhere (another process), as it is now; its code
+        may call this process's ``callbacks`` (see ``session``)."""
         entry = self.registry.session(session_id)
         if entry is None:
             raise SessionLost(session_id, None, "no such session (closed, expired or lost)")
@@ -196,6 +216,7 @@ class Farm:
             str(entry["queue"]),
             int(entry["epoch"]),
             timeout_s,
+            callbacks=_callbacks(callbacks, max_depth, max_calls, callback_timeout_s),
         )
 
     def run(
@@ -304,6 +325,17 @@ class Farm:
         if time.monotonic() > deadline:
             pending.forget()
             raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
+
+
+def _callbacks(
+    functions: Mapping[str, Callable[..., Any]] | None,
+    max_depth: int,
+    max_calls: int,
+    timeout_s: float,
+) -> Callbacks | None:
+    if not functions:
+        return None
+    return Callbacks(functions, max_depth=max_depth, max_calls=max_calls, timeout_s=timeout_s)
 
 
 def replay(session_id: str, broker_url: str | None = None) -> list[Event]:

@@ -1,7 +1,8 @@
 """The events of a run, as they happen: the live stream, the session journal and replay.
 
-One run is ``ExecStart``, then any number of ``Stream`` (stdout/stderr chunks) and ``Display``
-(``display(obj)`` in the sandbox) in the order they happened, then ``Result`` or ``Error`` when
+One run is ``ExecStart``, then any number of ``Stream`` (stdout/stderr chunks), ``Display``
+(``display(obj)`` in the sandbox) and ``HostCall`` (a host callback such as ``llm_query``) in
+the order they happened, then ``Result`` or ``Error`` when
 there is one, then ``ExecEnd``. The same models come out of ``Session.stream``, out of
 ``Farm.replay`` and off the wire (a sibling of ``farm.models``, which would pass its size
 budget with them).
@@ -133,6 +134,24 @@ class Error(_Event):
         )
 
 
+class HostCall(_Event):
+    """Sandboxed code called a host callback (``llm_query(...)``); the client answers it."""
+
+    type: Literal["host_call"] = "host_call"
+    call_id: int
+    name: str
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    batch: bool = False
+
+    def _repr_markdown_(self) -> str:
+        shown = ", ".join(
+            [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        )
+        name = f"{self.name}_batched" if self.batch else self.name
+        return f"↪ host call `{clip(f'{name}({shown})', 2000)}`"
+
+
 class ExecEnd(_Event):
     type: Literal["exec_end"] = "exec_end"
     status: Literal["ok", "error"]
@@ -191,10 +210,11 @@ def closing_events(
 
 
 Event = Annotated[
-    ExecStart | Stream | Display | Result | Error | ExecEnd, Field(discriminator="type")
+    ExecStart | Stream | Display | HostCall | Result | Error | ExecEnd,
+    Field(discriminator="type"),
 ]
 EVENT = TypeAdapter(Event)
-EVENT_TYPES = (ExecStart, Stream, Display, Result, Error, ExecEnd)
+EVENT_TYPES = (ExecStart, Stream, Display, HostCall, Result, Error, ExecEnd)
 
 
 def parse_event(raw: str | bytes | dict[str, Any]) -> Event:

@@ -24,6 +24,7 @@ from typing import Any
 import redis
 
 from farm.events import Event, parse_event
+from farm.models import CallAnswer
 from farm.settings import FarmSettings
 
 PREFIX = "farm:"
@@ -38,6 +39,14 @@ def journal_key(session_id: str) -> str:
 
 def exec_key(exec_id: str) -> str:
     return f"{PREFIX}events:{exec_id}"
+
+
+ANSWER_TTL_S = 120  # an answer nobody took (its cell ended first) does not linger
+
+
+def answer_key(exec_id: str, call_id: int) -> str:
+    """The list where the client pushes its answer to one host call of a run."""
+    return f"{PREFIX}answer:{exec_id}:{call_id}"
 
 
 class Journal:
@@ -78,6 +87,14 @@ class Journal:
         """Events of a streamed run after stream id ``after``, waiting up to ``block_ms``."""
         reply = self.redis.xread({exec_key(exec_id): after}, count=PAGE, block=block_ms)
         return _entries(reply, after)
+
+    def push_answer(self, exec_id: str, call_id: int, answer: CallAnswer) -> None:
+        """The client's answer to a host call; the worker waits on this list for it."""
+        key = answer_key(exec_id, call_id)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(key, answer.model_dump_json())
+            pipe.expire(key, ANSWER_TTL_S)
+            pipe.execute()
 
     def drop_exec(self, exec_id: str) -> None:
         self.redis.delete(exec_key(exec_id))

@@ -43,6 +43,29 @@ class ExecError(_Model):
     kind: ErrorKind
 
 
+class SubCall(_Model):
+    """One host callback a run made (``llm_query(...)`` in the sandbox, ``fn`` in the client)."""
+
+    name: str
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    batch: bool = Field(False, description="a <name>_batched call: args[0] is the list of inputs")
+    ok: bool
+    response: Any = Field(None, description="what the callback returned (a list when batched)")
+    error: str | None = None
+    duration_s: float = 0.0
+    depth: int = Field(0, description="1 for a call from a top-level session, 2 from a child...")
+
+
+class CallAnswer(_Model):
+    """The client's answer to a host call, as it travels back to the worker."""
+
+    ok: bool
+    value: Any = None
+    error: dict[str, str] | None = Field(None, description="{'ename': ..., 'evalue': ...}")
+    depth: int = 0
+
+
 class ExecResult(_Model):
     """Everything about one run. ``epoch`` is the session's epoch *after* the call."""
 
@@ -61,6 +84,7 @@ class ExecResult(_Model):
     max_rss_kb: int = 0
     state_lost: bool = False
     worker: str | None = None
+    sub_calls: list[SubCall] = Field(default_factory=list, description="host callbacks made")
 
     @property
     def ok(self) -> bool:

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from farm.callbacks import Callbacks
 from farm.celeryconf import TASK_CLOSE, TASK_EXEC
 from farm.errors import FarmBusy, SessionLost, StateLost
 from farm.files import SessionFiles
@@ -65,6 +66,7 @@ class Session:
         epoch: int,
         timeout_s: float,
         on_state_lost: OnStateLost = "raise",
+        callbacks: Callbacks | None = None,
     ) -> None:
         self.farm = farm
         self.id = session_id
@@ -78,6 +80,7 @@ class Session:
         self.files = SessionFiles(self)
         self.on_state_lost = on_state_lost
         self.restores: list[RestoreReport] = []  # what each replay restore re-ran
+        self.callbacks = callbacks  # host callbacks its code may call (``farm.callbacks``)
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"
@@ -101,6 +104,12 @@ class Session:
     def run(
         self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
     ) -> ExecResult:
+        if self.callbacks is not None:  # its calls arrive as events: read them to answer
+            stream = self.stream(code, timeout_s, max_output_bytes=max_output_bytes)
+            for _ in stream:
+                pass
+            assert stream.result is not None
+            return stream.result
         call = self._send(code, timeout_s, max_output_bytes=max_output_bytes)
         return self._settle(self._collect(call), code, timeout_s, max_output_bytes=max_output_bytes)
 
@@ -124,6 +133,8 @@ class Session:
         timeout = timeout_s or self.timeout_s
         request = exec_request(code, timeout, max_output_bytes)
         request.update(session_id=self.id, epoch=self.epoch, generation=self.generation, **extra)
+        if self.callbacks is not None:
+            request["calls"] = self.callbacks.names
         pending = self.farm.app.send_task(TASK_EXEC, args=[request], queue=self.queue)
         watch = {"worker": (self.worker, self.generation), "mark": mark}
         return _Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from farm.events import Event, ExecEnd, ExecStart, closing_events, parse_event
-from farm.models import ExecResult
+from farm.events import Event, ExecEnd, ExecStart, HostCall, closing_events, parse_event
+from farm.models import CallAnswer, ExecResult
 
 if TYPE_CHECKING:
     from farm.session import Session
@@ -53,7 +53,7 @@ class EventStream:
         session, farm = self.session, self.session.farm
         call = session._send(self.code, self.timeout_s, stream=True, **self.kwargs)
         exec_id = call.request["exec_id"]
-        seen_start, seen_end, done, seq, after = False, False, False, 0, "0"
+        seen_start, seen_end, done, seq, after, calls = False, False, False, 0, "0", 0
         try:
             while not (seen_end or done):
                 after, events = farm.journal.read_exec(exec_id, after, BLOCK_MS)
@@ -64,6 +64,9 @@ class EventStream:
                     seen_start |= isinstance(event, ExecStart)
                     seen_end |= isinstance(event, ExecEnd)
                     seq = event.seq + 1
+                    if isinstance(event, HostCall):  # the cell waits: answer before yielding
+                        farm.journal.push_answer(exec_id, event.call_id, self._answer(event, calls))
+                        calls += len(event.args[0]) if event.batch and event.args else 1
                     yield event
                 if not (seen_end or done):
                     farm._check_waiting(call.pending, call.deadline, **call.watch)
@@ -73,6 +76,14 @@ class EventStream:
         if not seen_end:
             yield from self._rebuilt(result, seen_start, seq)
         self.result = session._settle(result, self.code, self.timeout_s, **self.kwargs)
+
+    def _answer(self, event: HostCall, made: int) -> CallAnswer:
+        callbacks = self.session.callbacks
+        if callbacks is None:
+            return CallAnswer(
+                ok=False, error={"ename": "CallbackError", "evalue": "no callbacks registered"}
+            )
+        return callbacks.answer(event, made)
 
     def _rebuilt(self, result: ExecResult, seen_start: bool, seq: int) -> Iterator[Event]:
         """The events the worker could not publish, from the result (a Redis hiccup)."""

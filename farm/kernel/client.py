@@ -157,10 +157,11 @@ class KernelClient:
         self,
         message: dict[str, Any],
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        on_frame: Callable[[dict[str, Any]], None] | None = None,
+        on_frame: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its final reply (the whole exchange has
-        ``timeout_s``); intermediate frames go to ``on_frame``; raises on error frames."""
+        ``timeout_s``); intermediate frames go to ``on_frame``, and a frame it returns is sent
+        back (an answer to a host call); raises on error frames."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self.connect()
@@ -172,8 +173,9 @@ class KernelClient:
                     reply = recv_frame(self._sock, self.max_frame)
                     if reply is None or reply["type"] not in INTERMEDIATE:
                         break
-                    if on_frame is not None:
-                        on_frame(reply)
+                    answer = on_frame(reply) if on_frame is not None else None
+                    if answer is not None:
+                        send_frame(self._sock, answer)
                     self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
             except (OSError, FrameError) as exc:
                 self.close()
@@ -202,10 +204,14 @@ class KernelClient:
         exec_id: str | None = None,
         max_output_bytes: int | None = None,
         grace_s: float = 2.0,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_event: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+        calls: list[str] | None = None,
     ) -> dict[str, Any]:
         """Run ``code``; with ``on_event``, the cell's events (``started``, ``stream``,
-        ``display``) reach it while the code runs, in order, before this returns."""
+        ``display``, ``call``) reach it while the code runs, in order, before this returns.
+        ``calls`` names the host callbacks the cell may call; for a ``call`` event,
+        ``on_event`` returns the answer (``{"ok": True, "value": ...}`` or ``{"ok": False,
+        "error": {"ename": ..., "evalue": ...}}``)."""
         message: dict[str, Any] = {
             "type": "execute",
             "session_id": session_id,
@@ -216,12 +222,18 @@ class KernelClient:
         }
         if max_output_bytes is not None:
             message["max_output_bytes"] = max_output_bytes
+        if calls:
+            message["calls"] = calls
         on_frame = None
         if on_event is not None:
             message["events"] = True
 
-            def on_frame(frame: dict[str, Any]) -> None:
-                on_event(frame["event"])
+            def on_frame(frame: dict[str, Any]) -> dict[str, Any] | None:
+                event = frame["event"]
+                answer = on_event(event)
+                if answer is None or event.get("type") != "call":
+                    return None
+                return {"type": "answer", "session_id": session_id, "id": event["id"], **answer}
 
         reply = self.request(message, timeout_s + grace_s + REQUEST_SLACK_S, on_frame)
         if reply.get("type") != "exec_result":

@@ -75,6 +75,8 @@ class SessionProcess:
         self.exit: dict[str, Any] | None = None
         self.exited = asyncio.Event()
         self.events: CellEvents | None = None
+        self.calls = 0  # host calls of this process so far (their ids)
+        self.waiting: int | None = None  # the call that awaits the host's answer
         self.reader: asyncio.StreamReader
         self.writer: asyncio.StreamWriter
 
@@ -119,7 +121,9 @@ class SessionProcess:
             frame = await read_frame(self.reader)
             if frame is None or frame["type"] == "cell_done":
                 return frame
-            if frame["type"] == "display":
+            if frame["type"] == "call":
+                self._forward_call(frame)
+            elif frame["type"] == "display":
                 for fd in self.fds:  # the session waits: the pipes hold exactly what came first
                     self.drain(fd)
                 if self.events is not None:
@@ -127,6 +131,50 @@ class SessionProcess:
                 self.writer.write(encode({"type": "ack"}))
             else:
                 log.warning("session pid %d sent an unknown frame %r", self.pid, frame["type"])
+
+    def _forward_call(self, frame: dict[str, Any]) -> None:
+        """A host callback from the cell (``farm.kernel.calls``): out as an event, then wait."""
+        for fd in self.fds:  # what the cell printed before the call comes first
+            self.drain(fd)
+        self.calls += 1
+        if self.events is None:
+            self._answer(False, error=("CallbackError", "no host listens for callbacks here"))
+            return
+        self.waiting = self.calls
+        self.events.flush()
+        self.events.emit(
+            {
+                "type": "call",
+                "id": self.calls,
+                "name": str(frame.get("name")),
+                "args": frame.get("args", []),
+                "kwargs": frame.get("kwargs", {}),
+                "batch": bool(frame.get("batch")),
+            }
+        )
+
+    def answer(self, frame: dict[str, Any]) -> None:
+        """The host's answer to the waiting call; a late one (its call is over) is dropped."""
+        if self.waiting is None or frame.get("id") != self.waiting:
+            return
+        self.waiting = None
+        error = frame.get("error") or {}
+        why = (str(error.get("ename", "Error")), str(error.get("evalue", "")))
+        self._answer(bool(frame.get("ok")), value=frame.get("value"), error=why)
+
+    def abandon_call(self) -> None:
+        """The cell must stop: answer its waiting call with an interrupt (raised there)."""
+        if self.waiting is not None:
+            self.waiting = None
+            self.writer.write(encode({"type": "answer", "ok": False, "interrupt": True}))
+
+    def _answer(self, ok: bool, *, value: Any = None, error: tuple[str, str] = ("", "")) -> None:
+        body: dict[str, Any] = {"type": "answer", "ok": ok}
+        if ok:
+            body["value"] = value
+        else:
+            body["error"] = {"ename": error[0], "evalue": error[1]}
+        self.writer.write(encode(body))
 
     def signal(self, sig: int, *, group: bool) -> None:
         try:
@@ -235,6 +283,12 @@ class SessionManager:
         log.info("session %s opened (pid %d)", session.id, session.proc.pid)
         return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
 
+    def answer(self, frame: dict[str, Any]) -> None:
+        """The host answered a host call of a running cell (``answer`` frames)."""
+        session = self.sessions.get(str(frame.get("session_id")))
+        if session is not None:
+            session.proc.answer(frame)
+
     def close(self, session_id: str) -> dict[str, Any]:
         session = self.sessions.pop(session_id, None)
         if session is None:
@@ -286,7 +340,11 @@ class SessionManager:
         if proc.exit is None:
             proc.start_cell(request["max_output_bytes"], emit)
             try:
-                proc.writer.write(encode({"type": "cell", "code": request["code"]}))
+                proc.writer.write(
+                    encode(
+                        {"type": "cell", "code": request["code"], "calls": request.get("calls", [])}
+                    )
+                )
                 await proc.writer.drain()
             except (ConnectionError, OSError):  # it died before its exit was reported
                 await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
@@ -331,6 +389,7 @@ class SessionManager:
             )
             if reply_task not in done:
                 reason = KIND_OUTPUT_LIMIT if flood_task in done else KIND_TIMEOUT
+                proc.abandon_call()
                 proc.signal(signal.SIGINT, group=False)
                 done, _ = await asyncio.wait({reply_task}, timeout=self.grace_s)
                 if reply_task not in done:

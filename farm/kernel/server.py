@@ -133,18 +133,49 @@ class KernelServer:
         return True
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        ahead: asyncio.Future[dict[str, Any] | None] | None = None
         while True:
-            message = await read_frame(reader, self.max_frame)
+            message = await (ahead or read_frame(reader, self.max_frame))
+            ahead = None
             if message is None:
                 return
+            if message["type"] == "answer":  # to a host call whose cell has ended: drop it
+                self.manager.answer(message)
+                continue
             try:
-                reply = await self._dispatch(message, writer)
+                if message["type"] == "execute" and message.get("events") is True:
+                    work = asyncio.ensure_future(self._dispatch(message, writer))
+                    ahead = await self._answers_until(work, reader)
+                    reply = await work
+                else:
+                    reply = await self._dispatch(message, writer)
             except RequestError as exc:
                 await _reply(writer, {"type": "error", "code": exc.code, "message": str(exc)})
                 if exc.code in _RECOVERABLE:
                     continue
                 return
             await _reply(writer, reply)
+
+    async def _answers_until(
+        self, work: asyncio.Future[dict[str, Any]], reader: asyncio.StreamReader
+    ) -> asyncio.Future[dict[str, Any] | None]:
+        """Route the host's ``answer`` frames to the running cell's calls until ``work`` is
+        done; return the read still in flight, which is the connection's next frame (it is
+        never cancelled, so a frame is never torn). Anything but an answer now is a
+        protocol error."""
+        while True:
+            read = asyncio.ensure_future(read_frame(reader, self.max_frame))
+            pending: set[asyncio.Future[Any]] = {work, read}
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if not read.done() or read.exception() is not None:
+                return read
+            frame = read.result()
+            if frame is None or frame["type"] != "answer":
+                if frame is not None:
+                    work.add_done_callback(_retrieve)  # the cell goes on; nobody will read it
+                    raise FrameError(f"a {frame['type']!r} frame while a cell runs")
+                return read
+            self.manager.answer(frame)
 
     async def _dispatch(
         self, message: dict[str, Any], writer: asyncio.StreamWriter
@@ -178,6 +209,7 @@ class KernelServer:
             raise RequestError("bad_request", "field 'events' must be a boolean")
         return {
             "events": events,
+            "calls": _calls(message),
             "session_id": _field(message, "session_id", str),
             "epoch": epoch,
             "code": _field(message, "code", str),
@@ -198,6 +230,21 @@ class KernelServer:
             "grace_s": self.grace_s,
             "max_frame": self.max_frame,
         }
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _calls(message: dict[str, Any]) -> list[str]:
+    """The names of the host callbacks a cell may call (``farm.kernel.calls``)."""
+    calls = message.get("calls", [])
+    if not isinstance(calls, list) or not all(
+        isinstance(n, str) and n.isidentifier() and not n.startswith("_") for n in calls
+    ):
+        raise RequestError("bad_request", "field 'calls' must be a list of public identifiers")
+    return calls
 
 
 def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:

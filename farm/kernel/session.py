@@ -29,6 +29,7 @@ import threading
 import time
 from typing import Any
 
+from . import calls
 from .framing import recv_frame, send_frame
 from .render import bundle
 from .repl import Repl
@@ -171,6 +172,8 @@ def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
         if request is None:
             return
         _restore_stdio()
+        if request.get("calls"):
+            calls.install(repl.namespace, channel, request["calls"])
         cpu0, _ = _usage()
         t0 = time.perf_counter()
         channel.open = True

@@ -21,6 +21,7 @@ from typing import Any
 from farm.events import Display, Event, ExecStart, Result, Stream, clip, closing_events
 from farm.journal import Journal
 from farm.models import Value
+from farm.worker.hostcalls import HostCalls
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class ExecRecorder:
         self.started = False  # the kernel said the code started
         self.held: list[Event] = []  # ExecStart, until something else is published
         self.budget = journal.exec_max_bytes
+        self.calls = HostCalls(journal.redis, request, self.live)
 
     def _common(self) -> dict[str, Any]:
         fields = {
@@ -84,10 +86,13 @@ class ExecRecorder:
                 exc,
             )
 
-    def on_kernel_event(self, event: dict[str, Any]) -> None:
-        """One kernel event of the running cell (called in order, on the worker's thread)."""
+    def on_kernel_event(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """One kernel event of the running cell (called in order, on the worker's thread);
+        for a host ``call``, the answer to send back."""
         kind = event.get("type")
         try:
+            if kind == "call":
+                return self.calls.answer(event, self._publish, self._common)
             if kind == "started":
                 self.started = True
                 self.held = [self._start()]
@@ -100,9 +105,14 @@ class ExecRecorder:
                 self._publish([Display(**self._common(), value=value)])
         except (KeyError, TypeError, ValueError) as exc:  # a malformed event is dropped
             log.warning("exec %s: bad kernel event %r: %s", self.request["exec_id"], kind, exc)
+            if kind == "call":  # the cell waits for an answer: never leave it hanging
+                return {"ok": False, "error": {"ename": "CallbackError", "evalue": "bad call"}}
+        return None
 
     def finish(self, result: dict[str, Any]) -> None:
         """The run's result is known: close its record (after this, the task returns)."""
+        if self.calls.records:
+            result["sub_calls"] = [c.model_dump(mode="json") for c in self.calls.records]
         events: list[Event] = [] if self.started else [self._start()]
         worker = result.get("worker") or self.worker_id
         closing = closing_events(

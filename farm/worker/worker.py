@@ -310,6 +310,7 @@ class Worker:
                 max_output_bytes=request.get("max_output_bytes"),
                 grace_s=self.settings.limits.grace_s,
                 on_event=recorder.on_kernel_event,
+                calls=request.get("calls"),
             )
         except KernelRequestError as exc:
             return self._lost(request, f"the sandbox no longer has it ({exc.code})"), None

@@ -1,0 +1,77 @@
+"""Host callbacks as seen from sandboxed code: ``llm_query("...")`` answered by the client.
+
+A session opened with ``callbacks={"llm_query": fn}`` gets, in every cell, a global per name and
+its ``<name>_batched(items)`` twin. Calling one sends a ``call`` frame to the supervisor and
+blocks until its ``answer``: the supervisor forwards the call to the host as an event of the
+running cell, and the host (worker, then client) runs ``fn`` and answers. Arguments and
+answers are JSON, bounded in size.
+
+Invariants:
+- only the names the host sent with the cell are installed, and the host checks every call
+  against its own list again: a cell cannot reach a function that was not registered;
+- the answer is awaited with SIGINT held back (``Channel.request``), so an interrupt never
+  tears a frame; when the cell times out while it waits, the supervisor answers the call
+  with an interrupt, which stops the cell like any other timeout (variables kept);
+- a user's own variable of the same name is never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+MAX_CALL_BYTES = 1024 * 1024
+MARK = "__farm_call__"
+
+
+class CallbackError(Exception):
+    """A host callback failed, was refused, or could not be reached."""
+
+
+class _Channel(Protocol):
+    def request(self, frame: dict[str, Any]) -> dict[str, Any] | None: ...
+
+
+def make_call(name: str, channel: _Channel, *, batch: bool = False) -> Callable[..., Any]:
+    """The global that sandboxed code calls for ``name`` (``batch``: one call, many items)."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        frame: dict[str, Any] = {"type": "call", "name": name, "args": list(args), "kwargs": kwargs}
+        if batch:
+            if len(args) != 1 or kwargs or isinstance(args[0], (str, bytes, dict)):
+                raise TypeError(f"{name}_batched(items) takes one list of inputs")
+            frame["args"] = [list(args[0])]
+            frame["batch"] = True
+        try:
+            size = len(json.dumps(frame))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{call.__name__}(): arguments must be JSON data: {exc}") from None
+        if size > MAX_CALL_BYTES:
+            raise ValueError(f"{call.__name__}(): arguments of {size} bytes exceed 1 MiB")
+        answer = channel.request(frame)
+        if answer is None:
+            raise CallbackError(f"{call.__name__}() can only be called while a cell runs")
+        if answer.get("interrupt"):  # the cell timed out while waiting: stop it like Ctrl-C
+            raise KeyboardInterrupt
+        if not answer.get("ok"):
+            error = answer.get("error") or {}
+            raise CallbackError(
+                f"{call.__name__}(): {error.get('ename', 'Error')}: {error.get('evalue', '')}"
+            )
+        return answer.get("value")
+
+    call.__name__ = call.__qualname__ = f"{name}_batched" if batch else name
+    call.__doc__ = f"Ask the host's {name!r} callback (runs in the client's process)."
+    setattr(call, MARK, True)
+    return call
+
+
+def install(namespace: dict[str, Any], channel: _Channel, names: Iterable[str]) -> None:
+    """Bind each name (and ``<name>_batched``) unless the user's code bound it to its own."""
+    for name in names:
+        for batch in (False, True):
+            key = f"{name}_batched" if batch else name
+            current = namespace.get(key)
+            if current is None or getattr(current, MARK, False):
+                namespace[key] = make_call(name, channel, batch=batch)

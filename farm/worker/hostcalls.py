@@ -1,0 +1,95 @@
+"""The worker's part of host callbacks: ask the client, wait for its answer, record the call.
+
+Sandboxed code calls ``llm_query(...)`` (``farm.kernel.calls``); the kernel sends the call as
+an event of the running cell. Here it becomes a ``HostCall`` event on the run's live stream,
+which the client that sent the run reads (``farm.callbacks``); the client pushes its answer to
+a list of its own (``journal.answer_key``) and this waits for it, never past the cell's own
+deadline (by then the kernel has interrupted the cell and would drop a late answer).
+
+Invariants: a name the client did not send with the run is refused here without asking
+anyone, and so is any call of a run nobody streams; every call, answered or refused, is
+recorded in ``ExecResult.sub_calls``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from farm.events import Event, HostCall
+from farm.journal import answer_key
+from farm.models import CallAnswer, SubCall
+
+log = logging.getLogger(__name__)
+
+BLOCK_S = 5  # one BLPOP at most this long (below the Redis client's socket timeout)
+SLACK_S = 2.0  # past the cell's timeout, the kernel has answered the call itself
+
+
+class HostCalls:
+    def __init__(self, client: redis.Redis, request: dict[str, Any], live: bool) -> None:
+        self.redis = client
+        self.request = request
+        self.allowed = set(request.get("calls") or [])
+        self.live = live
+        self.deadline = time.monotonic() + float(request.get("timeout_s", 30.0)) + SLACK_S
+        self.records: list[SubCall] = []
+
+    def answer(
+        self,
+        event: dict[str, Any],
+        publish: Callable[[list[Event]], None],
+        common: Callable[[], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """The answer to one ``call`` event of the kernel (``{"ok": ..., ...}``)."""
+        t0 = time.monotonic()
+        name, call_id = str(event["name"]), int(event["id"])
+        args, kwargs = list(event.get("args") or []), dict(event.get("kwargs") or {})
+        batch = bool(event.get("batch"))
+        if name not in self.allowed:
+            answer = _refusal(f"no callback named {name!r} is registered for this session")
+        elif not self.live:
+            answer = _refusal("nobody listens for this run's callbacks")
+        else:
+            call = HostCall(
+                **common(), call_id=call_id, name=name, args=args, kwargs=kwargs, batch=batch
+            )
+            publish([call])
+            answer = self._wait(call_id)
+        self.records.append(
+            SubCall(
+                name=name,
+                args=args,
+                kwargs=kwargs,
+                batch=batch,
+                ok=answer.ok,
+                response=answer.value if answer.ok else None,
+                error=None
+                if answer.ok
+                else f"{(answer.error or {}).get('ename')}: {(answer.error or {}).get('evalue')}",
+                duration_s=time.monotonic() - t0,
+                depth=answer.depth,
+            )
+        )
+        return answer.model_dump(include={"ok", "value", "error"}, exclude_none=True)
+
+    def _wait(self, call_id: int) -> CallAnswer:
+        key = answer_key(self.request["exec_id"], call_id)
+        while (left := self.deadline - time.monotonic()) > 0:
+            reply = self.redis.blpop([key], timeout=max(1, min(BLOCK_S, int(left))))
+            if reply is not None:
+                try:
+                    return CallAnswer.model_validate(json.loads(reply[1]))
+                except ValueError as exc:
+                    log.warning("exec %s: a bad answer to call %d: %s", key, call_id, exc)
+                    return _refusal("the client's answer was malformed")
+        return _refusal("the client did not answer before the cell's deadline", "TimeoutError")
+
+
+def _refusal(why: str, ename: str = "CallbackError") -> CallAnswer:
+    return CallAnswer(ok=False, error={"ename": ename, "evalue": why})

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import logging
 import os
 import platform
 import socket
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,3 +67,14 @@ def parse_args(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return args
+
+
+def emit(table: str, data: dict[str, Any], *, as_json: bool) -> int:
+    """The table on stdout; with ``--json`` the table on stderr and ``data`` as JSON on
+    stdout (for scripts). Returns the exit status."""
+    if as_json:
+        print(table, file=sys.stderr)
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(table)
+    return 0

@@ -35,7 +35,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchlib import Latency, machine, parse_args
+from benchlib import Latency, emit, machine, parse_args
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
@@ -409,12 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     report = summarise(measure(plan))
     table = render(info, args.quick, report)
-    if args.json:
-        print(table, file=sys.stderr)
-        print(json.dumps({"machine": info, "plan": asdict(plan), **report}, indent=2))
-    else:
-        print(table)
-    return 0
+    return emit(table, {"machine": info, "plan": asdict(plan), **report}, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ stops at ``BUDGET_S`` whatever its count, and every process started here is stop
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import socket
 import struct
@@ -32,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchlib import Latency, machine, parse_args
+from benchlib import Latency, emit, machine, parse_args
 
 from farm.kernel.client import KernelClient
 from farm.kernel.framing import encode
@@ -430,14 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     if deadline.passed():
         report["note"] = f"the {BUDGET_S:g}s budget ran out; some loops took fewer samples"
     table = render(info, report, farm, ping, echo)
-    if args.json:
-        print(table, file=sys.stderr)
-        print(json.dumps({"machine": info, "plan": asdict(plan), **report}, indent=2))
-    else:
-        print(table)
-        if "note" in report:
-            print(report["note"])
-    return 0
+    if "note" in report:
+        table += "\n" + report["note"]
+    return emit(table, {"machine": info, "plan": asdict(plan), **report}, as_json=args.json)
 
 
 if __name__ == "__main__":

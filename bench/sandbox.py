@@ -23,7 +23,6 @@ asserted: the exit status is 0 whether or not the goals are met.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -39,7 +38,7 @@ from typing import Any
 
 import docker
 import docker.errors
-from benchlib import machine, parse_args
+from benchlib import emit, machine, parse_args
 from docker.models.containers import Container
 
 from farm.kernel.client import KernelClient
@@ -382,12 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
         assert not left, f"containers of {OWNER} left behind: {left}"
     out = report(machine(), results, args.quick)
-    if args.json:
-        print(render(out), file=sys.stderr)
-        print(json.dumps(out, indent=2))
-    else:
-        print(render(out))
-    return 0
+    return emit(render(out), out, as_json=args.json)
 
 
 if __name__ == "__main__":

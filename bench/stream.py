@@ -15,7 +15,6 @@ kernel and the worker add to the one hop that the stream cannot avoid.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
@@ -23,7 +22,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
-from benchlib import Latency, machine, parse_args
+from benchlib import Latency, emit, machine, parse_args
 
 from farm.client import Farm
 from farm.events import Stream
@@ -141,12 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     report = summarise(measure(plan))
     table = render(info, args.quick, report)
-    if args.json:
-        print(table, file=sys.stderr)
-        print(json.dumps({"machine": info, "plan": asdict(plan), **report}, indent=2))
-    else:
-        print(table)
-    return 0
+    return emit(table, {"machine": info, "plan": asdict(plan), **report}, as_json=args.json)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine, parse_args
+from benchlib import emit, machine, parse_args
 from snippets import outcome, snippets
 
 from farm.client import Farm
@@ -324,12 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         assert not left, f"containers of {OWNER} left behind: {left}"
     out = report(plan, farm, docker, mp, args.quick)
     table = render(info, out, [farm["run"].name, docker.name, mp.name])
-    if args.json:
-        print(table, file=sys.stderr)
-        print(json.dumps({"machine": info, **out}, indent=2))
-    else:
-        print(table)
-    return 0
+    return emit(table, {"machine": info, **out}, as_json=args.json)
 
 
 if __name__ == "__main__":

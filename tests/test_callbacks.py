@@ -105,7 +105,8 @@ def test_a_cell_waiting_on_the_host_times_out_and_keeps_its_variables(
 
 
 def test_only_answers_may_arrive_while_a_cell_runs(shared_kernel: ProcessSandbox) -> None:
-    """A host that sends anything else mid-cell is cut off; the kernel serves on."""
+    """A host that sends anything else while a cell with callbacks runs is cut off; the
+    kernel serves on."""
     with shared_kernel.kernel() as client:
         opened = client.open_session()
         sock = client._sock
@@ -118,6 +119,7 @@ def test_only_answers_may_arrive_while_a_cell_runs(shared_kernel: ProcessSandbox
             "timeout_s": 5,
             "exec_id": "x1",
             "events": True,
+            "calls": ["llm_query"],  # a cell that may call the host: answers are read mid-cell
         }
         send_frame(sock, request)
         sock.sendall(encode({"type": "ping"}))
@@ -128,6 +130,26 @@ def test_only_answers_may_arrive_while_a_cell_runs(shared_kernel: ProcessSandbox
         assert frames[-1]["type"] == "error" and frames[-1]["code"] == "bad_frame"
     with shared_kernel.kernel() as other:
         assert other.ping()["type"] == "pong"
+
+
+def test_the_kernel_refuses_a_call_the_cell_was_not_given(shared_kernel: ProcessSandbox) -> None:
+    handler = answering("should not be asked")
+    forged = (
+        "from farm.kernel.calls import make_call\nimport builtins\n"
+        "make_call('secret', builtins.display.__self__)('x')"
+    )
+    with shared_kernel.kernel() as client:
+        opened = client.open_session()
+        result = client.execute(
+            opened["session_id"],
+            forged,
+            epoch=opened["epoch"],
+            on_event=handler,
+            calls=["llm_query"],
+        )
+    assert result["error"]["ename"] == "CallbackError"
+    assert "no callback named 'secret'" in result["error"]["evalue"]
+    assert handler.calls == []  # the host was never asked
 
 
 def test_call_names_must_be_public_identifiers(shared_kernel: ProcessSandbox) -> None:

@@ -76,6 +76,7 @@ class SessionProcess:
         self.exited = asyncio.Event()
         self.events: CellEvents | None = None
         self.calls = 0  # host calls of this process so far (their ids)
+        self.allowed: frozenset[str] = frozenset()  # the callbacks the running cell may call
         self.waiting: int | None = None  # the call that awaits the host's answer
         self.reader: asyncio.StreamReader
         self.writer: asyncio.StreamWriter
@@ -105,12 +106,13 @@ class SessionProcess:
         if buf.total > self.flood_limit:
             self.flood.set()
 
-    def start_cell(self, cap: int, emit: Emit | None) -> None:
+    def start_cell(self, cap: int, emit: Emit | None, calls: list[str] | None = None) -> None:
         for buf in self.fds.values():
             buf.reset(cap)
         self.flood_limit = cap * FLOOD_FACTOR
         self.flood.clear()
         self.events = CellEvents(emit, self.out, self.err) if emit is not None else None
+        self.allowed = frozenset(calls or ())
 
     async def cell_reply(self) -> dict[str, Any] | None:
         """Read the session's frames until its ``cell_done``. A ``display`` on the way goes
@@ -139,6 +141,10 @@ class SessionProcess:
         self.calls += 1
         if self.events is None:
             self._answer(False, error=("CallbackError", "no host listens for callbacks here"))
+            return
+        if frame.get("name") not in self.allowed:
+            why = f"no callback named {frame.get('name')!r} is registered for this session"
+            self._answer(False, error=("CallbackError", why))
             return
         self.waiting = self.calls
         self.events.flush()
@@ -338,7 +344,7 @@ class SessionManager:
             )
         proc = session.proc
         if proc.exit is None:
-            proc.start_cell(request["max_output_bytes"], emit)
+            proc.start_cell(request["max_output_bytes"], emit, request.get("calls"))
             try:
                 proc.writer.write(
                     encode(

@@ -143,7 +143,8 @@ class KernelServer:
                 self.manager.answer(message)
                 continue
             try:
-                if message["type"] == "execute" and message.get("events") is True:
+                if message["type"] == "execute" and message.get("events") and message.get("calls"):
+                    # a cell that may call the host: read its answers while it runs
                     work = asyncio.ensure_future(self._dispatch(message, writer))
                     ahead = await self._answers_until(work, reader)
                     reply = await work

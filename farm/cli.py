@@ -273,12 +273,19 @@ def image_build(
     force: bool = typer.Option(False, help="rebuild even when current"),
     tag: str = typer.Option("farm-sandbox:default"),
     extra_pip: str = typer.Option("", help="extra pip packages for a variant"),
+    variant: str = typer.Option(
+        "", help="build a variant image instead: docs | browser (farm-sandbox:NAME)"
+    ),
 ) -> None:
     """Build the sandbox image (offline base when no registry answers); idempotent."""
     from farm.sandbox.images import DockerUnavailableError, ImageBuildError, ensure_sandbox_image
+    from farm.sandbox.variants import ensure_variant_image
 
     try:
-        built = ensure_sandbox_image(tag=tag, force=force, extra_pip=extra_pip)
+        if variant:
+            built = ensure_variant_image(variant, force=force)
+        else:
+            built = ensure_sandbox_image(tag=tag, force=force, extra_pip=extra_pip)
     except (DockerUnavailableError, ImageBuildError) as exc:
         _fail(str(exc))
     console.print(f"{built.tag} {built.image_id[:19]} {'built' if built.built else 'up to date'}")

@@ -38,6 +38,9 @@ __all__ = ["AsyncFarm", "AsyncSession", "Farm", "Session", "exec_request", "repl
 DEFAULT_TIMEOUT_S = 30.0
 WAIT_SLICE_S = 0.5
 IMAGE_CHECK_S = 1.0
+# An open that no worker has claimed by then is sent again: a busy farm claims one well within
+# it, and a message that a killed worker took without a trace never would be.
+OPEN_CLAIM_S = 90.0
 RETRYABLE = (ErrorKind.SANDBOX_LOST, ErrorKind.INFRA)
 
 
@@ -165,7 +168,7 @@ class Farm:
                 TASK_OPEN, kwargs={"tools": tools, "open_id": open_id}, queue=shared_queue(image)
             )
             try:
-                reply = self._wait(pending, deadline + QUEUE_WAIT_S, exec_id=open_id, mark=mark)
+                reply = self._open_reply(pending, open_id, mark, deadline + QUEUE_WAIT_S)
             except (SessionLost, BrokerLost) as exc:  # the open died with its worker or broker
                 reply = {"busy": True, "reason": str(exc)}
             if not reply.get("busy"):
@@ -192,6 +195,20 @@ class Farm:
         """The events of a session's runs as its journal holds them (any process, any time
         within ``journal_ttl_s``): the same types ``Session.stream`` yields."""
         return self.journal.events(session_id)
+
+    def _open_reply(self, pending: Any, open_id: str, mark: str, deadline: float) -> Any:
+        """The answer to one open; an open that no worker claimed within ``OPEN_CLAIM_S`` is
+        abandoned (a dead worker may have taken its message without a trace) and reported
+        busy, so the caller asks again; a late delivery of it then opens nothing."""
+        try:
+            return self._wait(
+                pending, min(deadline, time.monotonic() + OPEN_CLAIM_S), exec_id=open_id, mark=mark
+            )
+        except FarmBusy:
+            if self.registry.abandon(open_id):
+                return {"busy": True, "reason": f"no worker took the open in {OPEN_CLAIM_S:g}s"}
+        # a worker claimed it meanwhile: wait for it there, watching its heartbeat
+        return self._wait(pending, deadline, exec_id=open_id, mark=mark)
 
     def attach(
         self,

@@ -165,6 +165,14 @@ class Registry:
             return None
         return self.exec_record(exec_id) or record
 
+    def abandon(self, exec_id: str) -> bool:
+        """Claim ``exec_id`` for nobody, so that no worker ever runs it; False when a worker
+        claimed it first (then it runs, or ran, there)."""
+        record = {"state": "abandoned"}
+        return bool(
+            self.redis.set(f"{PREFIX}exec:{exec_id}", json.dumps(record), nx=True, ex=EXEC_TTL_S)
+        )
+
     def finish_exec(
         self,
         exec_id: str,

@@ -211,7 +211,7 @@ class Worker:
                     else {
                         "busy": True,
                         "worker": self.id,
-                        "reason": "this open is already under way",
+                        "reason": "this open was abandoned or is under way",
                     }
                 )
             reply = self._open_session(tools)

@@ -21,8 +21,10 @@ setup: venv
 	scripts/bootstrap
 	$(VPY) -m farm.sandbox.images
 
+# The chaos cases (they kill workers, containers and Redis and wait minutes for recovery) run in
+# `make reliability`; under a loaded 2-core CI their recovery deadlines are not a fair test.
 test: setup
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not chaos" $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -36,7 +36,7 @@ from farm.local import LocalFarm
 from farm.sweep import Sweep, SweepSummary, plan_sweep
 from tests.test_reliability_adversarial import record, session_on
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability, pytest.mark.chaos]
 
 LOST_WITHIN_S = 2.0
 SWEEP_DEADLINE_S = 150.0

@@ -70,12 +70,11 @@ class Callbacks:
         so far), and say what the sandbox gets."""
         depth = self.depth + 1
         fn = self.functions.get(call.name)
-        items = len(call.args[0]) if call.batch and call.args else 1
         if fn is None:
             return _refuse(f"no callback named {call.name!r} is registered", depth)
         if depth > self.max_depth:
             return _refuse(f"callbacks nest at most {self.max_depth} deep (this is {depth})", depth)
-        if made + items > self.max_calls:
+        if made + call.items > self.max_calls:
             return _refuse(f"a run may make at most {self.max_calls} callback calls", depth)
         deadline = time.monotonic() + self.timeout_s
         try:

@@ -144,6 +144,11 @@ class HostCall(_Event):
     kwargs: dict[str, Any] = Field(default_factory=dict)
     batch: bool = False
 
+    @property
+    def items(self) -> int:
+        """How many calls this is: a batch counts its inputs."""
+        return len(self.args[0]) if self.batch and self.args else 1
+
     def _repr_markdown_(self) -> str:
         shown = ", ".join(
             [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]

@@ -44,8 +44,7 @@ class Registry:
         restart without persistence, FLUSHALL, a failover to an empty replica) changes it.
         """
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(BROKER_MARK, uuid.uuid4().hex, nx=True)
-            pipe.get(BROKER_MARK)
+            _read_mark(pipe)
             _, mark = pipe.execute()
         return str(mark)
 
@@ -98,8 +97,7 @@ class Registry:
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(f"{PREFIX}worker:{worker_id}", "generation")
             pipe.exists(f"{PREFIX}session:{session_id}")
-            pipe.set(BROKER_MARK, uuid.uuid4().hex, nx=True)
-            pipe.get(BROKER_MARK)
+            _read_mark(pipe)
             live_generation, exists, _, mark = pipe.execute()
         if live_generation != str(generation):
             return f"worker {worker_id} (generation {generation}) is gone", str(mark)
@@ -159,19 +157,20 @@ class Registry:
 
     def claim_exec(self, exec_id: str, worker_id: str, generation: int) -> dict[str, Any] | None:
         """Claim ``exec_id`` for running; ``None`` if claimed, else the existing record."""
-        key = f"{PREFIX}exec:{exec_id}"
         record = {"state": "running", "worker": worker_id, "generation": generation}
-        if self.redis.set(key, json.dumps(record), nx=True, ex=EXEC_TTL_S):
+        if self._record_first(exec_id, record):
             return None
         return self.exec_record(exec_id) or record
 
     def abandon(self, exec_id: str) -> bool:
         """Claim ``exec_id`` for nobody, so that no worker ever runs it; False when a worker
         claimed it first (then it runs, or ran, there)."""
-        record = {"state": "abandoned"}
-        return bool(
-            self.redis.set(f"{PREFIX}exec:{exec_id}", json.dumps(record), nx=True, ex=EXEC_TTL_S)
-        )
+        return self._record_first(exec_id, {"state": "abandoned"})
+
+    def _record_first(self, exec_id: str, record: dict[str, Any]) -> bool:
+        """Write ``exec_id``'s record unless it has one: whoever writes first owns it."""
+        key = f"{PREFIX}exec:{exec_id}"
+        return bool(self.redis.set(key, json.dumps(record), nx=True, ex=EXEC_TTL_S))
 
     def finish_exec(
         self,
@@ -191,6 +190,12 @@ class Registry:
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")
         return json.loads(raw) if raw else None
+
+
+def _read_mark(pipe: Any) -> None:
+    """Queue on ``pipe``: create the broker's mark if missing, then read it (two replies)."""
+    pipe.set(BROKER_MARK, uuid.uuid4().hex, nx=True)
+    pipe.get(BROKER_MARK)
 
 
 def _decode(raw: Any) -> dict[str, Any]:

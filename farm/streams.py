@@ -66,7 +66,7 @@ class EventStream:
                     seq = event.seq + 1
                     if isinstance(event, HostCall):  # the cell waits: answer before yielding
                         farm.journal.push_answer(exec_id, event.call_id, self._answer(event, calls))
-                        calls += len(event.args[0]) if event.batch and event.args else 1
+                        calls += event.items
                     yield event
                 if not (seen_end or done):
                     farm._check_waiting(call.pending, call.deadline, **call.watch)

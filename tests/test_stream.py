@@ -169,17 +169,35 @@ def test_replay_restore_reruns_the_successful_cells(farm: Farm) -> None:
         assert [e.replay_of for e in replays] == [c.exec_id for c in report.replayed]
 
 
-def test_replay_restore_reruns_a_call_that_found_its_process_dead(farm: Farm) -> None:
+def test_replay_restore_reruns_a_call_that_found_its_process_dead(
+    farm: Farm, docker_env: Any
+) -> None:
     with farm.session(on_state_lost="replay") as s:
         s.run("x = 41")
-        # the cell that arms the kill fails, so a restore does not replay (and re-arm) it
-        armed = "import os, threading\nthreading.Timer(0.3, os._exit, (1,)).start()\n1/0"
-        assert s.run(armed).kind == "user"
-        deadline = time.monotonic() + 10
+        pid = s.run("import os\nos.getpid()").value
+        assert pid is not None
+        # killed between calls, from outside (as the sandbox user: no CAP_KILL in there), and
+        # gone (or a zombie) before the next call, so that call finds the process dead
+        (container,) = docker_env.containers.list(filters={"label": f"farm.owner={s.worker}"})
+        probe = (
+            "import os, signal, time\n"
+            f"os.kill({pid.text}, signal.SIGKILL)\n"
+            "deadline = time.monotonic() + 10\n"
+            "while time.monotonic() < deadline:\n"
+            "    try:\n"
+            f"        if open('/proc/{pid.text}/stat').read().split(')')[1].split()[0] == 'Z':\n"
+            "            break\n"
+            "    except FileNotFoundError:\n"
+            "        break\n"
+            "    time.sleep(0.01)\n"
+            "else:\n"
+            "    raise SystemExit('still alive')\n"
+        )
+        killed = container.exec_run(["python3", "-c", probe], user="10001")
+        assert killed.exit_code == 0, killed.output
         result = s.run("x + 1")
-        while not s.restores and time.monotonic() < deadline:  # the timer may not have fired
-            result = s.run("x + 1")
         assert s.restores and s.restores[-1].reran_lost_call
+        assert [c.code for c in s.restores[-1].replayed] == ["x = 41", "import os\nos.getpid()"]
         assert result.ok and result.value is not None and result.value.text == "42"
 
 

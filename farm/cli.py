@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -213,6 +214,9 @@ def sweep(
         table.add_row(status_, kind, str(count))
     console.print(table)
     console.print(f"results: {output}")
+    if summary.stopped:
+        err.print(f"[bold red]sweep stopped:[/] {summary.stopped}")
+        raise typer.Exit(1)
     if summary.interrupted:
         raise typer.Exit(130)
 
@@ -293,7 +297,9 @@ def image_build(
 
 @app.command()
 def gc() -> None:
-    """Remove sandbox containers whose owner (worker) is gone."""
+    """Remove sandbox containers whose owner (worker) is gone, queues of dead worker
+    generations, and the directories of local farms whose owner was killed."""
+    from farm.local import stale_dirs
     from farm.sandbox.docker import remove_orphans
 
     live: set[str] | None = None
@@ -309,6 +315,13 @@ def gc() -> None:
         f"gc: removed {len(removed)} containers" + (f": {', '.join(removed)}" if removed else "")
     )
     console.print(f"gc: dropped {dropped} queues of dead worker generations")
+    dirs = stale_dirs()
+    for path in dirs:
+        shutil.rmtree(path, ignore_errors=True)
+    console.print(
+        f"gc: removed {len(dirs)} directories of dead local farms"
+        + (f": {', '.join(map(str, dirs))}" if dirs else "")
+    )
 
 
 @app.command()

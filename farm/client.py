@@ -15,12 +15,12 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
-from celery.exceptions import TimeoutError as CeleryTimeout
-
+from farm.broker import Broker
 from farm.callbacks import Callbacks
 from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app, shared_queue
 from farm.errors import (
     BrokerLost,
+    BrokerUnavailable,
     FarmBusy,
     SandboxUnavailable,
     SessionLost,
@@ -36,7 +36,6 @@ from farm.settings import FarmSettings
 __all__ = ["AsyncFarm", "AsyncSession", "Farm", "Session", "exec_request", "replay"]
 
 DEFAULT_TIMEOUT_S = 30.0
-WAIT_SLICE_S = 0.5
 IMAGE_CHECK_S = 1.0
 # An open that no worker has claimed by then is sent again: a busy farm claims one well within
 # it, and a message that a killed worker took without a trace never would be.
@@ -54,6 +53,13 @@ class Farm:
             self.settings.broker_url, heartbeat_ttl_s=self.settings.heartbeat_ttl_s
         )
         self.journal = Journal(self.registry.redis, self.settings)
+        self.broker = Broker(
+            self.app,
+            self.registry,
+            self.settings.broker_url,
+            self.settings.broker_wait_s,
+            grace_s=2 * self.settings.heartbeat_ttl_s,
+        )
         self._owned = owned
         self._served: dict[str, float] = {}
 
@@ -120,20 +126,28 @@ class Farm:
         return {name: self.registry.queue_length(name) for name in sorted(names)}
 
     def _require_image(self, image: str) -> None:
-        """Fail fast when no live worker serves ``image`` (checked at most once a second)."""
+        """Fail fast when no live worker serves ``image`` (checked at most once a second).
+        An image served moments ago gets ``open_wait_s`` to come back: its workers may be
+        restarting, or re-registering with a broker that restarted."""
         now = time.monotonic()
-        if now - self._served.get(image, -IMAGE_CHECK_S) < IMAGE_CHECK_S:
+        last = self._served.get(image)
+        if last is not None and now - last < IMAGE_CHECK_S:
             return
-        if any(w.get("image") == image for w in self.registry.workers()):
-            self._served[image] = now
-            return
-        if self._owned is not None:
-            self._owned.serve_image(image)
-            return
-        raise SandboxUnavailable(
-            f"no live worker serves image {image!r}; start one (`farm worker` with "
-            f"FARM_IMAGE={image}) or pick another image"
-        )
+        wait_until = now + self.settings.open_wait_s if last is not None else now
+        while True:
+            workers = self.broker.call(self.registry.workers, sent=False)
+            if any(w.get("image") == image for w in workers):
+                self._served[image] = time.monotonic()
+                return
+            if self._owned is not None:
+                self._owned.serve_image(image)
+                return
+            if time.monotonic() >= wait_until:
+                raise SandboxUnavailable(
+                    f"no live worker serves image {image!r}; start one (`farm worker` with "
+                    f"FARM_IMAGE={image}) or pick another image"
+                )
+            time.sleep(IMAGE_CHECK_S / 4)
 
     # --- sessions -----------------------------------------------------------------------
 
@@ -163,9 +177,8 @@ class Farm:
         backoff = 0.05
         while True:
             open_id = uuid.uuid4().hex
-            mark = self.registry.broker_mark()
-            pending = self.app.send_task(
-                TASK_OPEN, kwargs={"tools": tools, "open_id": open_id}, queue=shared_queue(image)
+            pending, mark = self.broker.send(
+                TASK_OPEN, shared_queue(image), kwargs={"tools": tools, "open_id": open_id}
             )
             try:
                 reply = self._open_reply(pending, open_id, mark, deadline + QUEUE_WAIT_S)
@@ -201,14 +214,14 @@ class Farm:
         abandoned (a dead worker may have taken its message without a trace) and reported
         busy, so the caller asks again; a late delivery of it then opens nothing."""
         try:
-            return self._wait(
+            return self.broker.wait(
                 pending, min(deadline, time.monotonic() + OPEN_CLAIM_S), exec_id=open_id, mark=mark
             )
         except FarmBusy:
             if self.registry.abandon(open_id):
                 return {"busy": True, "reason": f"no worker took the open in {OPEN_CLAIM_S:g}s"}
         # a worker claimed it meanwhile: wait for it there, watching its heartbeat
-        return self._wait(pending, deadline, exec_id=open_id, mark=mark)
+        return self.broker.wait(pending, deadline, exec_id=open_id, mark=mark)
 
     def attach(
         self,
@@ -251,13 +264,12 @@ class Farm:
         before the code started (its exec id was never claimed by a worker): code that may
         have run is not run again behind the caller's back.
         """
-        self._require_image(image)
         for attempt in range(retries + 1):
             request = exec_request(code, timeout_s, max_output_bytes)
-            mark = self.registry.broker_mark()
-            pending = self.app.send_task(TASK_RUN, args=[request], queue=shared_queue(image))
             try:
-                raw = self._wait(
+                self._require_image(image)
+                pending, mark = self.broker.send(TASK_RUN, shared_queue(image), args=[request])
+                raw = self.broker.wait(
                     pending,
                     time.monotonic() + timeout_s + QUEUE_WAIT_S,
                     exec_id=request["exec_id"],
@@ -272,7 +284,7 @@ class Farm:
                     exec_id=request["exec_id"],
                     worker=exc.worker,
                 )
-            except BrokerLost as exc:  # whether the code started is unknowable: no retry
+            except (BrokerLost, BrokerUnavailable) as exc:  # no retry: the broker is gone
                 return ExecResult.failure(
                     ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
                 )
@@ -280,68 +292,19 @@ class Farm:
                 result = ExecResult.failure(
                     ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
                 )
-            started = self.registry.exec_record(request["exec_id"]) is not None
-            if result.kind not in RETRYABLE or started or attempt == retries:
+            if result.kind not in RETRYABLE or attempt == retries or self._started(request):
                 return result
         raise AssertionError("unreachable")
 
-    # --- waiting ------------------------------------------------------------------------
-
-    def _wait(
-        self,
-        pending: Any,
-        deadline: float,
-        *,
-        worker: tuple[str, int] | None = None,
-        exec_id: str | None = None,
-        mark: str | None = None,
-    ) -> dict[str, Any]:
-        """Wait for a task result, watching the worker that runs it (fencing on the client)
-        and the broker's ``mark`` (read before sending): a changed mark means the message is
-        gone with the broker's data, and no answer will ever come."""
-        while True:
-            try:
-                reply: dict[str, Any] = pending.get(timeout=WAIT_SLICE_S, propagate=True)
-                pending.forget()
-                return reply
-            except CeleryTimeout:
-                pass
-            except Exception as exc:  # the task itself crashed on the worker
-                pending.forget()
-                raise WorkerFailed(f"the worker task failed: {type(exc).__name__}: {exc}") from exc
-            self._check_waiting(pending, deadline, worker=worker, exec_id=exec_id, mark=mark)
-
-    def _check_waiting(
-        self,
-        pending: Any,
-        deadline: float,
-        *,
-        worker: tuple[str, int] | None = None,
-        exec_id: str | None = None,
-        mark: str | None = None,
-    ) -> None:
-        """Raise when a call can no longer be answered: its worker died, the broker lost its
-        data, or the deadline passed (one check, between two slices of waiting)."""
-        owner = worker
-        if owner is None and exec_id is not None:
-            record = self.registry.exec_record(exec_id)
-            if record and record.get("state") == "running":
-                owner = (str(record["worker"]), int(record["generation"]))
-        if owner is not None and not self.registry.worker_alive(*owner):
-            pending.forget()
-            raise SessionLost(
-                exec_id or "?", owner[0], f"worker {owner[0]} (generation {owner[1]}) is gone"
+    def _started(self, request: dict[str, Any]) -> bool:
+        """Whether a worker claimed ``request`` (may have run it); unknown counts as yes."""
+        try:
+            record = self.broker.call(
+                lambda: self.registry.exec_record(request["exec_id"]), sent=True
             )
-        if mark is not None and self.registry.broker_mark() != mark:
-            pending.forget()
-            raise BrokerLost(
-                f"the broker lost its data while call {exec_id or '?'} waited (a Redis "
-                "restart without persistence?): it may or may not have run; check before "
-                "running it again"
-            )
-        if time.monotonic() > deadline:
-            pending.forget()
-            raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
+        except BrokerUnavailable:
+            return True
+        return record is not None
 
 
 def _callbacks(

@@ -89,6 +89,23 @@ class BrokerLost(FarmError):
     whether the code ran. Never retried behind the caller's back."""
 
 
+class BrokerUnavailable(FarmError):
+    """The broker cannot be reached (Redis down, restarting or unreachable). ``sent`` says
+    whether the call had reached it first: ``False``, nothing was sent and nothing ran, so it
+    is safe to call again once the broker is back; ``True``, it may or may not have run."""
+
+    def __init__(self, url: str, cause: BaseException, *, sent: bool) -> None:
+        what = (
+            "the call was sent before it went away: it may or may not have run"
+            if sent
+            else "nothing was sent; call again when it is back"
+        )
+        why = f"{type(cause).__name__}: {cause}"
+        super().__init__(f"cannot reach the broker at {url} ({why}); {what}")
+        self.url = url
+        self.sent = sent
+
+
 class ProtocolError(FarmError):
     """A peer spoke something other than the farm protocol (a bug or a version mismatch)."""
 

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
+DIR_PREFIX = "farm-local-"
+OWNER_FILE = "owner.pid"  # the pid of the process that owns a local farm's directory
 
 
 def free_port() -> int:
@@ -39,6 +41,21 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def stale_dirs(root: Path | None = None) -> list[Path]:
+    """Directories of local farms whose owner died without its ``close()`` (a SIGKILL): its
+    redis-server and workers died with it (``die_with_parent``), their logs stay. A directory
+    without an owner file is left alone (being made, or not ours to judge)."""
+    stale = []
+    for path in sorted((root or Path(tempfile.gettempdir())).glob(f"{DIR_PREFIX}*")):
+        try:
+            owner = int((path / OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            continue
+        if not pid_alive(owner):
+            stale.append(path)
+    return stale
 
 
 class LocalFarm:
@@ -53,7 +70,8 @@ class LocalFarm:
         self.backend = backend
         self.extra_env = env or {}
         self.tag = uuid.uuid4().hex[:8]
-        self.dir = Path(tempfile.mkdtemp(prefix="farm-local-"))
+        self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+        (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         self.port = 0
         self.redis_proc: subprocess.Popen[bytes] | None = None
         self.workers: dict[str, subprocess.Popen[bytes]] = {}

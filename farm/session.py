@@ -14,9 +14,10 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from farm.broker import BROKER_DOWN
 from farm.callbacks import Callbacks
 from farm.celeryconf import TASK_CLOSE, TASK_EXEC
-from farm.errors import FarmBusy, SessionLost, StateLost
+from farm.errors import BrokerLost, BrokerUnavailable, FarmBusy, SessionLost, StateLost
 from farm.files import SessionFiles
 from farm.models import ErrorKind, ExecResult, RestoreReport
 from farm.streams import EventStream
@@ -93,10 +94,13 @@ class Session:
 
     def _check_alive(self) -> str:
         """Raise ``SessionLost`` unless the session can take a call; return the broker's mark
-        (for ``Farm._wait``)."""
+        (for ``Broker.wait``)."""
         if self.closed:
             raise SessionLost(self.id, self.worker, "the session was closed")
-        why, mark = self.farm.registry.session_state(self.id, self.worker, self.generation)
+        why, mark = self.farm.broker.after_outage(
+            lambda: self.farm.registry.session_state(self.id, self.worker, self.generation),
+            lambda state: state[0] is None,
+        )
         if why is not None:
             raise SessionLost(self.id, self.worker, why)
         return mark
@@ -129,18 +133,19 @@ class Session:
         **extra: Any,
     ) -> _Call:
         """Send one exec (``extra``: ``stream``, ``replay_of``); the one place it is built."""
-        mark = self._check_alive()
         timeout = timeout_s or self.timeout_s
         request = exec_request(code, timeout, max_output_bytes)
         request.update(session_id=self.id, epoch=self.epoch, generation=self.generation, **extra)
         if self.callbacks is not None:
             request["calls"] = self.callbacks.names
-        pending = self.farm.app.send_task(TASK_EXEC, args=[request], queue=self.queue)
+        pending, mark = self.farm.broker.send(
+            TASK_EXEC, self.queue, args=[request], check=self._check_alive
+        )
         watch = {"worker": (self.worker, self.generation), "mark": mark}
         return _Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
 
     def _collect(self, call: _Call) -> ExecResult:
-        raw = self.farm._wait(call.pending, call.deadline, **call.watch)
+        raw = self.farm.broker.wait(call.pending, call.deadline, **call.watch)
         return ExecResult.model_validate(raw)
 
     def _settle(
@@ -165,12 +170,14 @@ class Session:
         self.epoch = self._kernel_epoch
 
     def close(self) -> None:
+        """Close the session on its worker; best effort: when its worker or the broker is
+        gone, the session goes with the worker or ends at the worker's idle timeout."""
         if self.closed:
             return
         self.closed = True
-        if self.farm.registry.worker_alive(self.worker, self.generation):
-            pending = self.farm.app.send_task(TASK_CLOSE, args=[self.id], queue=self.queue)
-            with contextlib.suppress(SessionLost, FarmBusy):
-                self.farm._wait(
-                    pending, time.monotonic() + 30, worker=(self.worker, self.generation)
-                )
+        gone = (SessionLost, FarmBusy, BrokerLost, BrokerUnavailable, *BROKER_DOWN)
+        with contextlib.suppress(*gone):
+            if self.farm.registry.worker_alive(self.worker, self.generation):
+                pending = self.farm.app.send_task(TASK_CLOSE, args=[self.id], queue=self.queue)
+                owner = (self.worker, self.generation)
+                self.farm.broker.wait(pending, time.monotonic() + 30, worker=owner)

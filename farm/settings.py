@@ -62,6 +62,9 @@ class FarmSettings(BaseSettings):
     heartbeat_interval_s: float = Field(1.0, gt=0)
     heartbeat_ttl_s: float = Field(3.0, gt=0, description="a silent worker is dead after this")
     open_wait_s: float = Field(30.0, gt=0, description="how long opening waits for capacity")
+    broker_wait_s: float = Field(
+        30.0, ge=0, description="how long a call waits out a broker outage before failing"
+    )
     state_file: Path = Field(
         Path.home() / ".farm" / "local.json", description="where `farm up` records its farm"
     )

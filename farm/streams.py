@@ -10,12 +10,14 @@ and the broker between slices like ``Session.run`` does, within the same deadlin
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from farm.broker import BROKER_DOWN
 from farm.events import Event, ExecEnd, ExecStart, HostCall, closing_events, parse_event
 from farm.models import CallAnswer, ExecResult
 
@@ -54,24 +56,36 @@ class EventStream:
         call = session._send(self.code, self.timeout_s, stream=True, **self.kwargs)
         exec_id = call.request["exec_id"]
         seen_start, seen_end, done, seq, after, calls = False, False, False, 0, "0", 0
+        end = call.deadline
+
+        def read(after: str, block_ms: int) -> tuple[str, list[Event]]:
+            fetch = lambda: farm.journal.read_exec(exec_id, after, block_ms)  # noqa: E731
+            return farm.broker.call(fetch, sent=True, deadline=end)
+
         try:
             while not (seen_end or done):
-                after, events = farm.journal.read_exec(exec_id, after, BLOCK_MS)
-                if not events and call.pending.ready():
-                    after, events = farm.journal.read_exec(exec_id, after, 1)
+                after, events = read(after, BLOCK_MS)
+                if not events and farm.broker.call(call.pending.ready, sent=True, deadline=end):
+                    after, events = read(after, 1)
                     done = True  # the task is over: whatever was published is there
                 for event in events:
                     seen_start |= isinstance(event, ExecStart)
                     seen_end |= isinstance(event, ExecEnd)
                     seq = event.seq + 1
                     if isinstance(event, HostCall):  # the cell waits: answer before yielding
-                        farm.journal.push_answer(exec_id, event.call_id, self._answer(event, calls))
+                        answer = self._answer(event, calls)
+                        farm.broker.call(
+                            lambda: farm.journal.push_answer(exec_id, event.call_id, answer),  # noqa: B023
+                            sent=True,
+                            deadline=end,
+                        )
                         calls += event.items
                     yield event
                 if not (seen_end or done):
-                    farm._check_waiting(call.pending, call.deadline, **call.watch)
+                    farm.broker.check(call.pending, call.deadline, **call.watch)
         finally:
-            farm.journal.drop_exec(exec_id)
+            with contextlib.suppress(*BROKER_DOWN):  # it expires by itself
+                farm.journal.drop_exec(exec_id)
         result = session._collect(call)
         if not seen_end:
             yield from self._rebuilt(result, seen_start, seq)

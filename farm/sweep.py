@@ -28,7 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 import farm
 from farm.client import Farm
-from farm.errors import FarmError, FileOperationError, SessionLost, StateLost
+from farm.errors import (
+    BrokerUnavailable,
+    FarmError,
+    FileOperationError,
+    SessionLost,
+    StateLost,
+)
 from farm.models import ErrorKind, ExecResult
 from farm.streams import mime_stream
 
@@ -79,6 +85,7 @@ class SweepSummary(BaseModel):
     by_outcome: dict[str, int] = Field(default_factory=dict)
     duration_s: float = 0.0
     interrupted: bool = False
+    stopped: str | None = None  # why the sweep stopped before the end (items left for --resume)
 
 
 def read_items(path: Path) -> tuple[list[SweepItem], list[SweepRecord]]:
@@ -176,10 +183,12 @@ class Sweep:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._workers: dict[str, dict[str, Any]] = {}
+        self._halt: BrokerUnavailable | None = None  # the outage that stopped the sweep
 
     def run(self, plan: SweepPlan, out_path: Path) -> SweepSummary:
         """Run what ``plan`` left to do, appending one line per item to ``out_path``."""
-        self._workers = {str(w["id"]): w for w in self.farm.workers()}
+        workers = self.farm.broker.call(self.farm.workers, sent=False)
+        self._workers = {str(w["id"]): w for w in workers}
         summary = SweepSummary(total=plan.total, skipped=plan.skipped)
         if self.on_start is not None:
             self.on_start(len(plan.todo) + len(plan.bad))
@@ -194,6 +203,9 @@ class Sweep:
                     self._emit(out, record, outcomes)
             except KeyboardInterrupt:
                 summary.interrupted = True
+        if self._halt is not None:
+            summary.interrupted = True
+            summary.stopped = f"{self._halt}; the items not run are left for --resume"
         summary.by_outcome = dict(outcomes)
         summary.duration_s = time.perf_counter() - t0
         return summary
@@ -209,7 +221,7 @@ class Sweep:
 
     def _execute(self, items: list[SweepItem]) -> Iterator[SweepRecord]:
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="farm-sweep")
-        pending: set[Future[SweepRecord]] = set()
+        pending: set[Future[SweepRecord | None]] = set()
         queue = iter(items)
         try:
             for item in queue:
@@ -219,15 +231,18 @@ class Sweep:
             while pending:
                 done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
-                    yield future.result()
-                    nxt = next(queue, None)
+                    record = future.result()
+                    if record is not None:
+                        yield record
+                    nxt = None if self._stop.is_set() else next(queue, None)
                     if nxt is not None:
                         pending.add(pool.submit(self.run_item, nxt))
         finally:
             self._stop.set()
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def run_item(self, item: SweepItem) -> SweepRecord:
+    def run_item(self, item: SweepItem) -> SweepRecord | None:
+        """The item's record; ``None`` when the broker stopped the sweep before it ran."""
         key = self._cache_key(item)
         cached = self._cache_get(key)
         if cached is not None:
@@ -236,9 +251,12 @@ class Sweep:
         record = SweepRecord(id=item.id, status="error")
         for attempt in range(1, self.retries + 2):
             sessions: list[str] = []
-            record = self._attempt(item, sessions)
+            attempted = self._attempt(item, sessions)
+            if attempted is None:
+                return None
+            record = attempted
             record.attempts = attempt
-            if self.journal and sessions:
+            if self.journal and sessions and self._halt is None:
                 record.journal = list(mime_stream(self.farm.replay(sessions[-1])))
             if record.kind not in RETRYABLE or self._stop.is_set():
                 break
@@ -247,8 +265,10 @@ class Sweep:
             self._cache_put(key, record)
         return record
 
-    def _attempt(self, item: SweepItem, sessions: list[str]) -> SweepRecord:
-        """One try at an item; the session it opens is added to ``sessions``."""
+    def _attempt(self, item: SweepItem, sessions: list[str]) -> SweepRecord | None:
+        """One try at an item; the session it opens is added to ``sessions``. An outage of
+        the broker longer than the farm waits out stops the sweep: an item it kept from being
+        sent gets no record (``--resume`` runs it), one that may have run an ``infra`` one."""
         timeout = item.timeout_s or self.timeout_s
         results: list[ExecResult] = []
         try:
@@ -266,23 +286,16 @@ class Sweep:
             results.append(exc.result)
             manifest = self._manifest(exc.result.worker)
         except SessionLost as exc:
-            return SweepRecord(
-                id=item.id,
-                status="error",
-                kind=ErrorKind.SANDBOX_LOST.value,
-                message=str(exc),
-                cells=results,
-            )
+            return _failed(item, ErrorKind.SANDBOX_LOST.value, str(exc), results)
         except FileOperationError as exc:  # the item's files are bad input, never retried
-            return SweepRecord(id=item.id, status="error", kind="input", message=str(exc))
+            return _failed(item, "input", str(exc), results)
         except FarmError as exc:
-            return SweepRecord(
-                id=item.id,
-                status="error",
-                kind=ErrorKind.INFRA.value,
-                message=f"{type(exc).__name__}: {exc}",
-                cells=results,
-            )
+            if isinstance(exc, BrokerUnavailable):
+                self._halt = exc
+                self._stop.set()
+                if not exc.sent:
+                    return None
+            return _failed(item, ErrorKind.INFRA.value, f"{type(exc).__name__}: {exc}", results)
         last = results[-1] if results else None
         failed = last is not None and not last.ok
         return SweepRecord(
@@ -343,3 +356,7 @@ class Sweep:
         tmp = self.cache_dir / f".{key}.{threading.get_ident()}"
         tmp.write_text(record.model_dump_json())
         tmp.replace(self.cache_dir / f"{key}.json")
+
+
+def _failed(item: SweepItem, kind: str, message: str, cells: list[ExecResult]) -> SweepRecord:
+    return SweepRecord(id=item.id, status="error", kind=kind, message=message, cells=cells)

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,7 @@ def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Pat
     out = tmp_path / "out.jsonl"
     env = dict(os.environ)
     before = _local_owners(docker_env)
+    dirs_before = set(Path(tempfile.gettempdir()).glob("farm-local-*"))
     sweep = subprocess.Popen(
         [*FARM, "sweep", str(source), "-o", str(out), "--local", "1", "--concurrency", "2"],
         env=env,
@@ -99,6 +101,10 @@ def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Pat
     while _local_owners(docker_env) - before and time.monotonic() < deadline:
         time.sleep(0.2)  # its orphaned workers shut down and remove their sandboxes
     assert not _local_owners(docker_env) - before
+    (left_behind,) = set(Path(tempfile.gettempdir()).glob("farm-local-*")) - dirs_before
+    gc = cli("gc", env=env)
+    assert gc.returncode == 0, gc.stderr
+    assert not left_behind.exists() and str(left_behind) in gc.stdout
     first = out_ids(out)
     assert 5 <= len(first) < 30
     resumed = cli(

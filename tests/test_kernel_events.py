@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from farm.kernel.client import KernelClient
+from farm.kernel.streaming import TICK_S
 from farm.models import ExecResult, Value
 from tests.conftest import Cells
 
@@ -128,8 +129,11 @@ def test_a_killed_cell_streams_what_it_printed(own_cells: Cells) -> None:
 
 
 def test_only_a_cell_that_keeps_running_says_so(client: KernelClient, cells: Cells) -> None:
+    t0 = time.monotonic()
     _, quick = run_collect(client, cells, "1")
-    assert [e["type"] for e in quick] == ["started"]
+    took = time.monotonic() - t0
+    # a loaded machine may take longer than the tick even for "1": then it may say so
+    assert [e["type"] for e in quick] == ["started"] or took >= TICK_S
     _, slow = run_collect(client, cells, "import time\ntime.sleep(0.5)")
     assert [e["type"] for e in slow] == ["started", "running"]
 

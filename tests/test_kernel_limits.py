@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
 from farm.kernel.client import KernelClient
 from farm.models import ExecResult
+from farm.processes import pid_alive
 from farm.sandbox.process import ProcessSandbox
 from tests.conftest import Cells
 
@@ -91,12 +93,22 @@ def test_a_dying_session_is_reported_then_replaced(
     assert own_cells.value("1 + 1") == "2"
 
 
-def test_death_between_calls_is_reported_on_the_next_call(own_cells: Cells) -> None:
-    own_cells.run(
+def test_death_between_calls_is_reported_on_the_next_call(own_cells: Cells, tmp_path: Path) -> None:
+    go = tmp_path / "go"  # the process backend shares the host's files and pids
+    pid = own_cells.value(
         "import threading, os, time\n"
-        "threading.Thread(target=lambda: (time.sleep(0.3), os._exit(5))).start()"
+        "def _die():\n"
+        f"    while not os.path.exists({str(go)!r}):\n"
+        "        time.sleep(0.01)\n"
+        "    os._exit(5)\n"
+        "threading.Thread(target=_die, daemon=True).start()\n"
+        "os.getpid()"
     )
-    time.sleep(1.0)  # let the background thread kill the process: the state under test
+    go.touch()  # only now, after the call returned: the process dies between calls
+    deadline = time.monotonic() + 10
+    while pid_alive(int(pid)):
+        assert time.monotonic() < deadline, "the session process did not exit"
+        time.sleep(0.01)  # poll interval of the deadline-bounded wait
     result = own_cells.run("print('should not run')")
     assert result.error is not None and result.error.kind == "state_lost"
     assert "between calls" in result.error.evalue and "code 5" in result.error.evalue

@@ -29,7 +29,7 @@ from tests.conftest import Cells, make_docker_sandbox
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
 
 CUT_OFF_S = HANDSHAKE_TIMEOUT_S + 3.0  # when a refused or silent connection must be closed
-RESPONSIVE_S = 1.0  # an honest ping while the kernel is under abuse
+RESPONSIVE_S = 3.0  # an honest ping while the kernel is under abuse (a loaded CI machine)
 RSS_SLACK_KB = 8 * 1024
 
 

@@ -14,6 +14,7 @@ import pytest
 from farm.celeryconf import TASK_EXEC
 from farm.client import Farm, exec_request
 from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
+from farm.events import ExecStart
 from farm.local import LocalFarm
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -193,7 +194,7 @@ def test_a_full_farm_raises_farm_busy_after_the_deadline(own_farm: Farm) -> None
     held[1].close()
 
 
-@pytest.mark.parametrize("own_farm", [{"FARM_IDLE_TIMEOUT_S": "1"}], indirect=True)
+@pytest.mark.parametrize("own_farm", [{"FARM_IDLE_TIMEOUT_S": "3"}], indirect=True)
 def test_idle_sessions_expire(own_farm: Farm) -> None:
     s = own_farm.session()
     s.run("x = 1")
@@ -217,12 +218,18 @@ def test_sigterm_finishes_the_call_in_flight_then_deregisters(own_farm: Farm) ->
     s = own_farm.session()
     outcome: dict[str, Any] = {}
 
+    started = threading.Event()
+
     def in_flight() -> None:
-        outcome["result"] = s.run("import time\ntime.sleep(2)\n'finished'", timeout_s=30)
+        stream = s.stream("import time\ntime.sleep(3)\n'finished'", timeout_s=30)
+        for event in stream:
+            if isinstance(event, ExecStart):
+                started.set()  # the worker runs it: the state under test
+        outcome["result"] = stream.result
 
     thread = threading.Thread(target=in_flight)
     thread.start()
-    time.sleep(0.5)  # let the call reach the worker: the state under test
+    assert started.wait(60), "the call never started"
     local.kill_worker(s.worker, signal.SIGTERM)
     thread.join(timeout=60)
     assert outcome["result"].value.text == "'finished'"
@@ -267,7 +274,7 @@ def test_a_crashing_task_is_a_typed_error_and_the_worker_serves_on(farm: Farm) -
     with farm.session() as s:
         pending = farm.app.send_task(TASK_EXEC, args=[{"no": "fields"}], queue=s.queue)
         with pytest.raises(WorkerFailed, match="KeyError"):
-            farm._wait(pending, time.monotonic() + 60, worker=(s.worker, s.generation))
+            farm.broker.wait(pending, time.monotonic() + 60, worker=(s.worker, s.generation))
         value = s.run("'still serving'").value
         assert value is not None and value.text == "'still serving'"
 

@@ -66,6 +66,7 @@ class DockerSandbox(Sandbox):
         self._client = client
         self.container: Container | None = None
         self.kernel_version: str | None = None
+        self._digest: str | None = None  # of the image this container runs (info())
 
     @property
     def token(self) -> str:
@@ -219,12 +220,15 @@ class DockerSandbox(Sandbox):
         return SandboxHealth(ok=False, detail=detail)
 
     def info(self) -> SandboxInfo:
-        digest = None
-        try:
-            image = self.docker.images.get(self.image)
-            digest = (image.attrs.get("RepoDigests") or [None])[0] or image.id
-        except docker.errors.DockerException:
-            pass
+        """What runs (cheap after the first call: the image of a container never changes, so
+        its digest is looked up once; heartbeats call this every second)."""
+        if self._digest is None:
+            try:
+                image = self.docker.images.get(self.image)
+                self._digest = (image.attrs.get("RepoDigests") or [None])[0] or image.id
+            except docker.errors.DockerException:
+                pass
+        digest = self._digest
         return SandboxInfo(
             backend="docker",
             isolated=True,

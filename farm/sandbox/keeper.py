@@ -41,6 +41,9 @@ class SandboxKeeper:
         self.restarts = 0
         self.last_error = ""
         self._sandbox: Sandbox | None = None
+        # the watchdog's last probe: what the worker's heartbeat reports, so that a heartbeat
+        # never waits on a starved kernel or a busy Docker daemon (and never lapses for it)
+        self.last_health = SandboxHealth(ok=False, detail="not started")
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,6 +93,7 @@ class SandboxKeeper:
             self._sandbox = sandbox
             self.generation += 1
             self.last_error = ""
+            self.last_health = SandboxHealth(ok=True, detail="started")
 
     def health(self) -> SandboxHealth:
         sandbox = self._sandbox
@@ -107,6 +111,7 @@ class SandboxKeeper:
             old, self._sandbox = self._sandbox, None
             lost_generation = self.generation
             self.last_error = reason
+            self.last_health = SandboxHealth(ok=False, detail=reason)
         if old is None:
             return
         log.warning("sandbox generation %d lost: %s; replacing it", lost_generation, reason)
@@ -138,7 +143,7 @@ class SandboxKeeper:
             if self._sandbox is None:
                 self._relaunch()
                 continue
-            health = self.health()
+            health = self.last_health = self.health()
             misses = 0 if health.ok else misses + 1
             if misses >= MISSES_BEFORE_REPLACE:
                 misses = 0

@@ -20,10 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from farm.celeryconf import direct_queue, shared_queue
 from farm.journal import Journal
 from farm.kernel.client import KernelClient, KernelError, KernelRequestError
-from farm.models import ErrorKind, ExecResult
+from farm.models import ErrorKind, ExecResult, SandboxHealth
 from farm.registry import Registry
 from farm.sandbox.factory import make_sandbox
 from farm.sandbox.keeper import SandboxKeeper
@@ -52,6 +54,7 @@ class Worker:
         self.image = settings.image
         self.generation = 0
         self.queue = ""
+        self._observed: SandboxHealth | None = None  # the last probe whose RTT was recorded
         self.registry = Registry(settings.broker_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
         self.journal = Journal(self.registry.redis, settings)
         self.keeper = SandboxKeeper(
@@ -128,14 +131,17 @@ class Worker:
                 ):
                     self._reap_idle()
                     last_reap = time.monotonic()
-            except Exception:  # noqa: BLE001 - keep beating through a Redis hiccup
+            except redis.RedisError as exc:  # the broker is down: say so once a beat, briefly
+                log.warning("worker %s heartbeat failed: %s", self.id, exc)
+            except Exception:  # noqa: BLE001 - keep beating whatever happens
                 log.exception("worker %s heartbeat failed", self.id)
 
     def _heartbeat(self) -> None:
-        health = self.keeper.health()
+        health = self.keeper.last_health  # probed by the keeper's watchdog, never here
         metrics.SANDBOX_UP.set(1 if health.ok else 0)
-        if health.rtt_s is not None:
+        if health.rtt_s is not None and health is not self._observed:
             metrics.KERNEL_RTT.observe(health.rtt_s)
+            self._observed = health
         metrics.SESSIONS_ACTIVE.set(len(self.sessions))
         info = self.keeper.info().model_dump(mode="json") if self.keeper.ready else None
         self.registry.heartbeat(

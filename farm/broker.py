@@ -1,0 +1,222 @@
+"""The client's one path to the broker: send a task, wait for its answer, and ride out outages.
+
+A broker outage is paused through, not failed on: a call that cannot be sent, or whose answer
+cannot be read, waits up to ``broker_wait_s`` for the broker to answer a ping again and goes
+on. A restart that kept its data then loses nothing; one that lost it shows as a changed broker
+mark (``BrokerLost``: the call may or may not have run). Only an outage longer than that ends
+in ``BrokerUnavailable``, whose ``sent`` says whether the call may have run. A send that
+raised is sent again with the same exec (or open) id: if the first copy did reach the broker
+after all, the worker's first-writer-wins claim of that id runs it once.
+
+While a call waits, its worker's heartbeat is watched (fencing on the client), so a dead worker
+turns into ``SessionLost`` within seconds instead of a hang.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
+from kombu.exceptions import OperationalError
+from kombu.utils.url import maybe_sanitize_url
+
+from farm.errors import BrokerLost, BrokerUnavailable, FarmBusy, SessionLost, WorkerFailed
+from farm.registry import Registry
+
+T = TypeVar("T")
+
+# What the broker's clients raise when it cannot be reached (kombu for sends, redis-py for
+# results, the registry and the journal).
+BROKER_DOWN: tuple[type[BaseException], ...] = (
+    OperationalError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+)
+WAIT_SLICE_S = 0.5
+
+
+class Broker:
+    """Sends and waits for one ``Farm``; ``wait_s`` is how long an outage is waited out."""
+
+    def __init__(
+        self, app: Celery, registry: Registry, url: str, wait_s: float, grace_s: float
+    ) -> None:
+        self.app = app
+        self.registry = registry
+        self.url = maybe_sanitize_url(url)  # never print a password
+        self.wait_s = wait_s
+        self.grace_s = grace_s  # how long after an outage a lapsed heartbeat may come back
+        self._down_at = -float("inf")  # when this client last found the broker down
+
+    def send(
+        self,
+        name: str,
+        queue: str,
+        *,
+        args: list[Any] | None = None,
+        kwargs: dict[str, Any] | None = None,
+        check: Callable[[], str] | None = None,
+    ) -> tuple[Any, str]:
+        """Send task ``name`` to ``queue`` after ``check`` (default: read the broker mark),
+        which returns the mark the wait compares against; returns ``(pending, mark)``."""
+
+        def attempt() -> tuple[Any, str]:
+            mark = check() if check is not None else self.registry.broker_mark()
+            return self.app.send_task(name, args=args, kwargs=kwargs, queue=queue), mark
+
+        return self.call(attempt, sent=False)
+
+    def call(self, fn: Callable[[], T], *, sent: bool, deadline: float | None = None) -> T:
+        """``fn()``, again after an outage once the broker is back (within ``wait_s``, and
+        ``deadline`` when given); ``fn`` must be safe to repeat when it raised."""
+        until: float | None = None
+        while True:
+            try:
+                return fn()
+            except BROKER_DOWN as exc:
+                if until is None:
+                    until = time.monotonic() + self.wait_s
+                    if deadline is not None:
+                        until = min(until, deadline)
+                self._down_at = time.monotonic()
+                if not self._back_by(until):
+                    raise BrokerUnavailable(self.url, exc, sent=sent) from exc
+
+    def after_outage(self, read: Callable[[], T], ok: Callable[[T], bool]) -> T:
+        """``read()``, read again until ``ok`` while a recent outage may explain why it is not:
+        workers cannot heartbeat while the broker is down, so their registrations may have
+        lapsed; a live worker writes its own (same generation) again within a beat or two.
+        Recent: this client saw the broker down, or the broker started, within ``grace_s``."""
+        value = read()
+        if ok(value):
+            return value
+        started = time.monotonic() - self._uptime()
+        until = max(self._down_at, started) + self.grace_s
+        while not ok(value) and time.monotonic() < until:
+            time.sleep(0.1)  # poll interval, bounded by grace_s after the outage
+            value = read()
+        return value
+
+    def _uptime(self) -> float:
+        try:
+            return float(self.registry.redis.info("server")["uptime_in_seconds"])
+        except (redis.ResponseError, KeyError, ValueError):  # INFO renamed or disabled
+            return float("inf")
+
+    def _back_by(self, until: float) -> bool:
+        """Poll the broker with a ping until it answers (True) or ``until`` passes (False)."""
+        delay = 0.05
+        while True:
+            try:
+                if self.registry.redis.ping():
+                    return True
+            except BROKER_DOWN:
+                pass
+            left = until - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 1.0)
+
+    def wait(
+        self,
+        pending: Any,
+        deadline: float,
+        *,
+        worker: tuple[str, int] | None = None,
+        exec_id: str | None = None,
+        mark: str | None = None,
+    ) -> dict[str, Any]:
+        """Wait for a task result, watching the worker that runs it and the broker's ``mark``
+        (read before sending): a changed mark means the message is gone with the broker's
+        data, and no answer will ever come."""
+        try:
+            while True:
+                reply = self.call(lambda: self._poll(pending), sent=True, deadline=deadline)
+                if reply is not None:
+                    return reply
+                self.check(pending, deadline, worker=worker, exec_id=exec_id, mark=mark)
+        finally:
+            release(pending)
+
+    @staticmethod
+    def _poll(pending: Any) -> dict[str, Any] | None:
+        try:
+            reply: dict[str, Any] = pending.get(timeout=WAIT_SLICE_S, propagate=True)
+        except CeleryTimeout:
+            return None
+        except BROKER_DOWN:
+            raise
+        except Exception as exc:  # the task itself crashed on the worker
+            pending.forget()
+            raise WorkerFailed(f"the worker task failed: {type(exc).__name__}: {exc}") from exc
+        pending.forget()
+        return reply
+
+    def check(
+        self,
+        pending: Any,
+        deadline: float,
+        *,
+        worker: tuple[str, int] | None = None,
+        exec_id: str | None = None,
+        mark: str | None = None,
+    ) -> None:
+        """Raise when a call can no longer be answered: its worker died, the broker lost its
+        data, or the deadline passed (one check, between two slices of waiting)."""
+        try:
+            self.call(
+                lambda: self._check(pending, deadline, worker, exec_id, mark),
+                sent=True,
+                deadline=deadline,
+            )
+        except BaseException:
+            release(pending)
+            raise
+
+    def _check(
+        self,
+        pending: Any,
+        deadline: float,
+        worker: tuple[str, int] | None,
+        exec_id: str | None,
+        mark: str | None,
+    ) -> None:
+        # first: a broker that lost its data lost the worker registrations too
+        if mark is not None and self.registry.broker_mark() != mark:
+            pending.forget()
+            raise BrokerLost(
+                f"the broker lost its data while call {exec_id or '?'} waited (a Redis "
+                "restart without persistence?): it may or may not have run; check before "
+                "running it again"
+            )
+        owner = worker
+        if owner is None and exec_id is not None:
+            record = self.registry.exec_record(exec_id)
+            if record and record.get("state") == "running":
+                owner = (str(record["worker"]), int(record["generation"]))
+        if owner is not None and not self.after_outage(
+            lambda: self.registry.worker_alive(*owner), bool
+        ):
+            pending.forget()
+            raise SessionLost(
+                exec_id or "?", owner[0], f"worker {owner[0]} (generation {owner[1]}) is gone"
+            )
+        if time.monotonic() > deadline:
+            pending.forget()
+            raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
+
+
+def release(pending: Any) -> None:
+    """Stop listening for ``pending``'s result now, not in its ``__del__``: Celery's would
+    unsubscribe whenever the garbage collector gets to it, and raise there if the broker is
+    down by then."""
+    backend, pending.backend = pending.backend, None
+    if backend is not None:
+        with contextlib.suppress(*BROKER_DOWN):
+            backend.remove_pending_result(pending)

@@ -6,7 +6,8 @@ All three run the same snippets from ``bench/snippets.py`` (small functions plus
 passing, one in ten failing an assert, a few raising) in this one run:
 
 1. farm: ``Sweep(farm, concurrency=8).run(...)`` on ``Farm.local(workers=2)`` (a redis-server
-   and two Celery workers, each owning a hardened Docker sandbox); one fresh session per item.
+   and two Celery workers, each owning a hardened Docker sandbox); one fresh session per item
+   (a one-shot run for a single-cell item: open, run and close in one task).
    Timed from the start of the sweep to its last output line; the farm's start-up and a small
    warm-up sweep are printed separately and left out.
 2. ``docker run --rm --network none`` of the same image per snippet (``python3 -c CODE``),

@@ -138,9 +138,13 @@ class Broker:
         try:
             while True:
                 reply = self.call(lambda: self._poll(pending), sent=True, deadline=deadline)
-                if reply is not None:
+                if reply is not None:  # Celery stopped listening when it came: just let go
+                    release(pending, unsubscribe=False)
                     return reply
                 self.check(pending, deadline, worker=worker, exec_id=exec_id, mark=mark)
+        except BrokerUnavailable:
+            release(pending, unsubscribe=False)
+            raise
         finally:
             release(pending)
 
@@ -151,6 +155,10 @@ class Broker:
         except CeleryTimeout:
             return None
         except BROKER_DOWN:
+            raise
+        except RuntimeError as exc:  # Celery's result consumer gave up reconnecting (~20 s)
+            if isinstance(exc.__cause__, BROKER_DOWN):
+                raise exc.__cause__ from exc
             raise
         except Exception as exc:  # the task itself crashed on the worker
             pending.forget()
@@ -175,6 +183,9 @@ class Broker:
                 sent=True,
                 deadline=deadline,
             )
+        except BrokerUnavailable:
+            release(pending, unsubscribe=False)
+            raise
         except BaseException:
             release(pending)
             raise
@@ -212,11 +223,12 @@ class Broker:
             raise FarmBusy("no answer before the deadline: the farm is overloaded or down")
 
 
-def release(pending: Any) -> None:
+def release(pending: Any, *, unsubscribe: bool = True) -> None:
     """Stop listening for ``pending``'s result now, not in its ``__del__``: Celery's would
     unsubscribe whenever the garbage collector gets to it, and raise there if the broker is
-    down by then."""
+    down by then. With the broker down (``unsubscribe=False``) it only lets go: unsubscribing
+    would block in Celery's reconnect loop, and the subscription died with the connection."""
     backend, pending.backend = pending.backend, None
-    if backend is not None:
-        with contextlib.suppress(*BROKER_DOWN):
+    if backend is not None and unsubscribe:
+        with contextlib.suppress(Exception):  # cleanup: never the error the caller sees
             backend.remove_pending_result(pending)

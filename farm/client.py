@@ -258,7 +258,9 @@ class Farm:
         retries: int = 0,
         max_output_bytes: int | None = None,
     ) -> ExecResult:
-        """One-shot run in a fresh session; failures are results, never exceptions.
+        """One-shot run in a fresh session; failures are results, never exceptions, once the
+        call was sent (before that: ``SandboxUnavailable`` when no worker serves ``image``,
+        ``BrokerUnavailable`` with ``sent=False`` when the broker cannot be reached).
 
         Up to ``retries`` infrastructure failures are retried, and only those that happened
         before the code started (its exec id was never claimed by a worker): code that may
@@ -285,6 +287,8 @@ class Farm:
                     worker=exc.worker,
                 )
             except (BrokerLost, BrokerUnavailable) as exc:  # no retry: the broker is gone
+                if isinstance(exc, BrokerUnavailable) and not exc.sent:
+                    raise
                 return ExecResult.failure(
                     ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
                 )

@@ -13,6 +13,7 @@ in one session, in order, stopping at the first failure), optional ``timeout_s``
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -27,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import farm
+from farm.broker import BROKER_DOWN
 from farm.client import Farm
 from farm.errors import (
     BrokerUnavailable,
@@ -270,18 +272,23 @@ class Sweep:
         the broker longer than the farm waits out stops the sweep: an item it kept from being
         sent gets no record (``--resume`` runs it), one that may have run an ``infra`` one."""
         timeout = item.timeout_s or self.timeout_s
+        cells = item.all_cells()
         results: list[ExecResult] = []
         try:
-            with self.farm.session(self.image, timeout_s=timeout) as session:
-                sessions.append(session.id)
-                for path, content in (item.files or {}).items():
-                    session.files.write(path, content)
-                for code in item.all_cells():
-                    result = session.run(code, timeout)
-                    results.append(result)
-                    if not result.ok:
-                        break
-                manifest = self._manifest(session.worker)
+            if len(cells) == 1 and not item.files:  # a one-shot run: one round trip, not three
+                results.append(self.farm.run(cells[0], image=self.image, timeout_s=timeout))
+                sessions.extend([results[0].session_id] if results[0].session_id else [])
+                manifest = self._manifest(results[0].worker)
+            else:
+                with self.farm.session(self.image, timeout_s=timeout) as session:
+                    sessions.append(session.id)
+                    for path, content in (item.files or {}).items():
+                        session.files.write(path, content)
+                    for code in cells:
+                        results.append(session.run(code, timeout))
+                        if not results[-1].ok:
+                            break
+                    manifest = self._manifest(session.worker)
         except StateLost as exc:
             results.append(exc.result)
             manifest = self._manifest(exc.result.worker)
@@ -310,7 +317,10 @@ class Sweep:
         )
 
     def _manifest(self, worker_id: str | None) -> dict[str, Any]:
-        worker = self._workers.get(str(worker_id)) or self.farm.registry.worker(str(worker_id))
+        worker = self._workers.get(str(worker_id))
+        if worker is None and worker_id:  # started after the sweep did; the broker may be down
+            with contextlib.suppress(*BROKER_DOWN):
+                worker = self.farm.registry.worker(str(worker_id))
         sandbox = (worker or {}).get("sandbox") or {}
         return {
             "farm_version": farm.__version__,

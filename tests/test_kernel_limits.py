@@ -47,12 +47,10 @@ def test_timeout_interrupts_and_keeps_state(own_cells: Cells) -> None:
 def test_code_ignoring_the_interrupt_is_killed_and_reported_as_state_lost(
     own_cells: Cells,
 ) -> None:
-    own_cells.run("secret = 1")
-    result = own_cells.run(
-        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-        "while True:\n    time.sleep(0.01)",
-        timeout_s=0.5,
-    )
+    # set up with the normal timeout (the handler stays for the session's next cells), so the
+    # short timeout below covers only the loop, however slow the machine
+    own_cells.run("secret = 1\nimport signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)")
+    result = own_cells.run("while True:\n    time.sleep(0.01)", timeout_s=0.5)
     assert result.error is not None
     assert result.error.kind == "timeout"
     assert result.state_lost
@@ -133,16 +131,15 @@ def test_grandchildren_die_with_the_session_and_leave_no_zombie(kernel: ProcessS
 
 
 def test_timeout_kill_takes_the_whole_process_group(own_cells: Cells) -> None:
-    result = own_cells.run(
-        "import subprocess, signal, os\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    child = own_cells.value(
+        "import subprocess, signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
         "child = subprocess.Popen(['sleep', '1000'])\n"
-        "open('/tmp/farm-test-child', 'w').write(str(child.pid))\n"
-        "child.wait()",
-        timeout_s=0.5,
+        "child.pid"
     )
+    assert child is not None
+    result = own_cells.run("child.wait()", timeout_s=0.5)
     assert result.state_lost
-    with open("/tmp/farm-test-child") as f:
-        assert gone_or_reaped(int(f.read()))
+    assert gone_or_reaped(int(child))
 
 
 def test_output_is_capped_head_and_tail_with_a_marker(own_cells: Cells) -> None:

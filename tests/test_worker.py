@@ -16,6 +16,7 @@ from farm.client import Farm, exec_request
 from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
 from farm.events import ExecStart
 from farm.local import LocalFarm
+from tests.test_reliability_adversarial import session_on
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -39,9 +40,10 @@ def own_farm(docker_env: Any, request: Any) -> Iterator[Farm]:
 
 
 def test_interleaved_sessions_see_only_their_own_state(farm: Farm) -> None:
-    sessions = [farm.session() for _ in range(20)]
+    workers = sorted(str(w["id"]) for w in farm.workers())
+    sessions = [session_on(farm, workers[i % 2]) for i in range(20)]  # 10 on each, interleaved
     try:
-        assert {s.worker for s in sessions} == {w["id"] for w in farm.workers()}
+        assert {s.worker for s in sessions} == set(workers) and len(workers) == 2
         for i, s in enumerate(sessions):
             s.run(f"mine = {i}\nlog = []")
         for round_ in range(3):
@@ -141,7 +143,8 @@ def test_metrics_move_after_a_timeout_and_an_oom(farm: Farm) -> None:
 
 def test_killing_a_worker_loses_only_its_sessions(own_farm: Farm) -> None:
     local = own_farm.local_farm
-    sessions = [own_farm.session() for _ in range(6)]
+    workers = sorted(str(w["id"]) for w in own_farm.workers())
+    sessions = [session_on(own_farm, workers[i % 2]) for i in range(6)]
     victim = sessions[0].worker
     survivors = [s for s in sessions if s.worker != victim]
     doomed = [s for s in sessions if s.worker == victim]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import redis
@@ -38,6 +39,16 @@ BROKER_DOWN: tuple[type[BaseException], ...] = (
     redis.TimeoutError,
 )
 WAIT_SLICE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What a waiting call watches between slices of waiting: the worker running it (known
+    for a session call; else found from ``exec_id``'s claim record) and the broker's mark."""
+
+    worker: tuple[str, int] | None = None
+    exec_id: str | None = None
+    mark: str | None = None
 
 
 class Broker:
@@ -124,29 +135,29 @@ class Broker:
             delay = min(delay * 2, 1.0)
 
     def wait(
-        self,
-        pending: Any,
-        deadline: float,
-        *,
-        worker: tuple[str, int] | None = None,
-        exec_id: str | None = None,
-        mark: str | None = None,
+        self, pending: Any, deadline: float, watch: Watch, *, final: bool = True
     ) -> dict[str, Any]:
         """Wait for a task result, watching the worker that runs it and the broker's ``mark``
         (read before sending): a changed mark means the message is gone with the broker's
-        data, and no answer will ever come."""
+        data, and no answer will ever come. ``final=False``: the caller may wait again after
+        the deadline (``FarmBusy``), so the result is still listened for then."""
         try:
             while True:
                 reply = self.call(lambda: self._poll(pending), sent=True, deadline=deadline)
                 if reply is not None:  # Celery stopped listening when it came: just let go
                     release(pending, unsubscribe=False)
                     return reply
-                self.check(pending, deadline, worker=worker, exec_id=exec_id, mark=mark)
+                self.check(pending, deadline, watch)
+        except FarmBusy:
+            if final:
+                release(pending)
+            raise
         except BrokerUnavailable:
             release(pending, unsubscribe=False)
             raise
-        finally:
+        except BaseException:
             release(pending)
+            raise
 
     @staticmethod
     def _poll(pending: Any) -> dict[str, Any] | None:
@@ -166,38 +177,13 @@ class Broker:
         pending.forget()
         return reply
 
-    def check(
-        self,
-        pending: Any,
-        deadline: float,
-        *,
-        worker: tuple[str, int] | None = None,
-        exec_id: str | None = None,
-        mark: str | None = None,
-    ) -> None:
+    def check(self, pending: Any, deadline: float, watch: Watch) -> None:
         """Raise when a call can no longer be answered: its worker died, the broker lost its
         data, or the deadline passed (one check, between two slices of waiting)."""
-        try:
-            self.call(
-                lambda: self._check(pending, deadline, worker, exec_id, mark),
-                sent=True,
-                deadline=deadline,
-            )
-        except BrokerUnavailable:
-            release(pending, unsubscribe=False)
-            raise
-        except BaseException:
-            release(pending)
-            raise
+        self.call(lambda: self._check(pending, deadline, watch), sent=True, deadline=deadline)
 
-    def _check(
-        self,
-        pending: Any,
-        deadline: float,
-        worker: tuple[str, int] | None,
-        exec_id: str | None,
-        mark: str | None,
-    ) -> None:
+    def _check(self, pending: Any, deadline: float, watch: Watch) -> None:
+        worker, exec_id, mark = watch.worker, watch.exec_id, watch.mark
         # first: a broker that lost its data lost the worker registrations too
         if mark is not None and self.registry.broker_mark() != mark:
             pending.forget()

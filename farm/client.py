@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
-from farm.broker import Broker
+from farm.broker import Broker, Watch
 from farm.callbacks import Callbacks
 from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app, shared_queue
 from farm.errors import (
@@ -213,15 +213,15 @@ class Farm:
         """The answer to one open; an open that no worker claimed within ``OPEN_CLAIM_S`` is
         abandoned (a dead worker may have taken its message without a trace) and reported
         busy, so the caller asks again; a late delivery of it then opens nothing."""
+        watch = Watch(exec_id=open_id, mark=mark)
         try:
-            return self.broker.wait(
-                pending, min(deadline, time.monotonic() + OPEN_CLAIM_S), exec_id=open_id, mark=mark
-            )
+            first_wait = min(deadline, time.monotonic() + OPEN_CLAIM_S)
+            return self.broker.wait(pending, first_wait, watch, final=False)
         except FarmBusy:
             if self.registry.abandon(open_id):
                 return {"busy": True, "reason": f"no worker took the open in {OPEN_CLAIM_S:g}s"}
         # a worker claimed it meanwhile: wait for it there, watching its heartbeat
-        return self.broker.wait(pending, deadline, exec_id=open_id, mark=mark)
+        return self.broker.wait(pending, deadline, watch)
 
     def attach(
         self,
@@ -271,12 +271,9 @@ class Farm:
             try:
                 self._require_image(image)
                 pending, mark = self.broker.send(TASK_RUN, shared_queue(image), args=[request])
-                raw = self.broker.wait(
-                    pending,
-                    time.monotonic() + timeout_s + QUEUE_WAIT_S,
-                    exec_id=request["exec_id"],
-                    mark=mark,
-                )
+                deadline = time.monotonic() + timeout_s + QUEUE_WAIT_S
+                watch = Watch(exec_id=request["exec_id"], mark=mark)
+                raw = self.broker.wait(pending, deadline, watch)
                 result = ExecResult.model_validate(raw)
             except SessionLost as exc:
                 result = ExecResult.failure(

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from farm.broker import BROKER_DOWN
+from farm.broker import BROKER_DOWN, Watch
 from farm.callbacks import Callbacks
 from farm.celeryconf import TASK_CLOSE, TASK_EXEC
 from farm.errors import BrokerLost, BrokerUnavailable, FarmBusy, SessionLost, StateLost
@@ -44,7 +44,7 @@ class _Call:
     pending: Any
     request: dict[str, Any]
     deadline: float
-    watch: dict[str, Any]
+    watch: Watch
 
 
 class Session:
@@ -141,11 +141,11 @@ class Session:
         pending, mark = self.farm.broker.send(
             TASK_EXEC, self.queue, args=[request], check=self._check_alive
         )
-        watch = {"worker": (self.worker, self.generation), "mark": mark}
+        watch = Watch(worker=(self.worker, self.generation), mark=mark)
         return _Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
 
     def _collect(self, call: _Call) -> ExecResult:
-        raw = self.farm.broker.wait(call.pending, call.deadline, **call.watch)
+        raw = self.farm.broker.wait(call.pending, call.deadline, call.watch)
         return ExecResult.model_validate(raw)
 
     def _settle(
@@ -180,4 +180,4 @@ class Session:
             if self.farm.registry.worker_alive(self.worker, self.generation):
                 pending = self.farm.app.send_task(TASK_CLOSE, args=[self.id], queue=self.queue)
                 owner = (self.worker, self.generation)
-                self.farm.broker.wait(pending, time.monotonic() + 30, worker=owner)
+                self.farm.broker.wait(pending, time.monotonic() + 30, Watch(worker=owner))

@@ -17,7 +17,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from farm.broker import BROKER_DOWN
+from farm.broker import BROKER_DOWN, release
+from farm.errors import BrokerUnavailable
 from farm.events import Event, ExecEnd, ExecStart, HostCall, closing_events, parse_event
 from farm.models import CallAnswer, ExecResult
 
@@ -82,7 +83,13 @@ class EventStream:
                         calls += event.items
                     yield event
                 if not (seen_end or done):
-                    farm.broker.check(call.pending, call.deadline, **call.watch)
+                    farm.broker.check(call.pending, call.deadline, call.watch)
+        except BrokerUnavailable:  # not waited for any more: let go without the broker
+            release(call.pending, unsubscribe=False)
+            raise
+        except BaseException:
+            release(call.pending)
+            raise
         finally:
             with contextlib.suppress(*BROKER_DOWN):  # it expires by itself
                 farm.journal.drop_exec(exec_id)

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from farm.broker import Watch
 from farm.celeryconf import TASK_EXEC
 from farm.client import Farm, exec_request
 from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
@@ -277,7 +278,7 @@ def test_a_crashing_task_is_a_typed_error_and_the_worker_serves_on(farm: Farm) -
     with farm.session() as s:
         pending = farm.app.send_task(TASK_EXEC, args=[{"no": "fields"}], queue=s.queue)
         with pytest.raises(WorkerFailed, match="KeyError"):
-            farm.broker.wait(pending, time.monotonic() + 60, worker=(s.worker, s.generation))
+            farm.broker.wait(pending, time.monotonic() + 60, Watch(worker=(s.worker, s.generation)))
         value = s.run("'still serving'").value
         assert value is not None and value.text == "'still serving'"
 

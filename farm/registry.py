@@ -23,7 +23,10 @@ from typing import Any
 import redis
 
 PREFIX = "farm:"
-EXEC_TTL_S = 24 * 3600
+# An exec record (claim, then the result) only has to outlive redeliveries of its message
+# (within the broker's visibility timeout, 60 s) and a client's wait; a day of them cost ~0.5 kB
+# an exec of Redis memory (a million-exec day: 500 MB). One hour, as Celery's results.
+EXEC_TTL_S = 3600
 BROKER_MARK = f"{PREFIX}broker"
 
 
@@ -155,10 +158,13 @@ class Registry:
 
     # --- exec records -------------------------------------------------------------------
 
-    def claim_exec(self, exec_id: str, worker_id: str, generation: int) -> dict[str, Any] | None:
-        """Claim ``exec_id`` for running; ``None`` if claimed, else the existing record."""
+    def claim_exec(
+        self, exec_id: str, worker_id: str, generation: int, timeout_s: float = 0.0
+    ) -> dict[str, Any] | None:
+        """Claim ``exec_id`` for running (the claim outlives a run of ``timeout_s``); ``None``
+        if claimed, else the existing record."""
         record = {"state": "running", "worker": worker_id, "generation": generation}
-        if self._record_first(exec_id, record):
+        if self._record_first(exec_id, record, EXEC_TTL_S + int(timeout_s)):
             return None
         return self.exec_record(exec_id) or record
 
@@ -167,10 +173,10 @@ class Registry:
         claimed it first (then it runs, or ran, there)."""
         return self._record_first(exec_id, {"state": "abandoned"})
 
-    def _record_first(self, exec_id: str, record: dict[str, Any]) -> bool:
+    def _record_first(self, exec_id: str, record: dict[str, Any], ttl_s: int = EXEC_TTL_S) -> bool:
         """Write ``exec_id``'s record unless it has one: whoever writes first owns it."""
         key = f"{PREFIX}exec:{exec_id}"
-        return bool(self.redis.set(key, json.dumps(record), nx=True, ex=EXEC_TTL_S))
+        return bool(self.redis.set(key, json.dumps(record), nx=True, ex=ttl_s))
 
     def finish_exec(
         self,

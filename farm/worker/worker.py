@@ -275,7 +275,8 @@ class Worker:
         exec_id = request["exec_id"]
         if request.get("generation", self.generation) != self.generation:
             return self._lost(request, "the worker generation this call was sent to is gone")
-        claim = self.registry.claim_exec(exec_id, self.id, self.generation)
+        timeout_s = float(request.get("timeout_s") or 0)
+        claim = self.registry.claim_exec(exec_id, self.id, self.generation, timeout_s)
         if claim is not None:
             return self._recorded(exec_id, claim, request)
         t0 = time.perf_counter()

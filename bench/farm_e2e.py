@@ -39,6 +39,7 @@ from benchlib import Latency, emit, machine, parse_args
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
+from farm.broker import release
 from farm.celeryconf import TASK_ECHO, shared_queue
 from farm.client import Farm, Session, exec_request
 
@@ -124,6 +125,7 @@ def echo_call(farm: Farm, payload: dict[str, Any]) -> Callable[[], None]:
         pending = farm.app.send_task(TASK_ECHO, args=[payload], queue=queue)
         pending.get(timeout=CALL_TIMEOUT_S)
         pending.forget()
+        release(pending, unsubscribe=False)  # as farm's own calls do: nothing left for __del__
 
     return call
 

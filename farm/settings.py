@@ -94,4 +94,12 @@ class FarmSettings(BaseSettings):
 
     @property
     def docker_image(self) -> str:
-        return self.sandbox_image or f"farm-sandbox:{self.image}"
+        """``FARM_SANDBOX_IMAGE``, else ``farm-sandbox:IMAGE``; for the default image, the
+        build of this checkout's own kernel when Docker has it (``images.own_sandbox_tag``)."""
+        if self.sandbox_image:
+            return self.sandbox_image
+        if self.image == "default":
+            from farm.sandbox.images import own_sandbox_tag
+
+            return own_sandbox_tag()
+        return f"farm-sandbox:{self.image}"

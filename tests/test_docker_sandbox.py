@@ -6,14 +6,19 @@ Each property is checked from inside the sandbox, by running code in it.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from farm.kernel.client import KernelConnectionError
+from farm.sandbox import images
 from farm.sandbox.docker import DockerSandbox, remove_orphans
+from farm.sandbox.images import own_sandbox_tag
 from farm.sandbox.keeper import SandboxKeeper
 from farm.sandbox.process import SandboxStartError
 from tests.conftest import TEST_OWNER, Cells, make_docker_sandbox
@@ -139,7 +144,7 @@ def test_one_sandbox_cannot_see_or_reach_another(
 def test_info_reports_backend_image_digest_and_limits(docker_sandbox: DockerSandbox) -> None:
     info = docker_sandbox.info()
     assert info.backend == "docker" and info.isolated
-    assert info.image == "farm-sandbox:default"
+    assert info.image == own_sandbox_tag() and info.image.startswith("farm-sandbox:default-k")
     assert info.image_digest is not None and info.image_digest.startswith("sha256:")
     assert info.container_id == docker_sandbox.container.id
     assert info.limits["memory_mb"] == 512 and info.limits["network"] == "none"
@@ -246,3 +251,36 @@ def test_orphans_of_a_dead_owner_are_removed(docker_env: Any) -> None:
         assert mine.name not in removed
     finally:
         mine.remove(force=True)
+
+
+def test_two_kernels_on_one_host_each_keep_their_own_build(docker_env: Any, tmp_path: Path) -> None:
+    """Two checkouts with different kernels (a developer and a CI run) build the same tag in
+    turn: each still starts the sandboxes of its own kernel (its pinned tag), and going back
+    to a kernel built before moves the plain tag back without a rebuild."""
+    tag = f"farm-sandbox:pintest{os.getpid()}"
+    repo = images.default_repo_root()
+    other = tmp_path / "other"
+    shutil.copytree(
+        repo / images.KERNEL_DIR,
+        other / images.KERNEL_DIR,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    (other / images.DOCKERFILE).parent.mkdir(parents=True)
+    shutil.copy(repo / images.DOCKERFILE, other / images.DOCKERFILE)
+    init = other / images.KERNEL_DIR / "__init__.py"
+    init.write_text(init.read_text() + "\n# another checkout's kernel\n")
+    try:
+        mine = images.ensure_sandbox_image(docker_env, tag=tag)
+        theirs = images.ensure_sandbox_image(docker_env, tag=tag, repo_root=other)
+        assert theirs.built and theirs.image_id != mine.image_id
+        assert docker_env.images.get(tag).id == theirs.image_id  # the plain tag moved
+        assert docker_env.images.get(images.own_sandbox_tag(tag)).id == mine.image_id
+        assert docker_env.images.get(images.own_sandbox_tag(tag, other)).id == theirs.image_id
+        again = images.ensure_sandbox_image(docker_env, tag=tag)
+        assert not again.built and again.image_id == mine.image_id
+        assert docker_env.images.get(tag).id == mine.image_id
+    finally:
+        for image in docker_env.images.list(name="farm-sandbox"):
+            for ref in image.tags:
+                if ref == tag or ref.startswith(f"{tag}-k"):
+                    docker_env.images.remove(ref)

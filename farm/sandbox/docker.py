@@ -31,6 +31,7 @@ from farm.kernel.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
 from farm.processes import pid_alive
 from farm.sandbox.base import Sandbox
+from farm.sandbox.images import own_sandbox_tag
 from farm.sandbox.process import SandboxStartError
 from farm.settings import SandboxLimits
 
@@ -47,7 +48,7 @@ MOUNT = "/run/farm"
 class DockerSandbox(Sandbox):
     def __init__(
         self,
-        image: str = "farm-sandbox:default",
+        image: str | None = None,
         *,
         owner: str | None = None,
         limits: SandboxLimits | None = None,
@@ -55,7 +56,8 @@ class DockerSandbox(Sandbox):
         start_timeout_s: float = 30.0,
         client: docker.DockerClient | None = None,
     ) -> None:
-        self.image = image
+        # default: the build of this checkout's kernel (``images.own_sandbox_tag``)
+        self.image = image or own_sandbox_tag()
         self.owner = owner or f"local-{os.getpid()}"
         self.limits = limits or SandboxLimits()
         self.start_timeout_s = start_timeout_s

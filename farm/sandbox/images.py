@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import subprocess
 import sys
@@ -60,6 +61,7 @@ BASE_BUILD_TIMEOUT_S = 900.0
 BUILD_READ_TIMEOUT_S = 600
 BUILD_TOTAL_TIMEOUT_S = 1800.0
 PING_TIMEOUT_S = 10
+PINS_KEPT = 3  # pinned builds of a tag kept on the host (other checkouts, running farms)
 
 
 class DockerUnavailableError(RuntimeError):
@@ -115,6 +117,36 @@ def kernel_source_hash(repo_root: Path, dockerfile_path: Path = DOCKERFILE) -> s
         digest.update(path.read_bytes())
         digest.update(b"\0")
     return digest.hexdigest()
+
+
+def pinned_tag(tag: str, want: Mapping[str, str]) -> str:
+    """``tag`` with a digest of what the image must hold appended (``farm-sandbox:default-k…``).
+
+    The plain tag names the newest build on this host; the pinned one names the image of these
+    sources for good, so two checkouts with different kernels on one host (a developer and a
+    CI run, or an upgrade while a farm runs) each start the sandboxes of their own kernel."""
+    digest = hashlib.sha256(json.dumps(dict(want), sort_keys=True).encode()).hexdigest()
+    repository, _, name = tag.rpartition(":")
+    return f"{repository or name}:{name if repository else 'latest'}-k{digest[:12]}"
+
+
+def own_sandbox_tag(tag: str = DEFAULT_TAG, repo_root: Path | None = None) -> str:
+    """The pinned tag of this checkout's kernel for the default sandbox image ``tag``, or
+    ``tag`` itself when the sources to hash are not here (an installed package, e.g. the worker
+    image) or Docker has no such image (built before pinning existed)."""
+    try:
+        want = {
+            LABEL_KERNEL_HASH: kernel_source_hash(repo_root or default_repo_root()),
+            LABEL_EXTRA_PIP: "",
+        }
+        pinned = pinned_tag(tag, want)
+        client = docker.from_env(timeout=PING_TIMEOUT_S)
+        try:
+            return pinned if _image_exists(client, pinned) else tag
+        finally:
+            client.close()
+    except (ImageBuildError, OSError, docker.errors.DockerException):
+        return tag
 
 
 def _image_exists(client: docker.DockerClient, ref: str) -> bool:
@@ -278,10 +310,17 @@ def ensure_sandbox_image(
         LABEL_EXTRA_PIP: extra_pip,
         **(labels or {}),
     }
+    pinned = pinned_tag(tag, want)
     previous = _tagged_image(client, tag)
     if previous is not None and not force and _is_current(tag, previous[1], want):
         logger.debug("%s is current (%s)", tag, previous[0])
+        _tag(client, previous[0], pinned)
         return SandboxImage(tag=tag, image_id=previous[0], built=False)
+    kept = _tagged_image(client, pinned)
+    if kept is not None and not force and _is_current(pinned, kept[1], want):
+        logger.info("%s: back to the build of these sources (%s)", tag, pinned)
+        _tag(client, kept[0], tag)  # another checkout's build moved the plain tag: move it back
+        return SandboxImage(tag=tag, image_id=kept[0], built=False)
 
     base = ensure_base(client, repo_root=root)
     context = prepare(base) if prepare is not None else root
@@ -307,9 +346,32 @@ def ensure_sandbox_image(
         raise ImageBuildError(f"building {tag} failed: {exc}\n" + "\n".join(tail)) from exc
     if built_id is not None and built_id != image_id:
         raise ImageBuildError(f"built {built_id} but {tag} now names {image_id}")
+    _tag(client, image_id, pinned)
+    _prune_pins(client, tag, keep=PINS_KEPT)
     if previous is not None and previous[0] != image_id:
         _remove_superseded(client, previous[0])
     return SandboxImage(tag=tag, image_id=image_id, built=True, base=base)
+
+
+def _tag(client: docker.DockerClient, image_id: str, ref: str) -> None:
+    repository, _, name = ref.rpartition(":")
+    client.images.get(image_id).tag(repository, name)
+
+
+def _prune_pins(client: docker.DockerClient, tag: str, keep: int) -> None:
+    """Untag all but the ``keep`` newest pinned builds of ``tag`` (each kernel edit makes
+    one); Docker keeps an image a container still runs, and removes the rest."""
+    prefix = pinned_tag(tag, {}).rpartition("-k")[0] + "-k"
+    pins = []
+    for image in client.images.list(name=tag.rpartition(":")[0] or tag):
+        pins += [
+            (image.attrs.get("Created", ""), ref) for ref in image.tags if ref.startswith(prefix)
+        ]
+    for _, ref in sorted(pins, reverse=True)[keep:]:
+        try:
+            client.images.remove(ref)
+        except docker.errors.APIError as exc:
+            logger.debug("keeping %s: %s", ref, exc)
 
 
 def build_sandbox_image(

@@ -127,13 +127,13 @@ class Farm:
 
     def _require_image(self, image: str) -> None:
         """Fail fast when no live worker serves ``image`` (checked at most once a second).
-        An image served moments ago gets ``open_wait_s`` to come back: its workers may be
-        restarting, or re-registering with a broker that restarted."""
+        An image this client saw served gets until ``open_wait_s`` after that to come back:
+        its workers may be restarting, or re-registering with a broker that restarted."""
         now = time.monotonic()
         last = self._served.get(image)
         if last is not None and now - last < IMAGE_CHECK_S:
             return
-        wait_until = now + self.settings.open_wait_s if last is not None else now
+        wait_until = last + self.settings.open_wait_s if last is not None else now
         while True:
             workers = self.broker.call(self.registry.workers, sent=False)
             if any(w.get("image") == image for w in workers):

@@ -104,6 +104,14 @@ def docker_env() -> Iterator[Any]:
     client.close()
 
 
+def remove_image_tags(client: Any, tag: str) -> None:
+    """Remove a test-only image ``tag`` and the pinned tags its builds got (``-k<digest>``)."""
+    for image in client.images.list(name=tag.rpartition(":")[0]):
+        for ref in image.tags:
+            if ref == tag or ref.startswith(f"{tag}-k"):
+                client.images.remove(ref)
+
+
 def make_docker_sandbox(docker_env: Any, tmp_path_factory: Any, **kwargs: Any) -> Any:
     from farm.sandbox.docker import DockerSandbox
 

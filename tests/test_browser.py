@@ -14,6 +14,7 @@ import pytest
 from farm.client import Farm, Session
 from farm.models import ExecResult
 from farm.sandbox.variants import ensure_variant_image
+from tests.conftest import remove_image_tags
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -118,11 +119,12 @@ def web(browser_farm: Farm) -> Iterator[Session]:
 
 @contextlib.contextmanager
 def _removed_after(docker_env: Any, tag: str) -> Iterator[None]:
-    """A test-only image: removed after the test (its layers are the browser image's)."""
+    """A test-only image: removed after the test (its layers are the browser image's), with
+    the pinned tag its build also got (``images.pinned_tag``)."""
     try:
         yield
     finally:
-        docker_env.images.remove(tag)
+        remove_image_tags(docker_env, tag)
 
 
 def observe(session: Session, code: str, timeout_s: float = 60) -> dict[str, Any]:

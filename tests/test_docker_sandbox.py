@@ -21,7 +21,7 @@ from farm.sandbox.docker import DockerSandbox, remove_orphans
 from farm.sandbox.images import own_sandbox_tag
 from farm.sandbox.keeper import SandboxKeeper
 from farm.sandbox.process import SandboxStartError
-from tests.conftest import TEST_OWNER, Cells, make_docker_sandbox
+from tests.conftest import TEST_OWNER, Cells, make_docker_sandbox, remove_image_tags
 
 pytestmark = pytest.mark.docker
 
@@ -280,7 +280,4 @@ def test_two_kernels_on_one_host_each_keep_their_own_build(docker_env: Any, tmp_
         assert not again.built and again.image_id == mine.image_id
         assert docker_env.images.get(tag).id == mine.image_id
     finally:
-        for image in docker_env.images.list(name="farm-sandbox"):
-            for ref in image.tags:
-                if ref == tag or ref.startswith(f"{tag}-k"):
-                    docker_env.images.remove(ref)
+        remove_image_tags(docker_env, tag)

@@ -211,7 +211,7 @@ def echo_message(request: dict[str, Any], reply_bytes: int) -> dict[str, Any]:
 def remove_leftovers(client: docker.DockerClient) -> list[str]:
     """Remove every container of this run; return the names of those still present."""
     flt = {"label": f"{LABEL_OWNER}={OWNER}"}
-    for container in client.containers.list(all=True, filters=flt):
+    for container in client.containers.list(ignore_removed=True, all=True, filters=flt):
         with suppress(docker.errors.NotFound):
             container.remove(force=True)
     # `docker run --rm` removes asynchronously after the CLI returns: allow it a moment.

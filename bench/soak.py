@@ -116,7 +116,7 @@ class Sampler:
         found = []
         for worker_id in self.local.workers:
             found += self.docker.containers.list(
-                all=True, filters={"label": f"farm.owner={worker_id}"}
+                ignore_removed=True, all=True, filters={"label": f"farm.owner={worker_id}"}
             )
         return found
 

@@ -7,6 +7,7 @@ Tests use it too, so the test farm is the real one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -262,15 +263,17 @@ class LocalFarm:
     def _remove_containers(self) -> None:
         try:
             import docker
+            import docker.errors
 
             client = docker.from_env()
         except Exception:  # noqa: BLE001 - nothing to clean without Docker
             return
         for worker_id in list(self.workers):  # the supervisor thread may still add one
             for container in client.containers.list(
-                all=True, filters={"label": f"farm.owner={worker_id}"}
+                ignore_removed=True, all=True, filters={"label": f"farm.owner={worker_id}"}
             ):
-                container.remove(force=True)
+                with contextlib.suppress(docker.errors.NotFound):  # its worker removed it first
+                    container.remove(force=True)
         client.close()
 
     def __enter__(self) -> LocalFarm:

@@ -131,7 +131,9 @@ def leftovers() -> list[str]:
         return [f"(could not ask Docker: {exc})"]
     here = socket.gethostname()
     found = []
-    for c in client.containers.list(all=True, filters={"label": "farm.managed=1"}):
+    for c in client.containers.list(
+        ignore_removed=True, all=True, filters={"label": "farm.managed=1"}
+    ):
         pid = c.labels.get("farm.pid", "")
         if c.labels.get("farm.host") == here and pid.isdigit():
             try:

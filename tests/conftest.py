@@ -98,7 +98,7 @@ def docker_env() -> Iterator[Any]:
     ensure_sandbox_image(client)
     yield client
     for container in client.containers.list(
-        all=True, filters={"label": f"farm.owner={TEST_OWNER}"}
+        ignore_removed=True, all=True, filters={"label": f"farm.owner={TEST_OWNER}"}
     ):
         container.remove(force=True)
     client.close()

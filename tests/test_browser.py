@@ -276,7 +276,9 @@ def test_the_browser_lives_as_long_as_the_session(browser_farm: Farm) -> None:
 
 
 def test_the_browser_image_has_its_own_limits(web: Session, docker_env: Any) -> None:
-    (container,) = docker_env.containers.list(filters={"label": f"farm.owner={web.worker}"})
+    (container,) = docker_env.containers.list(
+        ignore_removed=True, filters={"label": f"farm.owner={web.worker}"}
+    )
     host = container.attrs["HostConfig"]
     assert host["Memory"] == 2048 * 1024 * 1024  # IMAGE_LIMITS["browser"]
     assert host["PidsLimit"] == 512

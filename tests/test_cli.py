@@ -63,7 +63,7 @@ def test_up_status_run_down_leave_nothing_behind(docker_env: Any, tmp_path: Path
     assert not (tmp_path / "state.json").exists()
     assert not _alive(state["pid"])
     leftovers = docker_env.containers.list(
-        all=True, filters={"label": f"farm.owner={state['workers'][0]}"}
+        ignore_removed=True, all=True, filters={"label": f"farm.owner={state['workers'][0]}"}
     )
     assert leftovers == []
 
@@ -130,7 +130,9 @@ def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Pat
 
 
 def _local_owners(docker_env: Any) -> set[str]:
-    containers = docker_env.containers.list(all=True, filters={"label": "farm.managed=1"})
+    containers = docker_env.containers.list(
+        ignore_removed=True, all=True, filters={"label": "farm.managed=1"}
+    )
     return {c.labels.get("farm.owner", "") for c in containers} - {""}
 
 

@@ -95,7 +95,9 @@ class Stack:
         labels = [f"com.docker.compose.project={self.project}"]
         if service:
             labels.append(f"com.docker.compose.service={service}")
-        return list(self.docker.containers.list(all=True, filters={"label": labels}))
+        return list(
+            self.docker.containers.list(ignore_removed=True, all=True, filters={"label": labels})
+        )
 
     def remember_workers(self) -> None:
         """Worker containers' hostnames: their sandboxes carry them as ``farm.host``."""
@@ -106,7 +108,9 @@ class Stack:
         self.remember_workers()
         return [
             c
-            for c in self.docker.containers.list(all=True, filters={"label": "farm.managed=1"})
+            for c in self.docker.containers.list(
+                ignore_removed=True, all=True, filters={"label": "farm.managed=1"}
+            )
             if c.labels.get("farm.host") in self.worker_hosts
         ]
 

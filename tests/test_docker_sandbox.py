@@ -217,7 +217,7 @@ def test_a_failed_start_leaves_no_container(docker_env: Any, tmp_path_factory: A
     sandbox = make_docker_sandbox(docker_env, tmp_path_factory, image="farm-no-such-image:x")
     with pytest.raises(SandboxStartError, match="image"):
         sandbox.start()
-    names = [c.name for c in docker_env.containers.list(all=True)]
+    names = [c.name for c in docker_env.containers.list(ignore_removed=True, all=True)]
     assert f"farm-sandbox-{sandbox.id}" not in names
     assert not sandbox.dir.exists()
 

@@ -187,7 +187,9 @@ def test_parsing_happens_inside_the_sandbox(docs: Session) -> None:
 
 
 def test_the_docs_image_has_its_own_memory_limit(docs: Session, docker_env: Any) -> None:
-    (container,) = docker_env.containers.list(filters={"label": f"farm.owner={docs.worker}"})
+    (container,) = docker_env.containers.list(
+        ignore_removed=True, filters={"label": f"farm.owner={docs.worker}"}
+    )
     memory = container.attrs["HostConfig"]["Memory"]
     assert memory == 1024 * 1024 * 1024  # IMAGE_LIMITS["docs"]; the default stays 512 MiB
 

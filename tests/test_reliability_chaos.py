@@ -216,7 +216,12 @@ def test_docker_kill_of_a_sandbox_mid_call_is_sandbox_lost_then_replaced(
         neighbour_fate = "SessionLost"
     elsewhere_value = elsewhere.run("kept").value
     old_removed = wait_for(
-        lambda: not docker_env.containers.list(all=True, filters={"id": container_id}), 10
+        lambda: (
+            not docker_env.containers.list(
+                ignore_removed=True, all=True, filters={"id": container_id}
+            )
+        ),
+        10,
     )
     entry = own_farm.registry.worker(worker) or {}
     error = outcome.get("error")
@@ -388,7 +393,9 @@ def test_sigterm_lets_calls_in_flight_finish_then_deregisters(
         thread.join(60)
     exit_code = local.workers[worker].wait(60)
     deregistered = worker not in {w["id"] for w in own_farm.workers()}
-    containers = docker_env.containers.list(all=True, filters={"label": f"farm.owner={worker}"})
+    containers = docker_env.containers.list(
+        ignore_removed=True, all=True, filters={"label": f"farm.owner={worker}"}
+    )
     elsewhere_value = elsewhere.run("kept").value
     fresh = own_farm.session()
     fresh_worker = fresh.worker

@@ -178,7 +178,9 @@ def test_replay_restore_reruns_a_call_that_found_its_process_dead(
         assert pid is not None
         # killed between calls, from outside (as the sandbox user: no CAP_KILL in there), and
         # gone (or a zombie) before the next call, so that call finds the process dead
-        (container,) = docker_env.containers.list(filters={"label": f"farm.owner={s.worker}"})
+        (container,) = docker_env.containers.list(
+            ignore_removed=True, filters={"label": f"farm.owner={s.worker}"}
+        )
         probe = (
             "import os, signal, time\n"
             f"os.kill({pid.text}, signal.SIGKILL)\n"

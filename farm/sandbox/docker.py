@@ -255,7 +255,9 @@ def remove_orphans(
     client = client or docker.from_env()
     removed = []
     here = socket.gethostname()
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_MANAGED}=1"}):
+    for container in client.containers.list(
+        ignore_removed=True, all=True, filters={"label": f"{LABEL_MANAGED}=1"}
+    ):
         labels = container.labels
         owner = labels.get(LABEL_OWNER, "")
         if live_owners is not None:

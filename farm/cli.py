@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from farm.client import Farm
-from farm.errors import FarmError
+from farm.errors import FarmError, LocalFarmError
 from farm.models import ExecResult
 from farm.settings import FarmSettings
 
@@ -46,12 +46,12 @@ def up(
     settings = FarmSettings()
     try:
         state = start_background(workers, backend, settings.state_file)
-    except RuntimeError as exc:
+    except LocalFarmError as exc:
         _fail(str(exc))
-    console.print(
-        f"farm up: {workers} workers, broker {state['broker_url']} "
-        f"(recorded in {settings.state_file})"
-    )
+    from kombu.utils.url import maybe_sanitize_url
+
+    url = maybe_sanitize_url(str(state["broker_url"]))  # never print the broker's password
+    console.print(f"farm up: {workers} workers, broker {url} (recorded in {settings.state_file})")
 
 
 @app.command()
@@ -282,7 +282,8 @@ def image_build(
     ),
 ) -> None:
     """Build the sandbox image (offline base when no registry answers); idempotent."""
-    from farm.sandbox.images import DockerUnavailableError, ImageBuildError, ensure_sandbox_image
+    from farm.errors import DockerUnavailable, ImageBuildError
+    from farm.sandbox.images import ensure_sandbox_image
     from farm.sandbox.variants import ensure_variant_image
 
     try:
@@ -290,7 +291,7 @@ def image_build(
             built = ensure_variant_image(variant, force=force)
         else:
             built = ensure_sandbox_image(tag=tag, force=force, extra_pip=extra_pip)
-    except (DockerUnavailableError, ImageBuildError) as exc:
+    except (DockerUnavailable, ImageBuildError) as exc:
         _fail(str(exc))
     console.print(f"{built.tag} {built.image_id[:19]} {'built' if built.built else 'up to date'}")
 
@@ -308,7 +309,7 @@ def gc() -> None:
         with _farm() as farm:
             live = {str(w["id"]) for w in farm.workers()}
             dropped = farm.registry.drop_queues(farm.registry.dead_direct_queues())
-    except Exception:  # noqa: BLE001 - without a broker, judge owners by their pid
+    except Exception:
         live = None
     removed = remove_orphans(live_owners=live)
     console.print(

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from farm.sandbox.factory import docker_image
 from farm.settings import FarmSettings
 
 
@@ -27,7 +28,7 @@ def run_checks(settings: FarmSettings) -> Iterator[Check]:
         version = client.version().get("Version", "?")
         docker_ok = True
         yield Check("docker", True, f"engine {version} answers")
-    except Exception as exc:  # noqa: BLE001 - any failure is the finding
+    except Exception as exc:
         yield Check(
             "docker",
             False,
@@ -47,14 +48,14 @@ def run_checks(settings: FarmSettings) -> Iterator[Check]:
         return
     image_ok = False
     try:
-        image = client.images.get(settings.docker_image)
+        image = client.images.get(docker_image(settings))
         image_ok = True
-        yield Check("sandbox image", True, f"{settings.docker_image} {str(image.id)[:19]}")
-    except Exception:  # noqa: BLE001
+        yield Check("sandbox image", True, f"{docker_image(settings)} {str(image.id)[:19]}")
+    except Exception:
         yield Check(
             "sandbox image",
             False,
-            f"{settings.docker_image} is missing",
+            f"{docker_image(settings)} is missing",
             "run `farm image build` (or `make setup`)",
         )
     if image_ok:
@@ -67,7 +68,7 @@ def _broker_check(settings: FarmSettings) -> Check:
     try:
         redis.Redis.from_url(settings.broker_url, socket_timeout=3).ping()
         return Check("broker", True, f"{settings.broker_url} answers")
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return Check(
             "broker",
             False,
@@ -85,7 +86,7 @@ def _kernel_check(settings: FarmSettings) -> Check:
     try:
         with (
             DockerSandbox(
-                settings.docker_image,
+                docker_image(settings),
                 owner="doctor",
                 limits=settings.limits,
                 socket_dir=Path(tempfile.mkdtemp(prefix="farm-doctor-")),
@@ -102,7 +103,7 @@ def _kernel_check(settings: FarmSettings) -> Check:
             f"6 * 7 -> {value} in a hardened sandbox",
             "see the worker/container logs; rebuild with `farm image build --force`",
         )
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return Check(
             "kernel round trip",
             False,

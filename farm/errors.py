@@ -60,8 +60,10 @@ class RestoreFailed(StateLost):
 class SessionLost(FarmError):
     """The session's sandbox or worker is gone (kind ``sandbox_lost``)."""
 
-    def __init__(self, session_id: str, worker: str | None, reason: str) -> None:
-        super().__init__(f"session {session_id} on worker {worker or '?'} is lost: {reason}")
+    def __init__(self, session_id: str | None, worker: str | None, reason: str) -> None:
+        what = f"session {session_id}" if session_id else "the run"
+        where = f" on worker {worker}" if worker else ""
+        super().__init__(f"{what}{where} is lost: {reason}")
         self.session_id = session_id
         self.worker = worker
         self.reason = reason
@@ -73,6 +75,28 @@ class FarmBusy(FarmError):
 
 class SandboxUnavailable(FarmError):
     """No sandbox could be started or reached (Docker down, image missing, kernel dead)."""
+
+
+class SandboxStartError(SandboxUnavailable):
+    """A sandbox did not come up; nothing it started is left running."""
+
+
+class DockerUnavailable(SandboxUnavailable):
+    """The Docker daemon does not answer: nothing about sandboxes or images can be done."""
+
+
+class ImageBuildError(FarmError):
+    """A sandbox image (or the wheels it installs) could not be built; the message says which
+    step failed and carries the build's last lines."""
+
+
+class LocalFarmError(FarmError):
+    """A local farm (``farm up``, ``Farm.local``) could not start, or one is already up."""
+
+
+class InvalidRequest(FarmError, ValueError):
+    """An argument or setting farm cannot act on (a bad name, a limit over the sandbox's cap,
+    duplicate sweep ids); raised before anything is sent or run."""
 
 
 class FileOperationError(FarmError):
@@ -106,28 +130,29 @@ class BrokerUnavailable(FarmError):
         self.sent = sent
 
 
-class ProtocolError(FarmError):
-    """A peer spoke something other than the farm protocol (a bug or a version mismatch)."""
-
-
 class InfraError(ExecFailed):
     """The farm failed around the code (kind ``infra``); safe to retry if it never started."""
 
 
-_BY_KIND: dict[str, type[ExecFailed]] = {
-    "user": UserCodeError,
-    "timeout": ExecTimeout,
-    "oom": OutOfMemory,
-    "output_limit": OutputLimitExceeded,
-    "state_lost": StateLost,
-    "infra": InfraError,
-}
+class BadInput(ExecFailed):
+    """The request itself was refused (kind ``input``: too large, malformed); nothing ran and
+    nothing is retried."""
 
 
 def error_for_result(result: ExecResult) -> FarmError:
     """The exception that ``ExecResult.raise_for_error`` raises for a failed result."""
+    from farm.models import ErrorKind
+
     assert result.error is not None
-    kind = result.error.kind.value
-    if kind == "sandbox_lost":
+    by_kind: dict[ErrorKind, type[ExecFailed]] = {
+        ErrorKind.USER: UserCodeError,
+        ErrorKind.TIMEOUT: ExecTimeout,
+        ErrorKind.OOM: OutOfMemory,
+        ErrorKind.OUTPUT_LIMIT: OutputLimitExceeded,
+        ErrorKind.STATE_LOST: StateLost,
+        ErrorKind.INFRA: InfraError,
+        ErrorKind.INPUT: BadInput,
+    }
+    if result.error.kind == ErrorKind.SANDBOX_LOST:
         return SessionLost(result.session_id, result.worker, result.error.evalue)
-    return _BY_KIND[kind](result)
+    return by_kind[result.error.kind](result)

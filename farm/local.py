@@ -13,7 +13,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,10 +21,9 @@ import time
 import uuid
 from pathlib import Path
 
-import redis
-
-from farm.errors import SandboxUnavailable
+from farm.errors import LocalFarmError, SandboxUnavailable
 from farm.processes import die_with_parent, pid_alive
+from farm.redis_server import RedisServer, write_private
 from farm.registry import Registry
 from farm.settings import FarmSettings
 
@@ -35,13 +33,6 @@ READY_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 20.0
 DIR_PREFIX = "farm-local-"
 OWNER_FILE = "owner.pid"  # the pid of the process that owns a local farm's directory
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def stale_dirs(root: Path | None = None) -> list[Path]:
@@ -73,8 +64,7 @@ class LocalFarm:
         self.tag = uuid.uuid4().hex[:8]
         self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
         (self.dir / OWNER_FILE).write_text(str(os.getpid()))
-        self.port = 0
-        self.redis_proc: subprocess.Popen[bytes] | None = None
+        self.redis = RedisServer(self.dir)
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.worker_images: dict[str, str] = {}
         self._count = 0
@@ -82,7 +72,8 @@ class LocalFarm:
 
     @property
     def broker_url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """With the broker's password: for this farm's processes, never to be printed."""
+        return self.redis.url
 
     def settings(self) -> FarmSettings:
         return FarmSettings(broker_url=self.broker_url)
@@ -100,38 +91,7 @@ class LocalFarm:
         return self
 
     def _start_redis(self) -> None:
-        if shutil.which("redis-server") is None:
-            raise SandboxUnavailable("redis-server is not installed: run `make setup`")
-        self.port = free_port()
-        self.redis_proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )
-        client = redis.Redis(port=self.port, socket_timeout=1)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.redis_proc.poll() is not None:
-                    raise SandboxUnavailable("redis-server did not start") from None
-                time.sleep(0.02)  # poll interval of the deadline-bounded readiness check
-        client.close()
+        self.redis = RedisServer(self.dir).start()
 
     def add_worker(self, image: str = "default", **env: str) -> str:
         """Start one more worker process; returns its worker id."""
@@ -251,13 +211,7 @@ class LocalFarm:
                 proc.wait(STOP_TIMEOUT_S)
         if self.backend != "process":
             self._remove_containers()
-        if self.redis_proc is not None and self.redis_proc.poll() is None:
-            self.redis_proc.terminate()  # an ephemeral broker: nothing to save
-            try:
-                self.redis_proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.redis_proc.kill()
-                self.redis_proc.wait(STOP_TIMEOUT_S)
+        self.redis.stop()  # an ephemeral broker: nothing to save
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _remove_containers(self) -> None:
@@ -266,7 +220,7 @@ class LocalFarm:
             import docker.errors
 
             client = docker.from_env()
-        except Exception:  # noqa: BLE001 - nothing to clean without Docker
+        except Exception:
             return
         for worker_id in list(self.workers):  # the supervisor thread may still add one
             for container in client.containers.list(
@@ -298,7 +252,7 @@ def serve(workers: int, backend: str, state_file: Path) -> None:
             "started_at": time.time(),
         }
         tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
+        write_private(tmp, json.dumps(state))  # it holds the broker's password: owner only
         tmp.replace(state_file)
         signal.sigwait({signal.SIGTERM, signal.SIGINT})
     finally:
@@ -327,7 +281,7 @@ def start_background(
     if state_file.exists():
         old_pid = int(json.loads(state_file.read_text())["pid"])
         if pid_alive(old_pid):
-            raise RuntimeError(f"a local farm is already up (pid {old_pid}); `farm down`")
+            raise LocalFarmError(f"a local farm is already up (pid {old_pid}); `farm down`")
         state_file.unlink()
     state_file.parent.mkdir(parents=True, exist_ok=True)
     log_path = state_file.with_suffix(".log")
@@ -354,7 +308,7 @@ def start_background(
             if proc.poll() is None:
                 proc.terminate()
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-            raise RuntimeError(f"the local farm did not start; its log ({log_path}):\n{tail}")
+            raise LocalFarmError(f"the local farm did not start; its log ({log_path}):\n{tail}")
         time.sleep(0.1)  # poll interval of the deadline-bounded readiness check
     state: dict[str, object] = json.loads(state_file.read_text())
     return state

@@ -8,21 +8,26 @@ caller: ``ExecResult`` is what ``Session.run`` returns.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from farm import kernel
+
 
 class ErrorKind(StrEnum):
-    """Why a run failed; decides retries (only ``infra`` and ``sandbox_lost`` before start)."""
+    """Why a run failed; decides retries (only ``infra`` and ``sandbox_lost``, before start).
 
-    USER = "user"
-    TIMEOUT = "timeout"
-    OOM = "oom"
-    OUTPUT_LIMIT = "output_limit"
-    STATE_LOST = "state_lost"
-    SANDBOX_LOST = "sandbox_lost"
-    INFRA = "infra"
+    The values are the kernel's (``farm.kernel.KINDS``), written there once."""
+
+    USER = kernel.KIND_USER
+    TIMEOUT = kernel.KIND_TIMEOUT
+    OOM = kernel.KIND_OOM
+    OUTPUT_LIMIT = kernel.KIND_OUTPUT_LIMIT
+    STATE_LOST = kernel.KIND_STATE_LOST
+    SANDBOX_LOST = kernel.KIND_SANDBOX_LOST
+    INFRA = kernel.KIND_INFRA
+    INPUT = kernel.KIND_INPUT
 
 
 class _Model(BaseModel):
@@ -127,7 +132,7 @@ class ExecResult(_Model):
         return self
 
 
-# --- kernel wire messages (host <-> kernel) -------------------------------------------------
+# --- kernel wire messages (host <-> kernel; defined for the kernel in farm.kernel.protocol) ----
 
 
 class Hello(_Model):
@@ -173,6 +178,7 @@ class Pong(_Model):
 
 class OpenSession(_Model):
     type: Literal["open_session"]
+    tools: bool = True
 
 
 class SessionOpened(_Model):
@@ -188,17 +194,60 @@ class Execute(_Model):
     code: str
     timeout_s: float = Field(gt=0)
     exec_id: str
-    max_output_bytes: int | None = Field(default=None, ge=1024)
+    max_output_bytes: int = Field(default=1024 * 1024, ge=1024)
     events: bool = Field(False, description="send the cell's events before its result")
+    calls: list[str] = Field(default_factory=list, description="host callbacks it may call")
 
 
-class KernelEvent(_Model):
-    """An intermediate frame of an ``execute`` with ``events``: ``event`` is ``started``,
-    ``stream`` (name, text) or ``display`` (value); ``farm.events`` holds the typed forms."""
+class StartedEvent(_Model):
+    type: Literal["started"]
+
+
+class RunningEvent(_Model):
+    type: Literal["running"]
+
+
+class StreamEvent(_Model):
+    type: Literal["stream"]
+    name: Literal["stdout", "stderr"]
+    text: str
+
+
+class DisplayEvent(_Model):
+    type: Literal["display"]
+    value: Value
+
+
+class CallEvent(_Model):
+    type: Literal["call"]
+    id: int
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    batch: bool
+
+
+class EventFrame(_Model):
+    """An intermediate frame of an ``execute`` with ``events`` (``farm.events`` holds the typed
+    events the worker makes of them)."""
 
     type: Literal["event"]
     exec_id: str
-    event: dict[str, Any]
+    event: Annotated[
+        StartedEvent | RunningEvent | StreamEvent | DisplayEvent | CallEvent,
+        Field(discriminator="type"),
+    ]
+
+
+class Answer(_Model):
+    """The host's answer to a ``call`` event."""
+
+    type: Literal["answer"]
+    session_id: str
+    id: int
+    ok: bool
+    value: Any = None
+    error: dict[str, str] | None = Field(None, description="{'ename': ..., 'evalue': ...}")
 
 
 class ExecReply(_Model):
@@ -214,6 +263,44 @@ class CloseSession(_Model):
 class SessionClosed(_Model):
     type: Literal["session_closed"]
     session_id: str
+
+
+KERNEL_FRAMES: dict[str, type[_Model]] = {
+    "hello": Hello,
+    "auth": Auth,
+    "welcome": Welcome,
+    "error": ErrorReply,
+    "ping": Ping,
+    "pong": Pong,
+    "open_session": OpenSession,
+    "session_opened": SessionOpened,
+    "execute": Execute,
+    "event": EventFrame,
+    "answer": Answer,
+    "exec_result": ExecReply,
+    "close_session": CloseSession,
+    "session_closed": SessionClosed,
+}
+
+# --- worker task replies ------------------------------------------------------------------------
+
+
+class Opened(_Model):
+    """A worker opened a session (the reply of ``farm.open_session``)."""
+
+    session_id: str
+    epoch: int
+    worker: str
+    generation: int
+    queue: str
+
+
+class Busy(_Model):
+    """A worker could not take the request now; the client asks again (elsewhere)."""
+
+    busy: Literal[True] = True
+    worker: str | None = None
+    reason: str
 
 
 # --- sandboxes ------------------------------------------------------------------------------

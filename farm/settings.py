@@ -91,15 +91,3 @@ class FarmSettings(BaseSettings):
         if update:
             self.limits = self.limits.model_copy(update=update)
         return self
-
-    @property
-    def docker_image(self) -> str:
-        """``FARM_SANDBOX_IMAGE``, else ``farm-sandbox:IMAGE``; for the default image, the
-        build of this checkout's own kernel when Docker has it (``images.own_sandbox_tag``)."""
-        if self.sandbox_image:
-            return self.sandbox_image
-        if self.image == "default":
-            from farm.sandbox.images import own_sandbox_tag
-
-            return own_sandbox_tag()
-        return f"farm-sandbox:{self.image}"

@@ -13,7 +13,6 @@ in one session, in order, stopping at the first failure), optional ``timeout_s``
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import threading
@@ -28,12 +27,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import farm
-from farm.broker import BROKER_DOWN
 from farm.client import Farm
 from farm.errors import (
     BrokerUnavailable,
     FarmError,
     FileOperationError,
+    InvalidRequest,
     SessionLost,
     StateLost,
 )
@@ -117,7 +116,7 @@ def read_items(path: Path) -> tuple[list[SweepItem], list[SweepRecord]]:
     counts = Counter([str(item.id) for item in items] + [str(r.id) for r in bad])
     duplicates = sorted(i for i, n in counts.items() if n > 1)
     if duplicates:
-        raise ValueError(f"duplicate ids in {path}: {', '.join(duplicates[:10])}")
+        raise InvalidRequest(f"duplicate ids in {path}: {', '.join(duplicates[:10])}")
     return items, bad
 
 
@@ -147,7 +146,7 @@ class SweepPlan:
 
 
 def plan_sweep(in_path: Path, out_path: Path, *, resume: bool = False) -> SweepPlan:
-    """Read and check the input before anything starts; raises ``ValueError`` on bad input."""
+    """Read and check the input before anything starts; raises ``InvalidRequest`` on bad input."""
     items, bad = read_items(in_path)
     skip = done_ids(out_path) if resume else set()
     return SweepPlan(
@@ -319,8 +318,7 @@ class Sweep:
     def _manifest(self, worker_id: str | None) -> dict[str, Any]:
         worker = self._workers.get(str(worker_id))
         if worker is None and worker_id:  # started after the sweep did; the broker may be down
-            with contextlib.suppress(*BROKER_DOWN):
-                worker = self.farm.registry.worker(str(worker_id))
+            worker = self.farm.broker.quietly(lambda: self.farm.registry.worker(str(worker_id)))
         sandbox = (worker or {}).get("sandbox") or {}
         return {
             "farm_version": farm.__version__,
@@ -334,21 +332,25 @@ class Sweep:
     # --- cache ----------------------------------------------------------------------------
 
     def _cache_key(self, item: SweepItem) -> str | None:
+        """A digest of everything that can change an item's outcome: its cells (setup
+        included), files and timeout, and the image it runs on as the workers serving it
+        report it (digest and limits); a change to any of them misses the cache."""
         if self.cache_dir is None:
             return None
-        digests = sorted(
-            {
-                str((w.get("sandbox") or {}).get("image_digest"))
-                for w in self._workers.values()
-                if w.get("image") == self.image
-            }
-        )
-        limits = [(w.get("sandbox") or {}).get("limits") for w in self._workers.values()]
-        basis = json.dumps(
-            [item.all_cells(), item.timeout_s or self.timeout_s, digests, limits[:1]],
-            sort_keys=True,
-        )
-        return hashlib.sha256(basis.encode()).hexdigest()
+        served = [
+            (w.get("sandbox") or {}) for w in self._workers.values() if w.get("image") == self.image
+        ]
+        basis = {
+            "cells": item.all_cells(),
+            "files": item.files or {},
+            "timeout_s": item.timeout_s or self.timeout_s,
+            "image": self.image,
+            "digests": sorted({str(sandbox.get("image_digest")) for sandbox in served}),
+            "limits": sorted(
+                {json.dumps(sandbox.get("limits"), sort_keys=True) for sandbox in served}
+            ),
+        }
+        return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
 
     def _cache_get(self, key: str | None) -> SweepRecord | None:
         if key is None or self.cache_dir is None:

@@ -127,7 +127,7 @@ def leftovers() -> list[str]:
         import docker
 
         client = docker.from_env()
-    except Exception as exc:  # noqa: BLE001 - reported in the document
+    except Exception as exc:
         return [f"(could not ask Docker: {exc})"]
     here = socket.gethostname()
     found = []

@@ -1,7 +1,6 @@
-"""Shared fixtures: real kernels (as local processes) and a small session helper.
-
-Docker/Redis/Celery fixtures join here as those layers arrive; every fixture removes what it
-started.
+"""Shared fixtures, each a real part and each removing what it started: kernels as local
+processes (and a small session helper), Docker sandboxes, a redis-server, Celery workers in this
+process over the process backend, and local farms of worker processes with Docker sandboxes.
 """
 
 from __future__ import annotations
@@ -9,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -84,7 +84,7 @@ def docker_client() -> Any:
     try:
         client = docker.from_env()
         client.ping()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pytest.fail(f"Docker is not reachable ({exc}); run `make setup` (scripts/bootstrap)")
     return client
 
@@ -139,3 +139,61 @@ def farm(docker_env: Any) -> Iterator[Any]:
 
     with Farm.local(workers=2) as f:
         yield f
+
+
+# --- fast: a real Redis and a real Celery worker in-process, over the process backend --------
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: Any) -> Iterator[Any]:
+    """One real redis-server for the session (loopback, a password, a free port)."""
+    from farm.redis_server import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@contextmanager
+def inproc_worker(broker_url: str) -> Iterator[tuple[Any, Any]]:
+    """``(farm, worker)``: a ``Farm`` over one real Celery worker running in this process
+    (``celery.contrib.testing``, threads pool) whose sandbox is the ``process`` backend. The
+    client's logic meets real Redis and Celery without Docker; everything stops at the end."""
+    import uuid
+
+    from celery.contrib.testing.worker import start_worker
+
+    from farm.client import Farm
+    from farm.settings import FarmSettings
+    from farm.worker.tasks import make_worker_app
+    from farm.worker.worker import Worker
+
+    logging.getLogger("farm.sandbox.process").setLevel(logging.ERROR)
+    settings = FarmSettings(
+        broker_url=broker_url, backend="process", worker_id=f"inproc-{uuid.uuid4().hex[:8]}"
+    )
+    worker = Worker(settings)
+    worker.start()
+    try:
+        with (
+            start_worker(
+                make_worker_app(settings, worker=worker),
+                pool="threads",
+                concurrency=settings.concurrency,
+                perform_ping_check=False,
+                queues=worker.queues,
+                loglevel="WARNING",
+                shutdown_timeout=30,
+            ),
+            Farm(settings) as farm,
+        ):
+            yield farm, worker
+    finally:
+        worker.stop("the test is over")
+
+
+@pytest.fixture(scope="module")
+def inproc_farm(redis_server: Any) -> Iterator[Any]:
+    """A farm of one in-process Celery worker over the process backend (``inproc_worker``)."""
+    with inproc_worker(redis_server.url) as (farm, _):
+        yield farm

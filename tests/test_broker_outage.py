@@ -73,7 +73,7 @@ def test_a_longer_outage_is_a_typed_error_and_the_session_survives_it(
                 s.run("x = 2")
             assert time.monotonic() - t0 < 30, "the outage was not bounded by broker_wait_s"
             assert not caught.value.sent and "nothing was sent" in str(caught.value)
-            assert f"127.0.0.1:{local.port}" in str(caught.value)
+            assert f"127.0.0.1:{local.redis.port}" in str(caught.value)
             with pytest.raises(BrokerUnavailable) as caught:
                 farm.run("1")  # nothing sent: an error, not a result
             assert not caught.value.sent

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from farm import AsyncFarm, Farm
-from farm.callbacks import current_depth
+from farm.client.callbacks import current_depth
 from farm.events import HostCall
 from farm.kernel.framing import encode, recv_frame, send_frame
 from farm.sandbox.process import ProcessSandbox
@@ -331,7 +331,7 @@ def test_async_sessions_take_coroutine_callbacks(farm: Farm) -> None:
 
 
 def test_callback_names_are_checked_up_front() -> None:
-    from farm.callbacks import Callbacks
+    from farm.client.callbacks import Callbacks
 
     with pytest.raises(ValueError, match="identifier"):
         Callbacks({"not a name": print})

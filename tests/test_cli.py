@@ -197,6 +197,30 @@ def test_sweep_records_every_outcome_and_caches(farm: Farm, tmp_path: Path) -> N
     assert again.total == summary.total
 
 
+def test_the_sweep_cache_keys_on_everything_that_changes_an_outcome(
+    farm: Farm, tmp_path: Path
+) -> None:
+    read_n = "int(open('n.txt').read()) * 10"
+    items = [
+        {"id": "two", "code": read_n, "files": {"n.txt": "2"}},
+        {"id": "three", "code": read_n, "files": {"n.txt": "3"}},  # same code, other file
+        {"id": "quick", "code": "import time; time.sleep(0.3); 'done'", "timeout_s": 5},
+        {"id": "tight", "code": "import time; time.sleep(0.3); 'done'", "timeout_s": 0.1},
+    ]
+    source = write_jsonl(tmp_path / "in.jsonl", items)
+    cache = tmp_path / "cache"
+    for _ in range(2):  # the second sweep answers from the cache, each item with its own
+        out = tmp_path / "out.jsonl"
+        Sweep(farm, concurrency=4, cache_dir=cache).run(plan_sweep(source, out), out)
+        records = {json.loads(x)["id"]: json.loads(x) for x in out.read_text().splitlines()}
+        assert records["two"]["cells"][0]["value"]["text"] == "20"
+        assert records["three"]["cells"][0]["value"]["text"] == "30"
+        assert records["quick"]["status"] == "ok"
+        assert records["tight"]["kind"] == "timeout"
+    assert all(record["cached"] for record in records.values())
+    assert len(list(cache.glob("*.json"))) == 4
+
+
 def test_attach_from_a_second_process(farm: Farm) -> None:
     with farm.session() as s:
         s.run("message = 'set by the first process'")

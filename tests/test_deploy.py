@@ -213,7 +213,7 @@ def ready_workers(farm: Any, n: int) -> Callable[[], list[dict[str, Any]] | None
     def probe() -> list[dict[str, Any]] | None:
         try:
             ready = [w for w in farm.workers() if w.get("ready")]
-        except Exception:  # noqa: BLE001 - Redis still starting
+        except Exception:
             return None
         return ready if len(ready) == n else None
 

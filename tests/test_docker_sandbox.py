@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
+from farm.errors import SandboxStartError
 from farm.kernel.client import KernelConnectionError
 from farm.sandbox import images
 from farm.sandbox.docker import DockerSandbox, remove_orphans
 from farm.sandbox.images import own_sandbox_tag
 from farm.sandbox.keeper import SandboxKeeper
-from farm.sandbox.process import SandboxStartError
 from tests.conftest import TEST_OWNER, Cells, make_docker_sandbox, remove_image_tags
 
 pytestmark = pytest.mark.docker

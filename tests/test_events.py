@@ -7,9 +7,9 @@ import json
 
 from IPython.core.formatters import DisplayFormatter
 
+from farm.client.restore import live_cells
 from farm.events import RENDER_CHARS, Display, Error, ExecEnd, ExecStart, Result, Stream
 from farm.models import ExecError, Value
-from farm.restore import live_cells
 from farm.streams import mime_stream, to_html, to_markdown
 
 COMMON = {"exec_id": "e1", "session_id": "s1", "ts": 1.0}

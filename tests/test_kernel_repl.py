@@ -59,6 +59,18 @@ SNIPPETS = [
     "with open('/dev/null') as fh:\n    fh.name",
     "import sys; sys.exit(3)",
     "'semicolon; inside a string'",
+    # IPython's input cleaning: indentation, blank lines and prompts of pasted code
+    "    x = 1\n    x + 1",
+    "\n\n  if True:\n      7",
+    "\tx = 2\n\tx * 4",
+    "    def f():\n        return 5\n    f()",
+    ">>> x = 3\n>>> x * 2",
+    ">>> def g():\n...     return 9\n>>> g()",
+    "    >>> 1 + 1\n    2",
+    ">>> s = '''\n... >>> kept\n... '''\n>>> s",
+    "In [1]: y = 4\n   ...: y + 1",
+    "x = ...\nx",
+    "'''\n    indented text\n'''",
 ]
 
 
@@ -101,6 +113,21 @@ def test_kernel_agrees_with_ipython_on_every_snippet(ipython: Any, client: Any) 
         if got != expected:
             mismatches.append((code, expected, got))
     assert not mismatches, "\n".join(f"{c!r}: IPython {e}, farm {g}" for c, e, g in mismatches)
+
+
+def test_ipython_only_syntax_is_a_clear_user_error(cells: Cells) -> None:
+    for code, feature in [
+        ("!pip install numpy", "shell escape"),
+        ("files = !ls", "shell escape"),
+        ("%timeit sum(range(10))", "magic %timeit"),
+        ("%%bash\necho hi", "cell magic %%bash"),
+        ("x = 1\n%matplotlib inline\nx", "magic %matplotlib"),
+    ]:
+        result = cells.run(code)
+        assert result.error is not None and result.kind == "user", code
+        assert result.error.ename == "UnsupportedSyntax", code
+        assert feature in result.error.evalue and "not support" in result.error.evalue, code
+    assert cells.value("10 % 3") == "1"  # the operator is untouched
 
 
 def test_variables_persist_between_cells(cells: Cells) -> None:

@@ -220,7 +220,7 @@ def _check_secrets(outcome: Outcome, session: Session) -> None:
 
 
 def _network_code(farm: Farm) -> str:
-    port = farm.local_farm.port
+    port = farm.local_farm.redis.port
     others = [
         str((w.get("sandbox") or {}).get("address", "")).removeprefix("unix:")
         for w in farm.workers()

@@ -34,6 +34,7 @@ from farm.local import LocalFarm
 from farm.sweep import Sweep, SweepSummary, plan_sweep
 from tests.redis_outage import start_redis, stop_redis
 from tests.test_reliability_adversarial import record, session_on
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability, pytest.mark.chaos]
 
@@ -51,15 +52,6 @@ def own_farm(docker_env: Any) -> Iterator[Farm]:
         yield farm
     finally:
         farm.close()
-
-
-def wait_for(predicate: Any, deadline_s: float, interval_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval_s)  # poll interval of the deadline-bounded wait
-    return bool(predicate())
 
 
 # --- sweeps ---------------------------------------------------------------------------------
@@ -93,7 +85,7 @@ class BackgroundSweep:
     def _run(self) -> None:
         try:
             self.summary = self.sweep.run(plan_sweep(self.source, self.out), self.out)
-        except BaseException as exc:  # noqa: BLE001 - the test judges what the sweep raised
+        except BaseException as exc:
             self.error = exc
 
     def start(self) -> BackgroundSweep:
@@ -322,7 +314,7 @@ def test_a_redis_restart_mid_sweep_resumes_or_fails_clearly(
             resumed = Sweep(own_farm, concurrency=8, retries=RETRIES, timeout_s=30).run(
                 plan_sweep(sweep.source, sweep.out, resume=True), sweep.out
             )
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             resume_error = f"{type(exc).__name__}: {exc}"
     final = Counter(str(r["id"]) for r in sweep.records())
     twice = sorted(i for i, n in final.items() if n > 1)

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from farm.broker import Watch
 from farm.celeryconf import TASK_EXEC
 from farm.client import Farm, exec_request
+from farm.client.broker import Watch
 from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
 from farm.events import ExecStart
 from farm.local import LocalFarm
 from tests.test_reliability_adversarial import session_on
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -156,19 +157,27 @@ def test_killing_a_worker_loses_only_its_sessions(own_farm: Farm) -> None:
 
     def in_flight() -> None:
         try:
-            doomed[0].run("import time\ntime.sleep(60)", timeout_s=120)
+            doomed[0].run("print('running', flush=True)\nimport time\ntime.sleep(60)", 120)
         except SessionLost as exc:
             outcome["lost_at"] = time.monotonic()
             outcome["error"] = exc
 
+    journaled = len(list(own_farm.replay(doomed[0].id)))
     thread = threading.Thread(target=in_flight)
     thread.start()
-    time.sleep(1.0)  # let the call reach the worker: the state under test
+
+    def started() -> bool:  # its start and its print are journaled: the cell runs
+        return len(list(own_farm.replay(doomed[0].id))) >= journaled + 2
+
+    assert wait_for(started, 30)
     killed_at = time.monotonic()
     local.kill_worker(victim)
     thread.join(timeout=60)
-    assert isinstance(outcome.get("error"), SessionLost)
+    error = outcome.get("error")
+    assert isinstance(error, SessionLost)
     assert outcome["lost_at"] - killed_at < 10
+    assert (error.session_id, error.worker) == (doomed[0].id, victim)  # not "session ?"
+    assert f"session {doomed[0].id} on worker {victim} is lost" in str(error)
     for s in doomed[1:]:
         with pytest.raises(SessionLost):
             s.run("state")

@@ -4,8 +4,10 @@ Standard library only, so it runs in any ``python3`` image; it imports nothing o
 outside this package. Layout, from the wire inwards:
 
 - ``framing``    length-prefixed JSON frames (the one wire format)
+- ``protocol``   every frame's shape, defined once (``TypedDict``s; ``farm.models`` mirrors them)
 - ``auth``       challenge-response handshake with a shared token
-- ``supervisor`` the asyncio server: connections, sessions, timeouts, output caps
+- ``server``     the asyncio server: connections, handshakes, requests
+- ``manager``    the supervisor's sessions: spawn, execute with deadlines and caps, replace, close
 - ``zygote``     a token-free, single-threaded fork server that spawns session processes
 - ``session``    the loop inside one session process
 - ``repl``       IPython-style cell execution (``ast``-based last-expression value)
@@ -18,7 +20,7 @@ outside this package. Layout, from the wire inwards:
 
 KERNEL_VERSION = "0.1.0"
 
-# Failure kinds, mirrored by ``farm.models.ErrorKind`` (a test keeps the two in sync).
+# Failure kinds, written once: ``farm.models.ErrorKind`` takes its values from these.
 KIND_USER = "user"
 KIND_TIMEOUT = "timeout"
 KIND_OOM = "oom"
@@ -26,6 +28,7 @@ KIND_OUTPUT_LIMIT = "output_limit"
 KIND_STATE_LOST = "state_lost"
 KIND_SANDBOX_LOST = "sandbox_lost"
 KIND_INFRA = "infra"
+KIND_INPUT = "input"  # the request itself is bad (too large, malformed): nothing was run
 KINDS = (
     KIND_USER,
     KIND_TIMEOUT,
@@ -34,6 +37,7 @@ KINDS = (
     KIND_STATE_LOST,
     KIND_SANDBOX_LOST,
     KIND_INFRA,
+    KIND_INPUT,
 )
 
 # Part of the message of a ``state_lost`` result whose code never started (the session died

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 MAX_CALL_BYTES = 1024 * 1024
+MAX_ANSWER_BYTES = 8 * 1024 * 1024  # the host refuses (CallbackError) an answer past this
 MARK = "__farm_call__"
 
 

@@ -7,6 +7,7 @@ Every path of a call ends here: the code's own reply, an interrupt turned into `
 
 from __future__ import annotations
 
+import json
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -89,3 +90,36 @@ class Cell:
             cpu_s=reply.get("cpu_s", 0.0),
             max_rss_kb=reply.get("max_rss_kb", 0),
         )
+
+
+FIT_NOTE = (
+    "\n[farm: the result did not fit in one frame ({size} bytes, limit {limit}); outputs cut]\n"
+)
+
+
+def _size(result: dict[str, Any]) -> int:
+    return len(json.dumps(result, ensure_ascii=False).encode()) + 256  # the frame around it
+
+
+def fit(result: dict[str, Any], max_frame: int) -> dict[str, Any]:
+    """``result`` as it can travel in one frame of ``max_frame`` bytes. Values are bounded
+    where they are made (``render.framed``) and outputs by their cap, but JSON escapes can
+    take six bytes a character: outputs are then clipped head+tail until the frame fits, and
+    ``stderr`` says so. Never a frame the kernel cannot send (that would lose the session)."""
+    room = max_frame // 3
+    while (size := _size(result)) > max_frame and room >= 1024:
+        if result.get("error"):
+            result["error"]["traceback"] = result["error"]["traceback"][-50:]
+        for stream in ("stdout", "stderr"):
+            if len(result[stream]) > room:
+                result[stream] = _clip(result[stream], room)
+                result[f"{stream}_truncated"] = True
+        room //= 2
+        if _size(result) <= max_frame:
+            result["stderr"] += FIT_NOTE.format(size=size, limit=max_frame)
+    return result
+
+
+def _clip(text: str, limit: int) -> str:
+    half = limit // 2
+    return f"{text[:half]}\n[... farm cut {len(text) - 2 * half} characters ...]\n{text[-half:]}"

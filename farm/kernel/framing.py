@@ -22,6 +22,16 @@ class FrameError(Exception):
     """The peer sent something that is not a valid frame; the connection must be closed."""
 
 
+class FrameTooLarge(FrameError):
+    """A length prefix over the limit. Its body has not been read: a trusted peer's stream can
+    be kept by discarding ``length`` bytes (``discard``); anyone else's is closed."""
+
+    def __init__(self, length: int, max_frame: int) -> None:
+        super().__init__(f"frame of {length} bytes exceeds the limit of {max_frame} bytes")
+        self.length = length
+        self.max_frame = max_frame
+
+
 def encode(message: dict[str, Any]) -> bytes:
     body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return HEADER.pack(len(body)) + body
@@ -39,7 +49,16 @@ def decode_body(body: bytes) -> dict[str, Any]:
 
 def check_length(length: int, max_frame: int) -> None:
     if length > max_frame:
-        raise FrameError(f"frame of {length} bytes exceeds the limit of {max_frame} bytes")
+        raise FrameTooLarge(length, max_frame)
+
+
+async def discard(reader: asyncio.StreamReader, length: int, chunk: int = 1 << 20) -> None:
+    """Read and drop ``length`` bytes (an oversized frame's body), in bounded chunks."""
+    while length > 0:
+        got = await reader.read(min(chunk, length))
+        if not got:
+            raise FrameError("connection closed in the middle of a frame")
+        length -= len(got)
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes | None:

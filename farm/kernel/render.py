@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import sys
 from typing import Any
 
 SUMMARY_CHARS = 2048
@@ -129,3 +130,21 @@ def bundle(obj: object) -> dict[str, Any]:
             data[mime] = clip(rich, RICH_BYTES)
     text = data.get("text/markdown", plain)
     return {"text": text, "data": data}
+
+
+FRAME_BYTES = 4 * 1024 * 1024  # a value or display bigger than this travels as its text alone
+
+
+def framed(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` as it may travel in a frame: a bundle over ``FRAME_BYTES`` (its rich parts
+    add up: 8 MiB of each kind is allowed) keeps only ``text/plain``, and says so on stderr."""
+    size = len(json.dumps(value))
+    if size <= FRAME_BYTES:
+        return value
+    plain = value["data"]["text/plain"]
+    print(
+        f"[farm: a value's MIME bundle of {size} bytes is over {FRAME_BYTES}; "
+        "only its text/plain is kept]",
+        file=sys.stderr,
+    )
+    return {"text": plain, "data": {"text/plain": plain}}

@@ -19,7 +19,7 @@ import traceback
 import types
 from typing import Any
 
-from . import KIND_OOM, KIND_USER
+from . import KIND_OOM, KIND_USER, inputs
 from .render import bundle
 
 CELL_FILE = "<cell>"
@@ -66,6 +66,17 @@ def ends_with_semicolon(code: str) -> bool:
     return last is not None and last.type == tokenize.OP and last.string == ";"
 
 
+def parse(code: str) -> ast.Module:
+    """The cell's syntax tree; a cell that uses IPython-only syntax says so."""
+    try:
+        return ast.parse(code, filename=CELL_FILE, mode="exec")
+    except SyntaxError as exc:
+        special = inputs.unsupported(code)
+        if special is not None:
+            raise special from None
+        raise exc from None
+
+
 class Repl:
     """One session's namespace and the machinery to run cells in it."""
 
@@ -87,10 +98,12 @@ class Repl:
         return eval(code, self.namespace)
 
     def run_cell(self, code: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """Run one cell; return ``(value, error)`` as wire dicts (at most one is set)."""
+        """Run one cell, cleaned as IPython cleans it (``inputs``); return ``(value, error)``
+        as wire dicts (at most one is set)."""
+        code = inputs.clean(code)
         linecache.cache[CELL_FILE] = (len(code), None, code.splitlines(True), CELL_FILE)
         try:
-            tree = ast.parse(code, filename=CELL_FILE, mode="exec")
+            tree = parse(code)
             last_expr = None
             if tree.body and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(code):
                 last_expr = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
@@ -111,7 +124,7 @@ class Repl:
                 return None, None
             self._remember(value)
             return bundle(value), None
-        except BaseException as exc:  # noqa: BLE001 - every user failure becomes a result
+        except BaseException as exc:
             return None, error_dict(exc)
 
     def _remember(self, value: Any) -> None:
@@ -132,11 +145,11 @@ def error_dict(exc: BaseException, *, user_frames_only: bool = True) -> dict[str
     tb = _user_traceback(exc) if user_frames_only else None
     try:
         lines = traceback.format_exception(type(exc), exc, tb)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not break the kernel
+    except Exception:
         lines = [f"{type(exc).__name__}: <unprintable>\n"]
     try:
         evalue = str(exc)
-    except Exception:  # noqa: BLE001
+    except Exception:
         evalue = "<unprintable>"
     kind = KIND_OOM if isinstance(exc, MemoryError) else KIND_USER
     return {

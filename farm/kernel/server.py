@@ -20,7 +20,8 @@ import time
 from typing import Any
 
 from . import KERNEL_VERSION, auth
-from .framing import DEFAULT_MAX_FRAME, FrameError, encode, read_frame
+from .cell import fit
+from .framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
 from .manager import DEFAULT_OUTPUT_BYTES, RequestError, SessionManager
 from .streaming import Emit
 
@@ -31,6 +32,9 @@ HANDSHAKE_MAX_FRAME = 4096
 MAX_TIMEOUT_S = 24 * 3600.0
 # Errors after which the connection stays usable; every other error closes it.
 _RECOVERABLE = {"no_such_session", "too_many_sessions", "unavailable"}
+# An authenticated peer's frame up to this many times the limit is read and dropped (the host
+# sent a cell too large: it gets ``too_large`` and keeps its connection); a bigger one closes it.
+DISCARD_FACTOR = 4
 
 
 class KernelServer:
@@ -98,7 +102,7 @@ class KernelServer:
             pass
         except asyncio.CancelledError:  # the kernel is shutting down
             pass
-        except Exception:  # noqa: BLE001 - one connection's bug must not stop the server
+        except Exception:
             log.exception("internal error while serving a connection")
             await _reply(writer, {"type": "error", "code": "internal", "message": "kernel bug"})
         finally:
@@ -135,8 +139,16 @@ class KernelServer:
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         ahead: asyncio.Future[dict[str, Any] | None] | None = None
         while True:
-            message = await (ahead or read_frame(reader, self.max_frame))
-            ahead = None
+            try:
+                message = await (ahead or read_frame(reader, self.max_frame))
+            except FrameTooLarge as exc:
+                if exc.length > DISCARD_FACTOR * self.max_frame:
+                    raise
+                await discard(reader, exc.length)  # refuse it, keep the connection
+                await _reply(writer, {"type": "error", "code": "too_large", "message": str(exc)})
+                continue
+            finally:
+                ahead = None
             if message is None:
                 return
             if message["type"] == "answer":  # to a host call whose cell has ended: drop it
@@ -192,7 +204,8 @@ class KernelServer:
         if kind == "execute":
             request = self._execute_request(message)
             emit = _emitter(writer, request["exec_id"]) if request["events"] else None
-            return {"type": "exec_result", "result": await self.manager.execute(request, emit)}
+            result = await self.manager.execute(request, emit)
+            return {"type": "exec_result", "result": fit(result, self.max_frame)}
         if kind == "close_session":
             return self.manager.close(_field(message, "session_id", str))
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
@@ -202,8 +215,11 @@ class KernelServer:
         if not (0 < timeout_s <= MAX_TIMEOUT_S) or math.isnan(timeout_s):
             raise RequestError("bad_request", f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}]")
         max_output = message.get("max_output_bytes") or DEFAULT_OUTPUT_BYTES
-        if not isinstance(max_output, int) or max_output < 1024:
-            raise RequestError("bad_request", "max_output_bytes must be an integer >= 1024")
+        if not isinstance(max_output, int) or not 1024 <= max_output <= self.max_frame // 4:
+            raise RequestError(
+                "bad_request",
+                f"max_output_bytes must be an integer in [1024, {self.max_frame // 4}]",
+            )
         epoch = _field(message, "epoch", int)
         events = message.get("events", False)
         if not isinstance(events, bool):

@@ -19,7 +19,6 @@ import builtins
 import contextlib
 import ctypes
 import io
-import json
 import os
 import resource
 import signal
@@ -31,11 +30,10 @@ from typing import Any
 
 from . import calls
 from .framing import recv_frame, send_frame
-from .render import bundle
+from .render import bundle, framed
 from .repl import Repl
 from .tools import DEFAULT_LIMIT, Workspace
 
-DISPLAY_FRAME_BYTES = 4 * 1024 * 1024  # a bigger bundle is sent as its text/plain alone
 STDOUT_SPARE = 1001  # copies of the capture pipes, to restore fds 1/2 if user code closes them
 STDERR_SPARE = 1002
 OOM_SCORE_ADJ = 800  # the OOM killer picks a session before the supervisor (which stays at 0)
@@ -138,10 +136,7 @@ class Channel:
         """``display(obj, ...)``: show each object's MIME bundle in the live stream."""
         for obj in objs:
             _flush_all()  # what was printed before comes first
-            value = bundle(obj)
-            if len(json.dumps(value)) > DISPLAY_FRAME_BYTES:
-                plain = value["data"]["text/plain"]
-                value = {"text": plain, "data": {"text/plain": plain}}
+            value = framed(bundle(obj))
             if self.request({"type": "display", "value": value}) is None:
                 print(value["text"])
 
@@ -190,6 +185,8 @@ def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
             # session, or the supervisor would read its reply as the session's.
             _flush_all()
             os._exit(0)
+        if value is not None:
+            value = framed(value)
         _flush_all()
         cpu1, rss = _usage()
         reply: dict[str, Any] = {

@@ -59,7 +59,7 @@ def _session_child(ctl: socket.socket, out_w: int, err_w: int, config: dict[str,
         _close_other_fds({0, 1, 2, ctl.fileno()})
         session.prepare_process()
         session.serve(ctl, config)
-    except BaseException:  # noqa: BLE001 - a session process never returns into the zygote
+    except BaseException:
         code = 70
     finally:
         os._exit(code)

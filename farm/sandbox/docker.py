@@ -26,13 +26,13 @@ import docker.errors
 from docker.models.containers import Container
 from docker.types import Ulimit
 
+from farm.errors import SandboxStartError
 from farm.kernel import auth
 from farm.kernel.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
 from farm.processes import pid_alive
 from farm.sandbox.base import Sandbox
 from farm.sandbox.images import own_sandbox_tag
-from farm.sandbox.process import SandboxStartError
 from farm.settings import SandboxLimits
 
 log = logging.getLogger(__name__)

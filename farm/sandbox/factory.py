@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from farm.errors import InvalidRequest
 from farm.sandbox.base import Sandbox
 from farm.settings import FarmSettings
 
@@ -22,20 +23,32 @@ def docker_available() -> bool:
         client = docker.from_env(timeout=5)
         client.ping()
         client.close()
-    except Exception:  # noqa: BLE001 - any failure means "not usable here"
+    except Exception:
         return False
     return True
 
 
 def resolve_backend(backend: str) -> str:
     if backend not in BACKENDS:
-        raise ValueError(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
+        raise InvalidRequest(f"unknown sandbox backend {backend!r}; choose one of {BACKENDS}")
     if backend != "auto":
         return backend
     if docker_available():
         return "docker"
     log.warning("Docker does not answer: backend 'auto' falls back to UNISOLATED processes")
     return "process"
+
+
+def docker_image(settings: FarmSettings) -> str:
+    """``FARM_SANDBOX_IMAGE``, else ``farm-sandbox:IMAGE``; for the default image, the build of
+    this checkout's own kernel when Docker has it (``images.own_sandbox_tag``)."""
+    if settings.sandbox_image:
+        return settings.sandbox_image
+    if settings.image == "default":
+        from farm.sandbox.images import own_sandbox_tag
+
+        return own_sandbox_tag()
+    return f"farm-sandbox:{settings.image}"
 
 
 def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
@@ -47,7 +60,7 @@ def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
     from farm.sandbox.docker import DockerSandbox
 
     return DockerSandbox(
-        settings.docker_image,
+        docker_image(settings),
         owner=owner,
         limits=settings.limits,
         socket_dir=settings.socket_dir,

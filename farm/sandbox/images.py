@@ -35,6 +35,8 @@ from typing import Any
 import docker
 import docker.errors
 
+from farm.errors import DockerUnavailable, ImageBuildError
+
 logger = logging.getLogger(__name__)
 
 PUBLIC_BASE = "python:3.12-slim"
@@ -64,14 +66,6 @@ PING_TIMEOUT_S = 10
 PINS_KEPT = 3  # pinned builds of a tag kept on the host (other checkouts, running farms)
 
 
-class DockerUnavailableError(RuntimeError):
-    """The Docker daemon does not answer: nothing about images can be decided."""
-
-
-class ImageBuildError(RuntimeError):
-    """A base or sandbox image could not be built; the message carries the build's last lines."""
-
-
 @dataclass(frozen=True)
 class SandboxImage:
     """What :func:`ensure_sandbox_image` left in place, and whether it had to build it."""
@@ -88,12 +82,12 @@ def default_repo_root() -> Path:
 
 
 def connect() -> docker.DockerClient:
-    """A Docker client that has answered a ping, or :class:`DockerUnavailableError`."""
+    """A Docker client that has answered a ping, or :class:`DockerUnavailable`."""
     try:
         client = docker.from_env(timeout=PING_TIMEOUT_S)
         client.ping()
     except docker.errors.DockerException as exc:
-        raise DockerUnavailableError(
+        raise DockerUnavailable(
             f"Docker is not reachable ({exc}); run scripts/bootstrap to install and start it"
         ) from exc
     return client
@@ -374,20 +368,6 @@ def _prune_pins(client: docker.DockerClient, tag: str, keep: int) -> None:
             logger.debug("keeping %s: %s", ref, exc)
 
 
-def build_sandbox_image(
-    client: docker.DockerClient | None = None,
-    *,
-    tag: str = DEFAULT_TAG,
-    force: bool = False,
-    extra_pip: str = "",
-    repo_root: Path | None = None,
-) -> str:
-    """The id of an up-to-date sandbox image ``tag``, built only if needed (see ensure_...)."""
-    return ensure_sandbox_image(
-        client, tag=tag, force=force, extra_pip=extra_pip, repo_root=repo_root
-    ).image_id
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m farm.sandbox.images",
@@ -410,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logger.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
         image = ensure_sandbox_image(tag=args.tag, force=args.force, extra_pip=args.extra_pip)
-    except DockerUnavailableError as exc:
+    except DockerUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ImageBuildError as exc:

@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from farm.backoff import delays
 from farm.kernel.client import KernelClient
 from farm.models import SandboxHealth, SandboxInfo
 from farm.sandbox.base import Sandbox
@@ -119,23 +120,23 @@ class SandboxKeeper:
         if self.on_lost is not None:
             try:
                 self.on_lost(lost_generation, reason)
-            except Exception:  # noqa: BLE001 - the owner's bookkeeping must not stop healing
+            except Exception:
                 log.exception("on_lost callback failed")
         self.restarts += 1
         self._relaunch()
 
     def _relaunch(self) -> None:
-        backoff = 0.5
-        while not self._stop.is_set():
+        for backoff in delays(0.5, MAX_BACKOFF_S):
+            if self._stop.is_set():
+                return
             try:
                 self._launch()
                 log.info("replacement sandbox generation %d is up", self.generation)
                 return
-            except Exception as exc:  # noqa: BLE001 - keep trying; report not-ready meanwhile
+            except Exception as exc:
                 self.last_error = f"replacement failed: {exc}"
                 log.error("could not start a replacement sandbox: %s", exc)
                 self._stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
 
     def _watch(self) -> None:
         misses = 0

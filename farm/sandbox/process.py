@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 
+from farm.errors import SandboxStartError
 from farm.kernel import auth
 from farm.models import SandboxInfo
 from farm.sandbox.base import Sandbox
@@ -24,10 +25,6 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
-
-
-class SandboxStartError(RuntimeError):
-    """The sandbox did not come up; nothing it started is left running."""
 
 
 class ProcessSandbox(Sandbox):

@@ -37,12 +37,11 @@ from pathlib import Path
 
 import docker
 
+from farm.errors import DockerUnavailable, ImageBuildError
 from farm.sandbox.images import (
     BASE_BUILD_TIMEOUT_S,
     BUILD_TOTAL_TIMEOUT_S,
     KERNEL_DIR,
-    DockerUnavailableError,
-    ImageBuildError,
     SandboxImage,
     connect,
     default_repo_root,
@@ -232,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         try:
             image = ensure_variant_image(name, force=args.force, allow_hosts=args.allow_host)
-        except DockerUnavailableError as exc:
+        except DockerUnavailable as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         except ImageBuildError as exc:

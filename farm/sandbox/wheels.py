@@ -27,6 +27,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from farm.errors import ImageBuildError
+
 GLIBC_TAGS = ("2_17", "2_24", "2_28", "2_31", "2_34", "2_35", "2_36", "2_39")
 # Older wheels (playwright's) carry only the legacy names; pip does not derive them.
 LEGACY_MANYLINUX = ("manylinux1", "manylinux2010", "manylinux2014")
@@ -34,7 +36,7 @@ MAX_ROUNDS = 20
 PIP_TIMEOUT_S = 900
 
 
-class WheelError(RuntimeError):
+class WheelError(ImageBuildError):
     """The wheel set cannot be completed (a conflict, or pip keeps leaving something out)."""
 
 

@@ -21,7 +21,9 @@ def main(argv: list[str] | None = None) -> None:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
-    from farm.worker.app import app
+    from farm.worker.tasks import worker_app
+
+    app = worker_app()
 
     name = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"  # = Worker.id
     args = [

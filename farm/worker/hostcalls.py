@@ -2,9 +2,9 @@
 
 Sandboxed code calls ``llm_query(...)`` (``farm.kernel.calls``); the kernel sends the call as
 an event of the running cell. Here it becomes a ``HostCall`` event on the run's live stream,
-which the client that sent the run reads (``farm.callbacks``); the client pushes its answer to
-a list of its own (``journal.answer_key``) and this waits for it, never past the cell's own
-deadline (by then the kernel has interrupted the cell and would drop a late answer).
+which the client that sent the run reads (``farm.client.callbacks``); the client pushes its
+answer to a list of its own (``journal.answer_key``) and this waits for it, never past the
+cell's own deadline (by then the kernel has interrupted the cell and would drop a late answer).
 
 Invariants: a name the client did not send with the run is refused here without asking
 anyone, and so is any call of a run nobody streams; every call, answered or refused, is
@@ -23,6 +23,7 @@ import redis
 
 from farm.events import Event, HostCall
 from farm.journal import answer_key
+from farm.kernel.calls import MAX_ANSWER_BYTES
 from farm.models import CallAnswer, SubCall
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,9 @@ class HostCalls:
         while (left := self.deadline - time.monotonic()) > 0:
             reply = self.redis.blpop([key], timeout=max(1, min(BLOCK_S, int(left))))
             if reply is not None:
+                if len(reply[1]) > MAX_ANSWER_BYTES:
+                    why = f"the answer of {len(reply[1])} bytes exceeds {MAX_ANSWER_BYTES} bytes"
+                    return _refusal(why)
                 try:
                     return CallAnswer.model_validate(json.loads(reply[1]))
                 except ValueError as exc:

@@ -56,7 +56,7 @@ def serve(host: str, port: int, ready: Callable[[], tuple[bool, str]]) -> Thread
     """Start the HTTP server in a daemon thread; ``server.server_port`` is the bound port."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             if self.path == "/metrics":
                 self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
             elif self.path == "/healthz":

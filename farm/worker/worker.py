@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -25,6 +26,7 @@ import redis
 from farm.celeryconf import direct_queue, shared_queue
 from farm.journal import Journal
 from farm.kernel.client import KernelClient, KernelError, KernelRequestError
+from farm.kernel.framing import DEFAULT_MAX_FRAME
 from farm.models import ErrorKind, ExecResult, SandboxHealth
 from farm.registry import Registry
 from farm.sandbox.factory import make_sandbox
@@ -36,6 +38,8 @@ from farm.worker.recorder import ExecRecorder
 log = logging.getLogger(__name__)
 
 DUPLICATE_POLL_S = 0.05
+# Kernel refusals of a request that was whole and valid but not acceptable: bad input.
+REFUSED_INPUT = {"too_large", "bad_request"}
 REAP_EVERY_S = 10.0
 
 
@@ -102,7 +106,7 @@ class Worker:
             for session_id in held:
                 self.registry.drop_session(session_id)
             self.registry.deregister(self.id, self.generation)
-        except Exception as exc:  # noqa: BLE001 - its entries expire by TTL anyway
+        except Exception as exc:
             log.warning("worker %s could not deregister: %s", self.id, exc)
         log.info(
             "worker %s generation %d stopped (%s); %d sessions ended",
@@ -133,7 +137,7 @@ class Worker:
                     last_reap = time.monotonic()
             except redis.RedisError as exc:  # the broker is down: say so once a beat, briefly
                 log.warning("worker %s heartbeat failed: %s", self.id, exc)
-            except Exception:  # noqa: BLE001 - keep beating whatever happens
+            except Exception:
                 log.exception("worker %s heartbeat failed", self.id)
 
     def _heartbeat(self) -> None:
@@ -307,6 +311,9 @@ class Worker:
         if held.sandbox_generation != self.keeper.generation:
             return self._lost(request, "its sandbox was replaced"), None
         held.last_used = time.monotonic()
+        refused = _oversized(request["code"])
+        if refused is not None:
+            return self._failure(request, ErrorKind.INPUT, "InputTooLarge", refused), held
         try:
             raw = self._kernel().execute(
                 session_id,
@@ -320,6 +327,9 @@ class Worker:
                 calls=request.get("calls"),
             )
         except KernelRequestError as exc:
+            self._drop_kernel()  # the kernel may close a connection after an error reply
+            if exc.code in REFUSED_INPUT:  # nothing ran; the session and its variables live on
+                return self._failure(request, ErrorKind.INPUT, "BadRequest", str(exc)), held
             return self._lost(request, f"the sandbox no longer has it ({exc.code})"), None
         except KernelError as exc:
             self._drop_kernel()
@@ -395,3 +405,17 @@ class Worker:
             "SessionLost",
             f"session {request.get('session_id')} on worker {self.id}: {why}",
         )
+
+
+def _oversized(code: str, max_frame: int = DEFAULT_MAX_FRAME) -> str | None:
+    """Why ``code`` cannot travel to the kernel in one frame, or ``None``; exact when it might
+    not fit (JSON escapes can take six bytes a character), free for ordinary cells."""
+    if len(code) < max_frame // 8:
+        return None
+    size = len(json.dumps(code, ensure_ascii=False).encode()) + 1024
+    if size <= max_frame:
+        return None
+    return (
+        f"the cell is {size} bytes as a kernel frame, over the limit of {max_frame} bytes; "
+        "pass large data as files (session.files) instead; nothing was run"
+    )

@@ -3,7 +3,7 @@
 Every call goes to the owning worker generation's direct queue (``farm.celeryconf`` names)
 and is watched while it waits (``Farm._wait``); results are ``ExecResult``s, losses are
 exceptions (``SessionLost``, ``StateLost``) unless the session opted in to restoring them
-(``farm.restore``). ``stream`` gives the same call as live events (``farm.streams``).
+(``farm.client.restore``). ``stream`` gives the same call as live events (``farm.client.stream``).
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from farm.broker import BROKER_DOWN, Watch
-from farm.callbacks import Callbacks
 from farm.celeryconf import TASK_CLOSE, TASK_EXEC
-from farm.errors import BrokerLost, BrokerUnavailable, FarmBusy, SessionLost, StateLost
-from farm.files import SessionFiles
-from farm.models import ErrorKind, ExecResult, RestoreReport
-from farm.streams import EventStream
+from farm.client.broker import Watch
+from farm.client.callbacks import Callbacks
+from farm.client.files import SessionFiles
+from farm.client.stream import EventStream
+from farm.errors import FarmBusy, SessionLost, StateLost
+from farm.models import ErrorKind, ExecResult, Opened, RestoreReport
 
 if TYPE_CHECKING:
     from farm.client import Farm
@@ -38,8 +38,9 @@ def exec_request(code: str, timeout_s: float, max_output_bytes: int | None) -> d
 
 
 @dataclass
-class _Call:
-    """One exec in flight: its task, request, deadline and what to watch while waiting."""
+class Call:
+    """One exec in flight: its task, request, deadline and what to watch while waiting
+    (``Session.send`` makes it, ``Session.collect`` waits for it)."""
 
     pending: Any
     request: dict[str, Any]
@@ -60,28 +61,24 @@ class Session:
     def __init__(
         self,
         farm: Farm,
-        session_id: str,
-        worker: str,
-        generation: int,
-        queue: str,
-        epoch: int,
+        opened: Opened,
         timeout_s: float,
         on_state_lost: OnStateLost = "raise",
         callbacks: Callbacks | None = None,
     ) -> None:
         self.farm = farm
-        self.id = session_id
-        self.worker = worker
-        self.generation = generation
-        self.queue = queue
-        self.epoch = epoch
+        self.id = opened.session_id
+        self.worker = opened.worker
+        self.generation = opened.generation
+        self.queue = opened.queue
+        self.epoch = opened.epoch
         self.timeout_s = timeout_s
-        self._kernel_epoch = epoch
+        self._kernel_epoch = opened.epoch
         self.closed = False
         self.files = SessionFiles(self)
         self.on_state_lost = on_state_lost
         self.restores: list[RestoreReport] = []  # what each replay restore re-ran
-        self.callbacks = callbacks  # host callbacks its code may call (``farm.callbacks``)
+        self.callbacks = callbacks  # host callbacks its code may call (``farm.client.callbacks``)
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"
@@ -114,8 +111,8 @@ class Session:
                 pass
             assert stream.result is not None
             return stream.result
-        call = self._send(code, timeout_s, max_output_bytes=max_output_bytes)
-        return self._settle(self._collect(call), code, timeout_s, max_output_bytes=max_output_bytes)
+        call = self.send(code, timeout_s, max_output_bytes=max_output_bytes)
+        return self.settle(self.collect(call), code, timeout_s, max_output_bytes=max_output_bytes)
 
     def stream(
         self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
@@ -124,14 +121,16 @@ class Session:
         ``result`` is then what ``run`` would have returned."""
         return EventStream(self, code, timeout_s, max_output_bytes=max_output_bytes)
 
-    def _send(
+    # --- the calls' three steps: also used by farm.client.stream and farm.client.restore ---
+
+    def send(
         self,
         code: str,
         timeout_s: float | None,
         *,
         max_output_bytes: int | None = None,
         **extra: Any,
-    ) -> _Call:
+    ) -> Call:
         """Send one exec (``extra``: ``stream``, ``replay_of``); the one place it is built."""
         timeout = timeout_s or self.timeout_s
         request = exec_request(code, timeout, max_output_bytes)
@@ -141,26 +140,34 @@ class Session:
         pending, mark = self.farm.broker.send(
             TASK_EXEC, self.queue, args=[request], check=self._check_alive
         )
-        watch = Watch(worker=(self.worker, self.generation), mark=mark)
-        return _Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
+        watch = Watch(
+            worker=(self.worker, self.generation),
+            exec_id=request["exec_id"],
+            mark=mark,
+            session_id=self.id,
+        )
+        return Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
 
-    def _collect(self, call: _Call) -> ExecResult:
-        raw = self.farm.broker.wait(call.pending, call.deadline, call.watch)
-        return ExecResult.model_validate(raw)
+    def collect(self, call: Call) -> ExecResult:
+        """Wait for ``call``'s result; a loss of state moves the epoch ``restart`` accepts."""
+        result = ExecResult.model_validate(
+            self.farm.broker.wait(call.pending, call.deadline, call.watch)
+        )
+        if result.state_lost:
+            self._kernel_epoch = result.epoch
+        return result
 
-    def _settle(
+    def settle(
         self, result: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
     ) -> ExecResult:
         """Turn losses into what the caller gets: ``SessionLost``, ``StateLost`` (default),
-        or, with ``on_state_lost="replay"``, a restored namespace (``farm.restore``)."""
+        or, with ``on_state_lost="replay"``, a restored namespace (``farm.client.restore``)."""
         if result.kind == ErrorKind.SANDBOX_LOST:
             raise SessionLost(self.id, self.worker, result.error.evalue if result.error else "")
-        if result.state_lost:
-            self._kernel_epoch = result.epoch
-            if self.on_state_lost == "replay":
-                from farm.restore import restore
+        if result.state_lost and self.on_state_lost == "replay":
+            from farm.client.restore import restore
 
-                return restore(self, result, code, timeout_s, **kwargs)
+            return restore(self, result, code, timeout_s, **kwargs)
         if result.kind == ErrorKind.STATE_LOST:
             raise StateLost(result)
         return result
@@ -175,9 +182,13 @@ class Session:
         if self.closed:
             return
         self.closed = True
-        gone = (SessionLost, FarmBusy, BrokerLost, BrokerUnavailable, *BROKER_DOWN)
-        with contextlib.suppress(*gone):
-            if self.farm.registry.worker_alive(self.worker, self.generation):
-                pending = self.farm.app.send_task(TASK_CLOSE, args=[self.id], queue=self.queue)
-                owner = (self.worker, self.generation)
-                self.farm.broker.wait(pending, time.monotonic() + 30, Watch(worker=owner))
+        self.farm.broker.quietly(self._close_on_worker)
+
+    def _close_on_worker(self) -> None:
+        if not self.farm.registry.worker_alive(self.worker, self.generation):
+            return  # its sessions went with it
+        pending = self.farm.app.send_task(TASK_CLOSE, args=[self.id], queue=self.queue)
+        owner = (self.worker, self.generation)
+        with contextlib.suppress(SessionLost, FarmBusy):  # the worker died or hangs meanwhile
+            watch = Watch(worker=owner, session_id=self.id)
+            self.farm.broker.wait(pending, time.monotonic() + 30, watch)

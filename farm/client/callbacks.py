@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from farm.errors import InvalidRequest
 from farm.events import HostCall
 from farm.models import CallAnswer
 
@@ -53,13 +54,13 @@ class Callbacks:
     def __post_init__(self) -> None:
         for name, fn in self.functions.items():
             if not (isinstance(name, str) and name.isidentifier() and not name.startswith("_")):
-                raise ValueError(f"callback name {name!r} must be a public Python identifier")
+                raise InvalidRequest(f"callback name {name!r} must be a public Python identifier")
             if name.endswith("_batched"):
-                raise ValueError(f"callback name {name!r}: the _batched twin is made for you")
+                raise InvalidRequest(f"callback name {name!r}: the _batched twin is made for you")
             if not callable(fn):
                 raise TypeError(f"callback {name!r} is not callable")
         if self.max_depth < 1 or self.max_calls < 1 or self.timeout_s <= 0:
-            raise ValueError("max_depth and max_calls must be >= 1 and timeout_s > 0")
+            raise InvalidRequest("max_depth and max_calls must be >= 1 and timeout_s > 0")
 
     @property
     def names(self) -> list[str]:
@@ -86,7 +87,7 @@ class Callbacks:
         except _Timeout:
             why = f"{call.name} did not answer within {self.timeout_s:g}s"
             return _refuse(why, depth, "TimeoutError")
-        except Exception as exc:  # noqa: BLE001 - the sandbox gets the callback's error
+        except Exception as exc:
             return _refuse(str(exc), depth, type(exc).__name__)
         try:
             json.dumps(value)
@@ -114,7 +115,7 @@ class _Run:
         try:
             value = fn(*args, **kwargs)
             self.value = asyncio.run(value) if inspect.iscoroutine(value) else value
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+        except BaseException as exc:
             self.error = exc
 
     def result(self, deadline: float) -> Any:

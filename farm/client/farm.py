@@ -1,5 +1,5 @@
-"""The Python API: ``Farm`` (a connection to a farm), its ``Session``s (``farm.session``: a
-stateful REPL on it) and their asyncio twins.
+"""``Farm``: a connection to a farm, its sessions (``farm.session``: a stateful REPL on it)
+and one-shot runs.
 
 The client reaches workers only through the broker (task and queue names from
 ``farm.celeryconf``) and reads who owns what from the registry. A session call goes to the
@@ -9,15 +9,16 @@ heartbeat, so a dead worker turns into ``SessionLost`` within seconds instead of
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from farm.broker import Broker, Watch
-from farm.callbacks import Callbacks
+from farm.backoff import delays
 from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app, shared_queue
+from farm.client.broker import Broker, Watch
+from farm.client.callbacks import Callbacks
+from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
 from farm.errors import (
     BrokerLost,
     BrokerUnavailable,
@@ -28,12 +29,9 @@ from farm.errors import (
 )
 from farm.events import Event
 from farm.journal import Journal
-from farm.models import ErrorKind, ExecResult
+from farm.models import Busy, ErrorKind, ExecResult, Opened
 from farm.registry import Registry
-from farm.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
 from farm.settings import FarmSettings
-
-__all__ = ["AsyncFarm", "AsyncSession", "Farm", "Session", "exec_request", "replay"]
 
 DEFAULT_TIMEOUT_S = 30.0
 IMAGE_CHECK_S = 1.0
@@ -170,12 +168,11 @@ class Farm:
         successful cells (see ``Session``); the default raises ``StateLost``. ``callbacks``
         are functions of this process the session's code may call by name, within
         ``max_depth`` nested sessions, ``max_calls`` calls per run and ``callback_timeout_s``
-        per call (``farm.callbacks``)."""
+        per call (``farm.client.callbacks``)."""
         hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
         self._require_image(image)
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
-        backoff = 0.05
-        while True:
+        for backoff in delays(0.05, 1.0):
             open_id = uuid.uuid4().hex
             pending, mark = self.broker.send(
                 TASK_OPEN, shared_queue(image), kwargs={"tools": tools, "open_id": open_id}
@@ -183,45 +180,36 @@ class Farm:
             try:
                 reply = self._open_reply(pending, open_id, mark, deadline + QUEUE_WAIT_S)
             except (SessionLost, BrokerLost) as exc:  # the open died with its worker or broker
-                reply = {"busy": True, "reason": str(exc)}
-            if not reply.get("busy"):
-                return Session(
-                    self,
-                    reply["session_id"],
-                    reply["worker"],
-                    reply["generation"],
-                    reply["queue"],
-                    reply["epoch"],
-                    timeout_s,
-                    on_state_lost,
-                    hooks,
-                )
+                reply = Busy(reason=str(exc))
+            if isinstance(reply, Opened):
+                return Session(self, reply, timeout_s, on_state_lost, hooks)
             if time.monotonic() + backoff > deadline:
                 raise FarmBusy(
                     f"every worker of image {image!r} is full or not ready "
-                    f"(last: {reply.get('reason')}); retry later or add workers"
+                    f"(last: {reply.reason}); retry later or add workers"
                 )
             time.sleep(backoff)  # back off before asking the shared queue again
-            backoff = min(backoff * 2, 1.0)
+        raise AssertionError("unreachable")
 
     def replay(self, session_id: str) -> Iterator[Event]:
         """The events of a session's runs as its journal holds them (any process, any time
         within ``journal_ttl_s``): the same types ``Session.stream`` yields."""
         return self.journal.events(session_id)
 
-    def _open_reply(self, pending: Any, open_id: str, mark: str, deadline: float) -> Any:
+    def _open_reply(self, pending: Any, open_id: str, mark: str, deadline: float) -> Opened | Busy:
         """The answer to one open; an open that no worker claimed within ``OPEN_CLAIM_S`` is
         abandoned (a dead worker may have taken its message without a trace) and reported
         busy, so the caller asks again; a late delivery of it then opens nothing."""
         watch = Watch(exec_id=open_id, mark=mark)
         try:
             first_wait = min(deadline, time.monotonic() + OPEN_CLAIM_S)
-            return self.broker.wait(pending, first_wait, watch, final=False)
+            raw = self.broker.wait(pending, first_wait, watch, final=False)
         except FarmBusy:
             if self.registry.abandon(open_id):
-                return {"busy": True, "reason": f"no worker took the open in {OPEN_CLAIM_S:g}s"}
-        # a worker claimed it meanwhile: wait for it there, watching its heartbeat
-        return self.broker.wait(pending, deadline, watch)
+                return Busy(reason=f"no worker took the open in {OPEN_CLAIM_S:g}s")
+            # a worker claimed it meanwhile: wait for it there, watching its heartbeat
+            raw = self.broker.wait(pending, deadline, watch)
+        return Busy.model_validate(raw) if raw.get("busy") else Opened.model_validate(raw)
 
     def attach(
         self,
@@ -238,16 +226,15 @@ class Farm:
         entry = self.registry.session(session_id)
         if entry is None:
             raise SessionLost(session_id, None, "no such session (closed, expired or lost)")
-        return Session(
-            self,
-            session_id,
-            str(entry["worker"]),
-            int(entry["generation"]),
-            str(entry["queue"]),
-            int(entry["epoch"]),
-            timeout_s,
-            callbacks=_callbacks(callbacks, max_depth, max_calls, callback_timeout_s),
+        opened = Opened(
+            session_id=session_id,
+            worker=str(entry["worker"]),
+            generation=int(entry["generation"]),
+            queue=str(entry["queue"]),
+            epoch=int(entry["epoch"]),
         )
+        hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
+        return Session(self, opened, timeout_s, callbacks=hooks)
 
     def run(
         self,
@@ -324,73 +311,3 @@ def replay(session_id: str, broker_url: str | None = None) -> list[Event]:
     (``broker_url``, else the one ``Farm.default()`` finds); ``Farm.replay`` reuses yours."""
     with Farm.connect(broker_url) if broker_url else Farm.default() as farm:
         return list(farm.replay(session_id))
-
-
-class AsyncFarm:
-    """The asyncio twin of ``Farm``: the same calls, run off the event loop.
-
-    It wraps the sync client (``asyncio.to_thread``) so that message building, fencing and
-    retries exist once.
-    """
-
-    def __init__(self, farm: Farm) -> None:
-        self.sync = farm
-
-    @classmethod
-    async def connect(cls, broker_url: str | None = None) -> AsyncFarm:
-        return cls(await asyncio.to_thread(Farm.connect, broker_url))
-
-    @classmethod
-    async def local(
-        cls, workers: int = 2, *, backend: str = "docker", images: dict[str, int] | None = None
-    ) -> AsyncFarm:
-        return cls(await asyncio.to_thread(Farm.local, workers, backend=backend, images=images))
-
-    async def session(self, image: str = "default", **kwargs: Any) -> AsyncSession:
-        return AsyncSession(await asyncio.to_thread(self.sync.session, image, **kwargs))
-
-    async def attach(self, session_id: str, **kwargs: Any) -> AsyncSession:
-        return AsyncSession(await asyncio.to_thread(self.sync.attach, session_id, **kwargs))
-
-    async def run(self, code: str, **kwargs: Any) -> ExecResult:
-        return await asyncio.to_thread(self.sync.run, code, **kwargs)
-
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.sync.close)
-
-    async def __aenter__(self) -> AsyncFarm:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-
-class AsyncSession:
-    """The asyncio twin of ``Session`` (``await session.arun(code)``)."""
-
-    def __init__(self, session: Session) -> None:
-        self.sync = session
-        self.id = session.id
-
-    async def arun(self, code: str, timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
-        return await asyncio.to_thread(self.sync.run, code, timeout_s, **kwargs)
-
-    run = arun
-
-    async def stream(
-        self, code: str, timeout_s: float | None = None, **kwargs: Any
-    ) -> AsyncIterator[Event]:
-        """``async for event in session.stream(code)``: the sync stream, read off the loop."""
-        events = iter(self.sync.stream(code, timeout_s, **kwargs))
-        done: Any = object()
-        while (event := await asyncio.to_thread(next, events, done)) is not done:
-            yield event
-
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.sync.close)
-
-    async def __aenter__(self) -> AsyncSession:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()

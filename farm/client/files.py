@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from farm.errors import FileOperationError
 
 if TYPE_CHECKING:
-    from farm.session import Session
+    from farm.client.session import Session
 
 
 class SessionFiles:

@@ -24,7 +24,7 @@ from farm.events import Event, ExecEnd, ExecStart
 from farm.models import ErrorKind, ExecResult, ReplayedCell, RestoreReport
 
 if TYPE_CHECKING:
-    from farm.session import Session
+    from farm.client.session import Session
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,7 @@ def restore(
     )
     session.restart()
     for cell in live_cells(events, lost.exec_id):
-        replay = session._collect(session._send(cell.code, timeout_s, replay_of=cell.exec_id))
-        if replay.state_lost:
-            session._kernel_epoch = replay.epoch
+        replay = session.collect(session.send(cell.code, timeout_s, replay_of=cell.exec_id))
         if not replay.ok:
             why = f"replaying run {cell.exec_id} failed: {replay.error}"
             raise RestoreFailed(lost, why, report)
@@ -82,14 +80,12 @@ def restore(
     )
     if end is not None and not end.ran:
         report.reran_lost_call = True
-        result = session._collect(session._send(code, timeout_s, **kwargs))
+        result = session.collect(session.send(code, timeout_s, **kwargs))
         if result.kind == ErrorKind.SANDBOX_LOST:
             raise SessionLost(
                 session.id, session.worker, result.error.evalue if result.error else ""
             )
-        if result.state_lost:  # lost again: once is enough, the caller decides what next
-            session._kernel_epoch = result.epoch
-        if result.kind == ErrorKind.STATE_LOST:
+        if result.kind == ErrorKind.STATE_LOST:  # lost again: once is enough, the caller decides
             raise StateLost(result)
         return result
     return lost

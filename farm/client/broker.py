@@ -26,6 +26,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
+from farm.backoff import delays
 from farm.errors import BrokerLost, BrokerUnavailable, FarmBusy, SessionLost, WorkerFailed
 from farm.registry import Registry
 
@@ -38,17 +39,21 @@ BROKER_DOWN: tuple[type[BaseException], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
 )
+# What makes a skippable broker call skip (``Broker.quietly``).
+SKIPPABLE: tuple[type[BaseException], ...] = (*BROKER_DOWN, BrokerUnavailable, BrokerLost)
 WAIT_SLICE_S = 0.5
 
 
 @dataclass(frozen=True)
 class Watch:
     """What a waiting call watches between slices of waiting: the worker running it (known
-    for a session call; else found from ``exec_id``'s claim record) and the broker's mark."""
+    for a session call; else found from ``exec_id``'s claim record) and the broker's mark;
+    ``session_id`` names the session in what a loss raises."""
 
     worker: tuple[str, int] | None = None
     exec_id: str | None = None
     mark: str | None = None
+    session_id: str | None = None
 
 
 class Broker:
@@ -98,6 +103,15 @@ class Broker:
                 if not self._back_by(until):
                     raise BrokerUnavailable(self.url, exc, sent=sent) from exc
 
+    def quietly(self, fn: Callable[[], T]) -> T | None:
+        """``fn()`` for cleanup and extras that may be skipped (closing a session, deleting a
+        run's stream, a manifest's details): a broker that is down, or lost its data, makes it
+        ``None`` at once instead of an error or a wait."""
+        try:
+            return fn()
+        except SKIPPABLE:
+            return None
+
     def after_outage(self, read: Callable[[], T], ok: Callable[[T], bool]) -> T:
         """``read()``, read again until ``ok`` while a recent outage may explain why it is not:
         workers cannot heartbeat while the broker is down, so their registrations may have
@@ -121,8 +135,7 @@ class Broker:
 
     def _back_by(self, until: float) -> bool:
         """Poll the broker with a ping until it answers (True) or ``until`` passes (False)."""
-        delay = 0.05
-        while True:
+        for delay in delays(0.05, 1.0):
             try:
                 if self.registry.redis.ping():
                     return True
@@ -131,8 +144,8 @@ class Broker:
             left = until - time.monotonic()
             if left <= 0:
                 return False
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, 1.0)
+            time.sleep(min(delay, left))  # backoff between pings, bounded by ``until``
+        raise AssertionError("unreachable")
 
     def wait(
         self, pending: Any, deadline: float, watch: Watch, *, final: bool = True
@@ -201,8 +214,11 @@ class Broker:
             lambda: self.registry.worker_alive(*owner), bool
         ):
             pending.forget()
+            call = f" while call {exec_id} waited" if exec_id else ""
             raise SessionLost(
-                exec_id or "?", owner[0], f"worker {owner[0]} (generation {owner[1]}) is gone"
+                watch.session_id,
+                owner[0],
+                f"worker {owner[0]} (generation {owner[1]}) is gone{call}",
             )
         if time.monotonic() > deadline:
             pending.forget()

@@ -1,0 +1,14 @@
+"""The client tier: ``Farm`` (a connection to a farm), its ``Session``s, and their asyncio twins.
+
+Modules, one noun each: ``farm`` (``Farm``: discovery, sessions, one-shot runs), ``session``
+(``Session``: calls on one worker's sandbox), ``aio`` (the asyncio twins), ``broker`` (sending,
+waiting, riding out outages), ``stream`` (a run's live events), ``callbacks`` (host functions
+sandboxed code may call), ``files`` (``session.files``) and ``restore`` (opt-in replay after a
+state loss). The client reaches workers only through the broker, never by import.
+"""
+
+from farm.client.aio import AsyncFarm, AsyncSession
+from farm.client.farm import Farm, replay
+from farm.client.session import Session, exec_request
+
+__all__ = ["AsyncFarm", "AsyncSession", "Farm", "Session", "exec_request", "replay"]

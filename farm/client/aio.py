@@ -1,0 +1,80 @@
+"""The asyncio twins: ``AsyncFarm`` and ``AsyncSession``, the same calls run off the loop.
+
+They wrap the sync client (``asyncio.to_thread``), so that message building, fencing and retries
+exist once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from farm.client.farm import Farm
+from farm.client.session import Session
+from farm.events import Event
+from farm.models import ExecResult
+
+
+class AsyncFarm:
+    """The asyncio twin of ``Farm``: the same calls, run off the event loop."""
+
+    def __init__(self, farm: Farm) -> None:
+        self.sync = farm
+
+    @classmethod
+    async def connect(cls, broker_url: str | None = None) -> AsyncFarm:
+        return cls(await asyncio.to_thread(Farm.connect, broker_url))
+
+    @classmethod
+    async def local(
+        cls, workers: int = 2, *, backend: str = "docker", images: dict[str, int] | None = None
+    ) -> AsyncFarm:
+        return cls(await asyncio.to_thread(Farm.local, workers, backend=backend, images=images))
+
+    async def session(self, image: str = "default", **kwargs: Any) -> AsyncSession:
+        return AsyncSession(await asyncio.to_thread(self.sync.session, image, **kwargs))
+
+    async def attach(self, session_id: str, **kwargs: Any) -> AsyncSession:
+        return AsyncSession(await asyncio.to_thread(self.sync.attach, session_id, **kwargs))
+
+    async def run(self, code: str, **kwargs: Any) -> ExecResult:
+        return await asyncio.to_thread(self.sync.run, code, **kwargs)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> AsyncFarm:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncSession:
+    """The asyncio twin of ``Session`` (``await session.arun(code)``)."""
+
+    def __init__(self, session: Session) -> None:
+        self.sync = session
+        self.id = session.id
+
+    async def arun(self, code: str, timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
+        return await asyncio.to_thread(self.sync.run, code, timeout_s, **kwargs)
+
+    async def stream(
+        self, code: str, timeout_s: float | None = None, **kwargs: Any
+    ) -> AsyncIterator[Event]:
+        """``async for event in session.stream(code)``: the sync stream, read off the loop."""
+        events = iter(self.sync.stream(code, timeout_s, **kwargs))
+        done: Any = object()
+        while (event := await asyncio.to_thread(next, events, done)) is not done:
+            yield event
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

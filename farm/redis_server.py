@@ -1,0 +1,129 @@
+"""``RedisServer``: the ephemeral ``redis-server`` of a local farm (and of the tests).
+
+It listens on loopback only, on a free port, and requires a password made at start: whoever can
+write to a farm's broker can run code in its sandboxes and read every result, so no broker farm
+starts is open to anonymous clients, not even on a shared host. The password travels only in
+files readable by their owner (the server's config, mode 0600) and in the environment of the
+processes that need it (``FARM_BROKER_URL``), never on a command line (``/proc/*/cmdline`` is
+world-readable) or in a log line. Persistence is off: a local farm's broker is ephemeral.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from farm.errors import LocalFarmError
+from farm.processes import die_with_parent
+
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to a new file only its owner can read (created 0600, never wider)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+class RedisServer:
+    """One ``redis-server`` in ``directory`` (its config, data and log live there)."""
+
+    def __init__(self, directory: Path, *, password: str | None = None) -> None:
+        self.dir = directory
+        self.password = password or secrets.token_urlsafe(32)
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.config = directory / "redis.conf"
+
+    @property
+    def url(self) -> str:
+        """The broker URL, password included: give it to processes, never print it."""
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        return redis.Redis(port=self.port, password=self.password, **kwargs)
+
+    def start(self) -> RedisServer:
+        if shutil.which("redis-server") is None:
+            raise LocalFarmError("redis-server is not installed: run `make setup`")
+        if not self.port:
+            self.port = free_port()
+            write_private(
+                self.config,
+                "\n".join(
+                    [
+                        f"port {self.port}",
+                        "bind 127.0.0.1",
+                        "protected-mode yes",
+                        f'requirepass "{self.password}"',
+                        'save ""',
+                        "appendonly no",
+                        f'dir "{self.dir}"',
+                    ]
+                )
+                + "\n",
+            )
+        self.proc = subprocess.Popen(
+            ["redis-server", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent,
+        )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self.proc is not None
+        client = self.client(socket_timeout=1)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or self.proc.poll() is not None:
+                        raise LocalFarmError("redis-server did not start") from None
+                    time.sleep(0.02)  # poll interval of the deadline-bounded readiness check
+        finally:
+            client.close()
+
+    def stop(self, *, save: bool = False) -> None:
+        """Stop the server; ``save`` writes its data to ``dir`` first (a restart then keeps
+        it, as a Redis with persistence would), otherwise its data is gone."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        if save:
+            client = self.client(socket_timeout=5)
+            try:
+                client.shutdown(save=True)
+            except redis.ConnectionError:
+                pass  # the shutdown closed the connection
+            finally:
+                client.close()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(STOP_TIMEOUT_S)

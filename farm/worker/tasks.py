@@ -1,0 +1,98 @@
+"""The worker's Celery app and tasks, built on demand: importing any ``farm.worker`` module
+builds nothing. ``celery -A farm.worker worker`` (through ``farm.worker.app``) and ``farm worker``
+both end in ``worker_app()``, which starts the worker's sandbox once Celery is set up and
+consumes the image's shared queue plus this generation's direct queue.
+
+Tasks are thin: they hand their JSON arguments to the ``Worker`` and return its JSON answer.
+``make_worker_app(settings, worker=...)`` binds an already started ``Worker`` instead, which is
+how tests run a real Celery worker in-process (``celery.contrib.testing``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from celery import Celery
+from celery.concurrency import get_implementation
+from celery.signals import celeryd_after_setup, worker_shutdown
+
+from farm.celeryconf import TASK_CLOSE, TASK_ECHO, TASK_EXEC, TASK_OPEN, TASK_RUN, make_app
+from farm.errors import FarmError
+from farm.settings import FarmSettings
+from farm.worker.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+class NotAWorker(FarmError):
+    """A farm task ran in a process that has no started farm worker."""
+
+
+def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None = None) -> Celery:
+    """A Celery app with farm's tasks. Without ``worker``, the ``Worker`` is made and started
+    when Celery's worker is set up (``celeryd_after_setup``) and stopped at its shutdown."""
+    settings = settings or FarmSettings()
+    app = make_app(settings)
+    state: dict[str, Worker] = {"worker": worker} if worker is not None else {}
+
+    def current() -> Worker:
+        held = state.get("worker")
+        if held is None:
+            raise NotAWorker("this process is not a started farm worker")
+        return held
+
+    if worker is None:
+
+        @celeryd_after_setup.connect(weak=False)
+        def start(sender: Any, instance: Any, **kwargs: Any) -> None:
+            if instance.app is not app:
+                return
+            allowed = {get_implementation("threads"), get_implementation("solo")}
+            if get_implementation(instance.pool_cls) not in allowed:
+                # Prefork children would each hold a different part of the sessions.
+                raise SystemExit(
+                    f"farm workers need `--pool threads` (or solo), not {instance.pool_cls}: "
+                    "one process must own the sandbox and every session on it"
+                )
+            started = Worker(settings)
+            started.start()
+            state["worker"] = started
+            for queue in started.queues:
+                instance.app.amqp.queues.select_add(queue)
+
+        @worker_shutdown.connect(weak=False)
+        def stop(**kwargs: Any) -> None:
+            held = state.pop("worker", None)
+            if held is not None:
+                held.stop("graceful shutdown")
+
+    @app.task(name=TASK_OPEN)
+    def open_session(tools: bool = True, open_id: str | None = None) -> dict[str, Any]:
+        return current().open_session(tools, open_id)
+
+    @app.task(name=TASK_EXEC)
+    def exec_code(request: dict[str, Any]) -> dict[str, Any]:
+        return current().execute(request)
+
+    @app.task(name=TASK_CLOSE)
+    def close_session(session_id: str) -> dict[str, Any]:
+        return current().close_session(session_id)
+
+    @app.task(name=TASK_RUN)
+    def run_once(request: dict[str, Any]) -> dict[str, Any]:
+        return current().run_once(request)
+
+    @app.task(name=TASK_ECHO)
+    def echo(payload: Any) -> Any:
+        """A bare round trip through broker and worker: the baseline of ``bench/farm_e2e.py``."""
+        return payload
+
+    return app
+
+
+@functools.cache
+def worker_app() -> Celery:
+    """The app of this process's farm worker (``celery -A farm.worker``, ``farm worker``)."""
+    return make_worker_app()

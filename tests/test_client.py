@@ -1,0 +1,98 @@
+"""The client's decisions (settling results, losses, bad input, restore) against a real Redis
+and a real Celery worker running in this process over the ``process`` backend: fast, no Docker.
+The Docker end-to-end versions of these paths live in ``test_worker.py`` and ``test_stream.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from farm.client import Farm
+from farm.errors import BadInput, StateLost
+
+BIG = 17 * 1024 * 1024  # over the kernel's 16 MiB frame
+
+
+def test_a_cell_too_large_for_a_frame_is_bad_input_and_the_session_lives(
+    inproc_farm: Farm,
+) -> None:
+    with inproc_farm.session() as s:
+        s.run("kept = 41")
+        result = s.run("x = '" + "a" * BIG + "'")
+        assert result.kind == "input" and result.error is not None
+        assert (
+            str(16 * 1024 * 1024) in result.error.evalue
+            and "nothing was run" in result.error.evalue
+        )
+        assert not result.state_lost
+        with pytest.raises(BadInput):
+            result.raise_for_error()
+        assert s.run("kept + 1").value is not None and s.run("kept + 1").value.text == "42"
+
+
+def test_a_one_shot_run_too_large_is_bad_input_and_not_retried(inproc_farm: Farm) -> None:
+    result = inproc_farm.run("'" + "b" * BIG + "'", retries=3)
+    assert result.kind == "input"
+    assert "nothing was run" in (result.error.evalue if result.error else "")
+
+
+def test_output_that_escapes_past_a_frame_is_cut_to_fit_and_the_session_lives(
+    inproc_farm: Farm,
+) -> None:
+    with inproc_farm.session() as s:  # 3 MiB of control bytes: 18 MiB of JSON escapes
+        result = s.run(
+            "import os\nos.write(1, bytes([1]) * (3 << 20))\n'done'",
+            max_output_bytes=4 << 20,
+        )
+        assert result.ok and result.value is not None and result.value.text == "'done'"
+        assert result.stdout_truncated and "did not fit in one frame" in result.stderr
+        assert s.run("1 + 1").value is not None
+
+
+def test_an_output_cap_past_what_a_frame_holds_is_bad_input(inproc_farm: Farm) -> None:
+    with inproc_farm.session() as s:
+        result = s.run("print('hi')", max_output_bytes=64 * 1024 * 1024)
+        assert result.kind == "input" and "max_output_bytes" in (result.error or {}).__str__()
+        assert s.run("print('still here')").stdout == "still here\n"
+
+
+def test_a_value_too_large_for_a_frame_keeps_its_text_and_the_session_lives(
+    inproc_farm: Farm,
+) -> None:
+    code = (
+        "class Huge:\n"
+        "    def _repr_html_(self): return '<b>' + 'h' * 7_000_000 + '</b>'\n"
+        "    def _repr_markdown_(self): return 'm' * 7_000_000\n"
+        "    def _repr_json_(self): return {'j': 'j' * 7_000_000}\n"
+        "    def __repr__(self): return 'Huge()'\n"
+        "Huge()"
+    )
+    with inproc_farm.session() as s:
+        result = s.run(code)
+        assert result.ok and result.value is not None
+        assert set(result.value.data) == {"text/plain"}
+        assert "only its text/plain is kept" in result.stderr
+        assert s.run("1 + 1").value is not None
+
+
+def test_state_loss_raises_until_restart_and_names_the_session(inproc_farm: Farm) -> None:
+    with inproc_farm.session() as s:
+        s.run("x = 1")
+        with pytest.raises(StateLost) as lost:
+            s.run("import os; os._exit(3)")
+        assert lost.value.result.state_lost and lost.value.result.session_id == s.id
+        with pytest.raises(StateLost):
+            s.run("x")
+        s.restart()
+        assert s.run("'x' in globals()").value.text == "False"  # type: ignore[union-attr]
+
+
+def test_replay_restore_rebuilds_the_namespace(inproc_farm: Farm) -> None:
+    with inproc_farm.session(on_state_lost="replay") as s:
+        s.run("a = 2")
+        s.run("b = a * 21")
+        s.run("raise ValueError('not replayed')")
+        lost = s.run("import os; os._exit(1)")
+        assert lost.state_lost and len(s.restores) == 1
+        assert [c.code for c in s.restores[0].replayed] == ["a = 2", "b = a * 21"]
+        assert s.run("b").value.text == "42"  # type: ignore[union-attr]

@@ -8,7 +8,7 @@ caller: ``ExecResult`` is what ``Session.run`` returns.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -72,7 +72,10 @@ class CallAnswer(_Model):
 
 
 class ExecResult(_Model):
-    """Everything about one run. ``epoch`` is the session's epoch *after* the call."""
+    """Everything about one run. ``epoch`` is the session's epoch *after* the call. The
+    kernel's part is ``farm.kernel.protocol.CellResult``; the host adds ``HOST_FIELDS``."""
+
+    HOST_FIELDS: ClassVar[frozenset[str]] = frozenset({"worker", "sub_calls"})
 
     exec_id: str
     session_id: str

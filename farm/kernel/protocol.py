@@ -18,7 +18,13 @@ Three conversations, from the outside in:
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict, get_args
+
+# Why a run failed: the one place the kinds are written (``farm.models.ErrorKind`` mirrors them).
+Kind = Literal[
+    "user", "timeout", "oom", "output_limit", "state_lost", "sandbox_lost", "infra", "input"
+]
+KINDS: tuple[Kind, ...] = get_args(Kind)
 
 # --- values inside frames ----------------------------------------------------------------------
 
@@ -34,7 +40,7 @@ class CellError(TypedDict):
     ename: str
     evalue: str
     traceback: list[str]
-    kind: str
+    kind: Kind
 
 
 class CellResult(TypedDict):

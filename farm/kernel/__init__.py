@@ -18,7 +18,8 @@ outside this package. Layout, from the wire inwards:
 - ``client``     ``KernelClient``, the stdlib client every host-side layer reuses
 """
 
-from .protocol import KINDS, Kind
+from .protocol import KINDS as KINDS
+from .protocol import Kind
 
 KERNEL_VERSION = "0.1.0"
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from farm import kernel
 
@@ -135,6 +141,23 @@ class ExecResult(_Model):
         return self
 
 
+class BoxLimits(_Model):
+    """Limits of one session's box, within its sandbox's caps; ``None``: the worker's default
+    (``FarmSettings.box``). ``memory_mb`` bounds each process's data (a bigger allocation
+    raises ``MemoryError``, kind ``oom``), ``pids`` the box's processes and threads,
+    ``fsize_mb`` the largest file, ``nofile`` open files."""
+
+    memory_mb: int | None = Field(None, ge=16)
+    pids: int | None = Field(None, ge=4)
+    fsize_mb: int | None = Field(None, ge=1)
+    nofile: int | None = Field(None, ge=16)
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """On the wire a limit left out is absent, not null (the kernel's ``BoxLimits``)."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 # --- kernel wire messages (host <-> kernel; defined for the kernel in farm.kernel.protocol) ----
 
 
@@ -177,11 +200,14 @@ class Pong(_Model):
     uptime_s: float
     grace_s: float
     max_frame: int
+    isolation: Literal["uids", "dirs"]
+    box_limits: BoxLimits
 
 
 class OpenSession(_Model):
     type: Literal["open_session"]
     tools: bool = True
+    limits: BoxLimits = Field(default_factory=lambda: BoxLimits())
 
 
 class SessionOpened(_Model):
@@ -296,6 +322,15 @@ class Opened(_Model):
     worker: str
     generation: int
     queue: str
+
+
+class Refused(_Model):
+    """A worker will not open this session anywhere (limits over its sandbox's caps); the
+    client raises ``InvalidRequest`` instead of asking again."""
+
+    refused: Literal[True] = True
+    worker: str | None = None
+    reason: str
 
 
 class Busy(_Model):

@@ -16,9 +16,9 @@ from tests.conftest import Cells
 
 
 @pytest.fixture
-def ws(kernel: ProcessSandbox) -> Path:
-    assert kernel.workspace is not None
-    return Path(kernel.workspace)
+def ws(own_cells: Cells) -> Path:
+    """The session's own workspace (its box's directory in the kernel's workspace root)."""
+    return Path(str(own_cells.value("__import__('os').getcwd()")).strip("'"))
 
 
 def test_tools_list_read_grep_and_run_commands(own_cells: Cells, ws: Path) -> None:
@@ -142,7 +142,7 @@ def test_session_files_round_trip_inside_the_sandbox(farm: Farm, tmp_path: Path)
     with farm.session() as s:
         assert s.files.write("data/input.csv", "a,b\n1,2\n") == 8
         assert s.files.read("data/input.csv") == b"a,b\n1,2\n"
-        assert s.run("open('/workspace/data/input.csv').read().count(',')").value.text == "2"
+        assert s.run("open('data/input.csv').read().count(',')").value.text == "2"
         (tmp_path / "proj" / "pkg").mkdir(parents=True)
         (tmp_path / "proj" / "pkg" / "mod.py").write_text("VALUE = 7\n")
         assert s.files.upload(tmp_path / "proj", "proj") == 1

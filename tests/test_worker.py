@@ -125,18 +125,28 @@ def test_state_loss_raises_until_the_caller_restarts(farm: Farm) -> None:
 
 
 def test_metrics_move_after_a_timeout_and_an_oom(farm: Farm) -> None:
-    with farm.session() as s:
+    """Two kinds of ``oom``: an allocation past the box's limit (``MemoryError``, variables
+    kept), and the sandbox's OOM killer, which takes the biggest session process when a box's
+    processes together fill the sandbox (each is under its own limit)."""
+    with farm.session(limits={"memory_mb": 512}) as s:
         url = next(w["metrics"] for w in farm.workers() if w["id"] == s.worker)
         timeouts = metric(url, "farm_exec_timeouts_total")
         ooms = metric(url, "farm_exec_oom_total")
         s.run("import time\ntime.sleep(30)", timeout_s=0.5)
-        bomb = s.run("x = bytearray(2 * 10**9)", timeout_s=60)
+        refused = s.run("kept = 1\nx = bytearray(2 * 10**9)", timeout_s=60)
+        assert refused.kind == "oom" and not refused.state_lost
+        assert refused.error is not None and refused.error.ename == "MemoryError"
+        bomb = s.run(  # the session process holds more, so the OOM killer picks it
+            "import subprocess, sys\nheld = bytearray(300 * 2**20)\nsubprocess.run("
+            "[sys.executable, '-c', 'more = bytearray(250 * 2**20)'])",
+            timeout_s=60,
+        )
         assert bomb.kind == "oom" and bomb.state_lost
         with pytest.raises(StateLost):  # the next call must not run in a fresh namespace
             s.run("1")
         s.restart()
         assert metric(url, "farm_exec_timeouts_total") == timeouts + 1
-        assert metric(url, "farm_exec_oom_total") == ooms + 1
+        assert metric(url, "farm_exec_oom_total") == ooms + 2
         assert metric(url, "farm_sandbox_up") == 1
         assert metric(url, "farm_exec_total", '{kind="timeout",status="error"}') >= 1
         ready = urllib.request.urlopen(f"{url}/readyz", timeout=5)

@@ -190,8 +190,13 @@ class KernelClient:
     def ping(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return self.request({"type": "ping"}, timeout_s)
 
-    def open_session(self, *, tools: bool = True) -> dict[str, Any]:
-        reply = self.request({"type": "open_session", "tools": tools})
+    def open_session(
+        self, *, tools: bool = True, limits: dict[str, int] | None = None
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"type": "open_session", "tools": tools}
+        if limits:
+            message["limits"] = limits
+        reply = self.request(message)
         return {"session_id": reply["session_id"], "epoch": reply["epoch"]}
 
     def execute(

@@ -62,6 +62,15 @@ class CellResult(TypedDict):
     state_lost: bool
 
 
+class BoxLimits(TypedDict, total=False):
+    """Limits of one box (session); any left out take the kernel's defaults."""
+
+    memory_mb: int  # RLIMIT_DATA of each process: a bigger allocation raises MemoryError
+    pids: int  # RLIMIT_NPROC of the box's uid: processes and threads
+    fsize_mb: int  # RLIMIT_FSIZE: the largest file a process may write
+    nofile: int  # RLIMIT_NOFILE
+
+
 class CallError(TypedDict):
     ename: str
     evalue: str
@@ -144,11 +153,14 @@ class Pong(TypedDict):
     uptime_s: float
     grace_s: float
     max_frame: int
+    isolation: Literal["uids", "dirs"]
+    box_limits: BoxLimits
 
 
 class OpenSession(TypedDict):
     type: Literal["open_session"]
     tools: NotRequired[bool]
+    limits: NotRequired[BoxLimits]
 
 
 class SessionOpened(TypedDict):
@@ -221,6 +233,12 @@ HOST_FRAMES: dict[str, type] = {
 # --- supervisor <-> session process -----------------------------------------------------------
 
 
+class Ready(TypedDict):
+    """The session process's first frame: it entered its box and waits for cells."""
+
+    type: Literal["ready"]
+
+
 class CellFrame(TypedDict):
     type: Literal["cell"]
     code: str
@@ -264,6 +282,7 @@ class CallAnswer(TypedDict):
 
 
 SESSION_FRAMES: dict[str, type] = {
+    "ready": Ready,
     "cell": CellFrame,
     "cell_done": CellDone,
     "display": DisplayFrame,
@@ -275,23 +294,46 @@ SESSION_FRAMES: dict[str, type] = {
 # --- supervisor <-> zygote (datagrams) ---------------------------------------------------------
 
 
+class BoxInfo(TypedDict):
+    """A box as the zygote's children need it (``boxes.Box``)."""
+
+    number: int
+    uid: int
+    gid: int
+    workspace: str
+    tmp: str
+    limits: BoxLimits
+
+
 class SessionConfig(TypedDict):
-    """What a new session process is told: its tools and its workspace."""
+    """What a new session process is told: its box and its tools."""
 
     tools: bool
-    workspace: str | None
     tool_limit: int
+    box: BoxInfo
 
 
 class ZygoteRequest(TypedDict):
-    op: Literal["spawn"]
-    session: SessionConfig
+    """``spawn`` (``session``), ``signal`` (``box``, ``target``: pid or -pgid, ``signal``) or
+    ``reset`` (``id``, ``box``, ``remove``: also its files, ``pgid``)."""
+
+    op: Literal["spawn", "signal", "reset"]
+    session: NotRequired[SessionConfig]
+    box: NotRequired[BoxInfo]
+    target: NotRequired[int]
+    signal: NotRequired[int]
+    id: NotRequired[int]
+    remove: NotRequired[bool]
+    pgid: NotRequired[int | None]
 
 
 class ZygoteReport(TypedDict):
-    """``spawned`` (its fds travel with it) or ``exited`` (``code`` or ``signal``)."""
+    """``spawned`` (its fds travel with it), ``exited`` (``code`` or ``signal``) or
+    ``reset_done`` (``id``, ``ok``)."""
 
-    op: Literal["spawned", "exited"]
-    pid: int
+    op: Literal["spawned", "exited", "reset_done"]
+    pid: NotRequired[int]
     code: NotRequired[int | None]
     signal: NotRequired[int]
+    id: NotRequired[int]
+    ok: NotRequired[bool]

@@ -20,9 +20,12 @@ import time
 from typing import Any
 
 from . import KERNEL_VERSION, auth
+from .boxes import BoxPool
 from .cell import fit
 from .framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
-from .manager import DEFAULT_OUTPUT_BYTES, RequestError, SessionManager
+from .manager import SessionManager
+from .process import DEFAULT_OUTPUT_BYTES
+from .spawner import RequestError
 from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
@@ -31,7 +34,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 HANDSHAKE_MAX_FRAME = 4096
 MAX_TIMEOUT_S = 24 * 3600.0
 # Errors after which the connection stays usable; every other error closes it.
-_RECOVERABLE = {"no_such_session", "too_many_sessions", "unavailable"}
+_RECOVERABLE = {"no_such_session", "too_many_sessions", "unavailable", "bad_limits"}
 # An authenticated peer's frame up to this many times the limit is read and dropped (the host
 # sent a cell too large: it gets ``too_large`` and keeps its connection); a bigger one closes it.
 DISCARD_FACTOR = 4
@@ -47,11 +50,11 @@ class KernelServer:
         max_sessions: int = 256,
         max_connections: int = 1024,
         max_frame: int = DEFAULT_MAX_FRAME,
-        workspace: str | None = None,
+        pool: BoxPool,
         tool_limit: int = 3000,
     ) -> None:
         self._token = token
-        self.workspace = workspace
+        self.pool = pool
         self.tool_limit = tool_limit
         self._zygote = zygote
         self.grace_s = grace_s
@@ -66,9 +69,9 @@ class KernelServer:
     async def start(self, *, host: str | None, port: int | None, unix: str | None) -> str:
         self.manager = SessionManager(
             self._zygote,
+            self.pool,
             grace_s=self.grace_s,
             max_sessions=self.max_sessions,
-            workspace=self.workspace,
             tool_limit=self.tool_limit,
         )
         if unix is not None:
@@ -200,7 +203,10 @@ class KernelServer:
             tools = message.get("tools", True)
             if not isinstance(tools, bool):
                 raise RequestError("bad_request", "field 'tools' must be a boolean")
-            return await self.manager.open(tools)
+            limits = message.get("limits") or {}
+            if not isinstance(limits, dict):
+                raise RequestError("bad_request", "field 'limits' must be an object")
+            return await self.manager.open(tools, limits)
         if kind == "execute":
             request = self._execute_request(message)
             emit = _emitter(writer, request["exec_id"]) if request["events"] else None
@@ -246,6 +252,8 @@ class KernelServer:
             "uptime_s": time.time() - self.started,
             "grace_s": self.grace_s,
             "max_frame": self.max_frame,
+            "isolation": self.pool.isolation,
+            "box_limits": self.manager.caps.defaults(),
         }
 
 
@@ -303,12 +311,12 @@ async def serve_forever(
         loop.add_signal_handler(sig, stop.set)
     on_ready(where)
     stopped = asyncio.ensure_future(stop.wait())
-    zygote_lost = asyncio.ensure_future(server.manager.zygote_lost.wait())
+    zygote_lost = asyncio.ensure_future(server.manager.spawner.zygote_lost.wait())
     await asyncio.wait({stopped, zygote_lost}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     zygote_lost.cancel()
     log.info("kernel stopping")
     server.stop()
-    if server.manager.zygote_lost.is_set():
+    if server.manager.spawner.zygote_lost.is_set():
         # Not a clean stop: the exit status tells the sandbox's keeper to replace it.
         raise SystemExit("the zygote died (killed by user code?): the kernel stops")

@@ -149,19 +149,19 @@ def _usage() -> tuple[float, int]:
 
 
 def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
-    """Answer exec requests until the supervisor closes the control socket."""
-    extra: dict[str, Any] = {}
-    if config.get("workspace"):
-        workspace = Workspace(config["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
-        extra = workspace.globals()
-        if not config.get("tools", True):  # opted out: keep only what session.files uses
-            extra = {"__farm_files__": workspace}
+    """Answer exec requests until the supervisor closes the control socket; the first frame
+    says the process is in its box and ready."""
+    workspace = Workspace(config["box"]["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
+    extra = workspace.globals()
+    if not config.get("tools", True):  # opted out: keep only what session.files uses
+        extra = {"__farm_files__": workspace}
     repl = Repl(extra)
     channel = Channel(ctl)
     builtins.display = channel.display  # type: ignore[attr-defined]
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts.handler)
     me = os.getpid()
+    send_frame(ctl, {"type": "ready"})
     while True:
         request = recv_frame(ctl)
         if request is None:

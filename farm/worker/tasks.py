@@ -69,8 +69,10 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
                 held.stop("graceful shutdown")
 
     @app.task(name=TASK_OPEN)
-    def open_session(tools: bool = True, open_id: str | None = None) -> dict[str, Any]:
-        return current().open_session(tools, open_id)
+    def open_session(
+        tools: bool = True, open_id: str | None = None, limits: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return current().open_session(tools, open_id, limits)
 
     @app.task(name=TASK_EXEC)
     def exec_code(request: dict[str, Any]) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from farm.celeryconf import direct_queue, shared_queue
 from farm.journal import Journal
 from farm.kernel.client import KernelClient, KernelError, KernelRequestError
 from farm.kernel.framing import DEFAULT_MAX_FRAME
-from farm.models import ErrorKind, ExecResult, SandboxHealth
+from farm.models import ErrorKind, ExecResult, Refused, SandboxHealth
 from farm.registry import Registry
 from farm.sandbox.factory import make_sandbox
 from farm.sandbox.keeper import SandboxKeeper
@@ -69,6 +69,7 @@ class Worker:
         self.sessions: dict[str, HeldSession] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._clients: set[KernelClient] = set()
         self._stop = threading.Event()
         self._http: Any = None
         self.metrics_url = ""
@@ -99,6 +100,9 @@ class Worker:
         self._stop.set()
         with self._lock:
             held, self.sessions = self.sessions, {}
+            clients, self._clients = self._clients, set()
+        for client in clients:  # every thread's connection to the kernel
+            client.close()
         self.keeper.stop()
         if self._http is not None:
             self._http.shutdown()
@@ -189,10 +193,11 @@ class Worker:
         """This thread's connection to the current sandbox's kernel."""
         local = self._local
         if getattr(local, "generation", None) != self.keeper.generation:
-            if getattr(local, "client", None) is not None:
-                local.client.close()
+            self._drop_kernel()
             local.client = self.keeper.kernel()
             local.generation = self.keeper.generation
+            with self._lock:
+                self._clients.add(local.client)
         client: KernelClient = local.client
         return client
 
@@ -200,12 +205,20 @@ class Worker:
         client = getattr(self._local, "client", None)
         if client is not None:
             client.close()
+            with self._lock:
+                self._clients.discard(client)
         self._local.client = self._local.generation = None
 
     # --- tasks ----------------------------------------------------------------------------
 
-    def open_session(self, tools: bool = True, open_id: str | None = None) -> dict[str, Any]:
-        """Open a session; ``open_id`` is claimed first, like an exec id.
+    def open_session(
+        self,
+        tools: bool = True,
+        open_id: str | None = None,
+        limits: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Open a session in a box of its own (``limits`` over ``FarmSettings.box``); ``open_id``
+        is claimed first, like an exec id.
 
         The claim names this worker generation, so a client whose open was taken by a worker
         that then died sees the death (heartbeat) and asks again, instead of waiting for an
@@ -224,19 +237,24 @@ class Worker:
                         "reason": "this open was abandoned or is under way",
                     }
                 )
-            reply = self._open_session(tools)
+            reply = self._open_session(tools, limits)
             self.registry.finish_exec(open_id, reply)
             return reply
-        return self._open_session(tools)
+        return self._open_session(tools, limits)
 
-    def _open_session(self, tools: bool) -> dict[str, Any]:
+    def _open_session(self, tools: bool, limits: dict[str, Any] | None) -> dict[str, Any]:
         with self._lock:
             if len(self.sessions) >= self.settings.max_sessions:
                 return {"busy": True, "worker": self.id, "reason": "at capacity"}
         if not self.keeper.ready:
             return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
+        wanted = {**self.settings.box.model_dump(exclude_none=True), **(limits or {})}
         try:
-            opened = self._kernel().open_session(tools=tools)
+            opened = self._kernel().open_session(tools=tools, limits=wanted)
+        except KernelRequestError as exc:
+            if exc.code != "bad_limits":
+                raise
+            return Refused(worker=self.id, reason=str(exc)).model_dump()
         except KernelError as exc:  # the sandbox is failing: let the client try elsewhere
             self._drop_kernel()
             return {"busy": True, "worker": self.id, "reason": f"sandbox failed: {exc}"}
@@ -341,7 +359,9 @@ class Worker:
 
     def run_once(self, request: dict[str, Any]) -> dict[str, Any]:
         """A one-shot run: a fresh session for this code alone, closed afterwards."""
-        opened = self.open_session()
+        opened = self.open_session(limits=request.get("limits"))
+        if opened.get("refused"):
+            return self._failure(request, ErrorKind.INPUT, "InvalidRequest", opened["reason"])
         if opened.get("busy"):
             return self._failure(
                 request,

@@ -7,7 +7,7 @@
 # but holding only this file, farm/kernel/ and the variant's wheels.
 #
 # The heavy layers (apt, wheels) come first: a kernel change rebuilds only the last layers.
-# Containers run like the default image's: read-only root, no network, uid 10001.
+# Containers run like the default image's: read-only root, no network, a uid per session.
 ARG BASE=python:3.12-slim
 FROM ${BASE}
 
@@ -17,11 +17,7 @@ ARG APT_PACKAGES=""
 
 LABEL farm.managed="1" farm.image="sandbox"
 
-RUN groupadd --gid 10001 farm \
-    && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/farm \
-        --shell /usr/sbin/nologin farm \
-    && mkdir -p /workspace /run/farm /etc/farm \
-    && chown 10001:10001 /workspace /run/farm
+RUN mkdir -p /workspace /run/farm /etc/farm && chmod 0711 /workspace && chmod 0700 /run/farm
 
 RUN if [ -n "$APT_PACKAGES" ]; then \
         set -e; \
@@ -56,7 +52,6 @@ RUN touch /opt/farm/farm/__init__.py \
 ENV PYTHONPATH=/opt/farm PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp XDG_CACHE_HOME=/tmp/.cache XDG_CONFIG_HOME=/tmp/.config
 WORKDIR /workspace
-USER 10001:10001
 
 HEALTHCHECK --interval=5s --timeout=3s --start-period=5s \
     CMD ["python3", "-m", "farm.kernel.probe", "/run/farm/kernel.sock"]

@@ -1,0 +1,227 @@
+"""``Spawner``: the supervisor's side of the zygote — processes into boxes, signals, resets.
+
+The supervisor (the kernel's asyncio process) never forks and, in a docker sandbox, may not
+signal a box's processes (it has no CAP_KILL): it asks the zygote (``zygote.py``), whose
+children do each privileged step. This keeps the conversation (JSON datagrams, fds for spawned
+processes) and the box pool (``boxes.BoxPool``) in one place:
+
+- ``spawn(box, tools)`` starts a session process in a box and returns once the process said it
+  is ready (a process that could not enter its box is an error here, not at its first cell);
+- ``reset(box, pgid, remove=...)`` kills every process of the box and, when the box ends,
+  every file of it; ``end_box`` does that in the background and gives the number back only
+  when it succeeded (a failed reset quarantines the box);
+- ``SPARES`` processes with default limits are kept ready, so that opening a session usually
+  costs no fork at all: the zygote forks the next spare while nothing waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Coroutine
+from itertools import count
+from typing import Any
+
+from .boxes import Box, BoxPool, Caps
+from .framing import FrameError, read_frame
+from .process import SessionProcess, Signaller
+from .protocol import BoxLimits
+
+log = logging.getLogger("farm.kernel")
+_ids = count(1)
+
+SPAWN_TIMEOUT_S = 10.0
+SPARES = 2  # session processes kept ready for the next opens
+RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
+
+
+class RequestError(Exception):
+    """A request the kernel refuses; ``code`` travels in the error frame."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Spawner:
+    def __init__(self, zygote: socket.socket, pool: BoxPool, caps: Caps, tool_limit: int) -> None:
+        self.zygote = zygote
+        self.pool = pool
+        self.caps = caps
+        self.tool_limit = tool_limit
+        self.by_pid: dict[int, SessionProcess] = {}
+        self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
+        self.resets: dict[int, asyncio.Future[bool]] = {}
+        self.spares: list[tuple[Box, SessionProcess]] = []  # ready processes, no session yet
+        self.refilling = 0
+        self.closing = False
+        self._background: set[asyncio.Task[None]] = set()
+        self.loop = asyncio.get_running_loop()
+        zygote.setblocking(False)
+        self.loop.add_reader(zygote, self._on_zygote)
+        self.zygote_alive = True
+        # Set when the zygote dies: its sessions died with it (PDEATHSIG) and no new one can
+        # start, so the kernel stops and its sandbox is replaced (``serve_forever``).
+        self.zygote_lost = asyncio.Event()
+        self.loop.call_soon(self.refill)
+
+    def _on_zygote(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.zygote, 4096, 3)
+            except BlockingIOError:
+                return
+            if not data:
+                self.zygote_alive = False
+                self.loop.remove_reader(self.zygote)
+                log.error("the zygote exited; no new sessions can start")
+                self.zygote_lost.set()
+                gone = RequestError("unavailable", "the zygote is gone")
+                waiting: list[asyncio.Future[Any]] = [*self.pending, *self.resets.values()]
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(gone)
+                return
+            message = json.loads(data)
+            if message["op"] == "spawned":
+                self.pending.pop(0).set_result((message["pid"], fds))
+            elif message["op"] == "exited":
+                proc = self.by_pid.pop(message["pid"], None)
+                if proc is not None:
+                    proc.exit = message
+                    proc.exited.set()
+            elif message["op"] == "reset_done":
+                done = self.resets.pop(message["id"], None)
+                if done is not None and not done.done():
+                    done.set_result(bool(message["ok"]))
+
+    def _to_zygote(self, message: dict[str, Any]) -> None:
+        if not self.zygote_alive:
+            raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
+        self.zygote.send(json.dumps(message).encode())
+
+    def signaller(self, box: Box) -> Signaller:
+        """How the supervisor signals ``box``'s processes: itself when they share its uid,
+        else through a zygote helper running as the box's uid (it has no CAP_KILL)."""
+        if self.pool.isolation == "dirs":
+
+            def direct(target: int, sig: int) -> None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(target, sig)
+
+            return direct
+
+        def through_zygote(target: int, sig: int) -> None:
+            with contextlib.suppress(RequestError, OSError):
+                self._to_zygote(
+                    {"op": "signal", "box": box.describe(), "target": target, "signal": sig}
+                )
+
+        return through_zygote
+
+    async def spawn(self, box: Box, tools: bool) -> SessionProcess:
+        """A new session process in ``box``, once it said it is ready."""
+        config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
+        message = json.dumps({"op": "spawn", "session": config}).encode()
+        if not self.zygote_alive:
+            raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
+        future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
+        self.pending.append(future)
+        self.zygote.send(message)
+        pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+        proc = SessionProcess(
+            pid, socket.socket(fileno=fds[0]), fds[1], fds[2], self.signaller(box)
+        )
+        self.by_pid[pid] = proc
+        await proc.attach(self.loop)
+        try:
+            ready = await asyncio.wait_for(read_frame(proc.reader), SPAWN_TIMEOUT_S)
+        except (TimeoutError, FrameError, ConnectionError, OSError):
+            ready = None
+        if ready is None or ready.get("type") != "ready":
+            for fd in proc.fds:
+                proc.drain(fd)
+            why = proc.err.text().strip()[-2000:] or "no reason given"
+            proc.close(self.loop)
+            await self.reset(box, proc.pid, remove=False)
+            raise RequestError("unavailable", f"the session process could not start: {why}")
+        return proc
+
+    async def reset(self, box: Box, pgid: int | None, *, remove: bool) -> bool:
+        """Kill every process of ``box`` (and, with ``remove``, every file of it); ``True``
+        once done, ``False`` when something would not go."""
+        request_id = next(_ids)
+        future: asyncio.Future[bool] = self.loop.create_future()
+        self.resets[request_id] = future
+        message = {"op": "reset", "id": request_id, "box": box.describe(), "remove": remove}
+        self._to_zygote({**message, "pgid": pgid})
+        try:
+            ok = await asyncio.wait_for(future, RESET_TIMEOUT_S)
+        except (TimeoutError, RequestError):
+            ok = False
+        if not ok:
+            log.error("box %d (uid %d) could not be reset; it is not reused", box.number, box.uid)
+        return ok
+
+    def take_box(self, limits: BoxLimits) -> Box:
+        box = self.pool.take(limits)
+        if box is None:
+            raise RequestError("too_many_sessions", "every box of this kernel is in use")
+        return box
+
+    def take_spare(self) -> tuple[Box, SessionProcess] | None:
+        while self.spares:
+            box, proc = self.spares.pop(0)
+            if proc.exit is None:
+                return box, proc
+            proc.close(self.loop)  # it died waiting: its box goes back clean
+            self.end_box(box, proc.pid)
+        return None
+
+    def refill(self) -> None:
+        """Start spare processes (default limits, tools) until ``SPARES`` are ready or on the
+        way: opening then costs no fork, the zygote forks them while nothing waits."""
+        while len(self.spares) + self.refilling < SPARES and self.zygote_alive:
+            box = self.pool.take(self.caps.defaults())
+            if box is None:
+                return
+            self.refilling += 1
+            self._in_background(self._make_spare(box))
+
+    async def _make_spare(self, box: Box) -> None:
+        try:
+            proc = await self.spawn(box, True)
+        except (RequestError, TimeoutError) as exc:
+            log.warning("a spare session process could not start: %s", exc)
+            self.end_box(box, None)
+            return
+        finally:
+            self.refilling -= 1
+        if self.closing:
+            proc.close(self.loop)
+            self.end_box(box, proc.pid)
+        else:
+            self.spares.append((box, proc))
+
+    def end_box(self, box: Box, pgid: int | None) -> None:
+        async def reset_then_give_back() -> None:
+            self.pool.give_back(box, clean=await self.reset(box, pgid, remove=True))
+
+        self._in_background(reset_then_give_back())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def close(self) -> None:
+        """No more spares; the ready ones end (their boxes are reset)."""
+        self.closing = True
+        while self.spares:
+            box, proc = self.spares.pop()
+            proc.close(self.loop)
+            self.end_box(box, proc.pid)

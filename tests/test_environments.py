@@ -155,6 +155,22 @@ def test_a_python_package_that_does_not_exist_fails_the_build_naming_it(
     assert "no wheel of 'farm-no-such-package-xyz'" in str(caught.value).splitlines()[0]
 
 
+def test_the_cli_saves_the_spec_it_was_given_and_fails_a_build_naming_the_package(
+    docker_env: Any, tmp_path: Path
+) -> None:
+    name = f"pytest-clifail-{RUN}"
+    saved = tmp_path / "farm-env.toml"
+    try:
+        proc = _farm_cli(
+            "image", "build", name, "--pip", "farm-no-such-package-xyz[extra]", "--save", str(saved)
+        )
+    finally:
+        _forget(docker_env, name)
+    assert proc.returncode == 1, proc.stdout
+    assert "farm-no-such-package-xyz" in proc.stderr.splitlines()[0]
+    assert load_spec(saved) == make_spec(name=name, pip=["farm-no-such-package-xyz[extra]"])
+
+
 def test_a_debian_package_that_does_not_exist_fails_the_build_naming_it(
     docker_env: Any,
 ) -> None:

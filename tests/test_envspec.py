@@ -82,6 +82,7 @@ def test_requirements_files_are_read_relative_to_the_spec(tmp_path: Path) -> Non
     [
         ('name = "Bad/Name"', "name"),
         ('name = "a:b"', "name"),
+        ('name = "ds-k0123456789ab"', "pinned tag"),
         ('name = "ok"\npip = ["numpy>>1"]', "not a pip requirement"),
         ('name = "ok"\napt = ["nodejs; rm -rf /"]', "not a Debian package name"),
         ('name = "ok"\nimage = "x"', "image"),
@@ -111,6 +112,13 @@ def test_requirements_files_with_pip_options_are_refused(tmp_path: Path) -> None
 def test_an_environment_may_not_take_the_name_of_a_farm_image(name: str) -> None:
     with pytest.raises(InvalidRequest, match="one of farm's images"):
         build_image(name, make_spec(name=name, pip=["numpy"]))
+
+
+def test_only_the_browser_variant_takes_an_egress_allowlist() -> None:
+    with pytest.raises(InvalidRequest, match="browser"):
+        build_image("ds", make_spec(name="ds", pip=["numpy"]), allow_hosts=["example.com"])
+    with pytest.raises(InvalidRequest, match="browser"):
+        build_image("docs", allow_hosts=["example.com"])
 
 
 def test_the_variants_are_specs_with_their_images_limits() -> None:

@@ -21,7 +21,7 @@ import docker
 import docker.errors
 from pydantic import BaseModel, ValidationError
 
-from farm.errors import InvalidRequest, SandboxUnavailable
+from farm.errors import ImageBuildError, InvalidRequest, SandboxUnavailable
 from farm.sandbox.environments import (
     ENV_DOCKERFILE,
     LABEL_ENV_HASH,
@@ -83,6 +83,8 @@ def build_image(
     built before, from the spec its image recorded (after a kernel change, say).
     """
     if spec is not None:
+        if allow_hosts:
+            raise InvalidRequest("an egress allowlist (--allow-host) is the browser variant's")
         if spec.name in RESERVED:
             raise InvalidRequest(
                 f"{spec.name!r} is one of farm's images ({', '.join(sorted(RESERVED))}); "
@@ -148,7 +150,7 @@ def list_images(
     for kind, dockerfile in (("default", DOCKERFILE), ("env", ENV_DOCKERFILE)):
         try:
             current[kind] = kernel_source_hash(root, dockerfile)
-        except Exception:  # an installed farm has no sources to hash: nothing is "current"
+        except (ImageBuildError, OSError):  # an installed farm has no sources: none "current"
             current[kind] = ""
     found = []
     for image in client.images.list(name=SANDBOX_REPOSITORY):

@@ -93,6 +93,13 @@ class EnvSpec(BaseModel):
     def tag(self) -> str:
         return sandbox_tag(self.name)
 
+    @field_validator("name")
+    @classmethod
+    def _not_a_pin(cls, name: str) -> str:
+        if re.search(r"-k[0-9a-f]{12}$", name):
+            raise ValueError(f"{name!r} ends like a pinned tag (-k<12 hex digits>)")
+        return name
+
     @field_validator("pip")
     @classmethod
     def _requirements_parse(cls, pip: tuple[str, ...]) -> tuple[str, ...]:

@@ -167,7 +167,8 @@ def test_the_cli_saves_the_spec_it_was_given_and_fails_a_build_naming_the_packag
     finally:
         _forget(docker_env, name)
     assert proc.returncode == 1, proc.stdout
-    assert "farm-no-such-package-xyz" in proc.stderr.splitlines()[0]
+    (error,) = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "no wheel of 'farm-no-such-package-xyz[extra]'" in error, proc.stderr
     assert load_spec(saved) == make_spec(name=name, pip=["farm-no-such-package-xyz[extra]"])
 
 

@@ -3,6 +3,7 @@ what cannot be built is refused before anything is, and a spec's limits reach th
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from farm.sandbox.envspec import (
     save_spec,
     spec_from_json,
 )
+from farm.sandbox.images import _build_log
 from farm.sandbox.variants import VARIANTS
 from farm.settings import FarmSettings
 
@@ -139,10 +141,12 @@ def test_a_specs_limits_are_the_settings_a_worker_reads(monkeypatch: pytest.Monk
 
 
 def test_a_failed_apt_step_is_explained_by_the_package() -> None:
+    """Not by the step's command, which the log echoes and which holds farm's own message."""
+    step = 'RUN set -e; if ! command -v apt-get; then echo "farm: apt packages need..."; fi'
     log = (
-        "sandbox image build failed:\nReading package lists...\n"
+        f"sandbox image build failed:\nStep 7/25 : {step}\nReading package lists...\n"
         "E: Unable to locate package no-such-deb\n"
-        "The command '/bin/sh -c set -e; ...' returned a non-zero code: 100"
+        f"The command '/bin/sh -c {step}' returned a non-zero code: 100"
     )
     error = explain(ImageBuildError(log), "farm-sandbox:x")
     assert error.package == "no-such-deb" and error.image == "farm-sandbox:x"
@@ -152,6 +156,25 @@ def test_a_failed_apt_step_is_explained_by_the_package() -> None:
         "E: Unable to locate package no-such-deb"
     )
     assert log in str(error)  # the build's own lines stay
+
+
+def test_a_builds_coloured_stderr_in_pieces_is_read_as_whole_lines() -> None:
+    """Docker streams a step's stderr a few characters at a time, coloured: the log (and so
+    the explanation) must still see apt's line whole."""
+    chunks = [
+        {"stream": "Step 7/25 : RUN apt-get install farm-no-such-deb\n"},
+        {"stream": "Reading package lists...\n"},
+        {"stream": "\x1b[91mE\x1b[0m"},
+        {"stream": "\x1b[91m: \x1b[0m"},
+        {"stream": "\x1b[91mUnable to locate package farm-no-such-deb\x1b[0m"},
+        {"stream": "\x1b[91m\n\x1b[0m"},
+        {"error": "The command '/bin/sh -c apt-get install' returned a non-zero code: 100"},
+    ]
+    tail: deque[str] = deque(maxlen=40)
+    with pytest.raises(ImageBuildError) as caught:
+        _build_log(iter(chunks), tail)
+    assert "E: Unable to locate package farm-no-such-deb" in tail
+    assert explain(caught.value, "farm-sandbox:x").package == "farm-no-such-deb"
 
 
 def _write(path: Path, text: str) -> Path:

@@ -69,12 +69,14 @@ LABEL_ENV_SPEC = "farm.env_spec"
 LABEL_FROM_ID = "farm.from_id"
 
 # Why a build failed, from its log: (pattern, group naming the package, what it means).
+# Whole lines only: the log also echoes each step's command, which holds these words too.
 FAILURES = (
-    (r"E: Unable to locate package (\S+)", 1, "apt: no such package in the base's mirror"),
-    (r"E: Package '([^']+)' has no installation candidate", 1, "apt: no installable version"),
-    (r"E: Version '[^']+' for '([^']+)' was not found", 1, "apt: no such version"),
-    (r"farm: (.+)", None, ""),
-    (r"ERROR: (.+)", None, "pip install"),
+    (r"^E: Unable to locate package (\S+)$", 1, "apt: no such package in the base's mirror"),
+    (r"^E: Package '([^']+)' has no installation candidate$", 1, "apt: no installable version"),
+    (r"^E: Version '[^']+' for '([^']+)' was not found$", 1, "apt: no such version"),
+    (r"^E: Failed to fetch (\S+)", None, "apt: the base's mirror did not answer"),
+    (r"^farm: (.+)$", None, ""),
+    (r"^ERROR: (.+)$", None, "pip install"),
 )
 
 
@@ -142,7 +144,7 @@ def explain(exc: ImageBuildError, tag: str) -> ImageBuildError:
     if exc.image is not None and text.startswith(f"{exc.image}: "):
         return exc  # explained already
     for pattern, group, meaning in FAILURES:
-        found = re.search(pattern, text)
+        found = re.search(pattern, text, re.MULTILINE)
         if found:
             package = found[group] if group else exc.package
             headline = f"{meaning}: {found[0]}" if meaning else found[1]

@@ -63,6 +63,7 @@ BASE_BUILD_TIMEOUT_S = 900.0
 BUILD_READ_TIMEOUT_S = 600
 BUILD_TOTAL_TIMEOUT_S = 1800.0
 PING_TIMEOUT_S = 10
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour in a build's stderr
 PINS_KEPT = 3  # pinned builds of a tag kept on the host (other checkouts, running farms)
 
 
@@ -252,17 +253,26 @@ def _remove_superseded(client: docker.DockerClient, image_id: str) -> None:
 
 
 def _build_log(lines: Iterator[dict[str, Any]], tail: deque[str]) -> str | None:
-    """Log a build's output as it streams; the built image id, or raise on a build error."""
+    """Log a build's output as it streams; the built image id, or raise on a build error.
+
+    Output comes in chunks that need not end lines (a step's stderr arrives a few characters
+    at a time, coloured): ``tail`` gets whole lines without colour codes, so a reader (or
+    ``environments.explain``) sees ``E: Unable to locate package x`` on one line."""
     deadline = time.monotonic() + BUILD_TOTAL_TIMEOUT_S
     image_id: str | None = None
+    partial = ""
     for chunk in lines:
+        partial += ANSI_ESCAPE.sub("", str(chunk.get("stream", "")))
+        *complete, partial = partial.split("\n")
+        for line in complete:
+            if line.strip():
+                tail.append(line.rstrip())
+                logger.debug("%s", line.rstrip())
         if "error" in chunk:
-            tail.append(str(chunk["error"]).rstrip())
+            if partial.strip():
+                tail.append(partial.rstrip())
+            tail.append(ANSI_ESCAPE.sub("", str(chunk["error"])).rstrip())
             raise ImageBuildError("sandbox image build failed:\n" + "\n".join(tail))
-        text = str(chunk.get("stream", "")).rstrip()
-        if text:
-            tail.append(text)
-            logger.debug("%s", text)
         aux = chunk.get("aux")
         if isinstance(aux, dict) and "ID" in aux:
             image_id = str(aux["ID"])

@@ -39,8 +39,9 @@ RUN set -e; \
             echo "farm: apt packages need a Debian-based image; this one has no apt-get"; \
             exit 1; \
         fi; \
-        apt-get update; \
-        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $APT_PACKAGES; \
+        apt-get -o Acquire::Retries=3 update; \
+        DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Retries=3 install -y \
+            --no-install-recommends $APT_PACKAGES; \
         rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb; \
     fi
 

@@ -60,6 +60,24 @@ def _forget(client: Any, *names: str) -> None:
         (root / CONTEXT_DIR / f"{name}.lock").unlink(missing_ok=True)
 
 
+def _dangling_farm_layers(client: Any) -> set[str]:
+    return {
+        str(image.id)
+        for image in client.images.list(filters={"dangling": True, "label": "farm.managed=1"})
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_layers_left(docker_env: Any) -> Iterator[None]:
+    """The layers builds here leave as cache once their images are gone (and a failed build's
+    steps) are removed too: every farm layer that is dangling now and was not before."""
+    before = _dangling_farm_layers(docker_env)
+    yield
+    for image_id in _dangling_farm_layers(docker_env) - before:
+        with contextlib.suppress(docker.errors.APIError):  # a build of another run uses it
+            docker_env.images.remove(image_id)
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: Any) -> Path:
     """A user's project: a spec file beside the requirements file it names."""

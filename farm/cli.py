@@ -11,11 +11,13 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from farm.client import Farm
 from farm.errors import FarmError, LocalFarmError
+from farm.image_commands import image_app
 from farm.models import ExecResult
 from farm.settings import FarmSettings
 
@@ -24,14 +26,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-image_app = typer.Typer(help="Sandbox images.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
 console = Console()
 err = Console(stderr=True)
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
@@ -272,30 +273,6 @@ def worker() -> None:
     main([])
 
 
-@image_app.command("build")
-def image_build(
-    force: bool = typer.Option(False, help="rebuild even when current"),
-    tag: str = typer.Option("farm-sandbox:default"),
-    extra_pip: str = typer.Option("", help="extra pip packages for a variant"),
-    variant: str = typer.Option(
-        "", help="build a variant image instead: docs | browser (farm-sandbox:NAME)"
-    ),
-) -> None:
-    """Build the sandbox image (offline base when no registry answers); idempotent."""
-    from farm.errors import DockerUnavailable, ImageBuildError
-    from farm.sandbox.images import ensure_sandbox_image
-    from farm.sandbox.variants import ensure_variant_image
-
-    try:
-        if variant:
-            built = ensure_variant_image(variant, force=force)
-        else:
-            built = ensure_sandbox_image(tag=tag, force=force, extra_pip=extra_pip)
-    except (DockerUnavailable, ImageBuildError) as exc:
-        _fail(str(exc))
-    console.print(f"{built.tag} {built.image_id[:19]} {'built' if built.built else 'up to date'}")
-
-
 @app.command()
 def gc() -> None:
     """Remove sandbox containers whose owner (worker) is gone, queues of dead worker
@@ -358,7 +335,7 @@ def main() -> None:
         )
         sys.exit(1)
     except FarmError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
+        err.print(f"[bold red]error:[/] {escape(str(exc))}")
         sys.exit(1)
 
 

@@ -148,12 +148,14 @@ class LocalFarm:
     def serve_image(self, image: str) -> str:
         """Start a worker for ``image`` on demand; returns its id.
 
-        ``default`` and the variants farm defines (``docs``, ``browser``:
-        ``farm.sandbox.variants``) are built when missing or stale; any other image must exist
-        already (``farm image build --tag farm-sandbox:NAME``): farm cannot guess its contents.
-        A live worker of ours that serves ``image`` but is not registered (starting, or the
-        broker lost its registration) is waited for instead: concurrent callers and a broker
-        restart must not multiply workers.
+        ``default`` and the variants farm defines (``docs``, ``browser``) are built when
+        missing or stale; an environment built with ``farm image build NAME`` is rebuilt from
+        the spec its image recorded when the kernel changed since, and its worker gets the
+        spec's sandbox limits (where no ``FARM_SANDBOX_*`` setting says otherwise). Any other
+        name must be an image already (``farm-sandbox:NAME``): farm cannot guess its contents,
+        and says so (``SandboxUnavailable``). A live worker of ours that serves ``image`` but
+        is not registered (starting, or the broker lost its registration) is waited for
+        instead: concurrent callers and a broker restart must not multiply workers.
         """
         with self._serving:
             running = [
@@ -167,31 +169,21 @@ class LocalFarm:
             return self._start_for(image)
 
     def _start_for(self, image: str) -> str:
+        limits: dict[str, str] = {}
         if self.backend != "process":
-            from farm.sandbox.images import ensure_sandbox_image
-            from farm.sandbox.variants import VARIANTS, ensure_variant_image
+            from farm.sandbox.catalog import prepare_served_image
+            from farm.settings import SandboxLimits
 
-            tag = f"farm-sandbox:{image}"
-            if image == "default":
-                log.info("building %s for an on-demand worker", tag)
-                ensure_sandbox_image(tag=tag)
-            elif image in VARIANTS:
-                log.info("building %s (if stale) for an on-demand worker", tag)
-                ensure_variant_image(image)
-            else:
-                import docker
-
-                client = docker.from_env()
-                try:
-                    client.images.get(tag)
-                except docker.errors.ImageNotFound:
-                    raise SandboxUnavailable(
-                        f"no worker serves image {image!r} and there is no image {tag}; "
-                        f"build it with `farm image build --tag {tag}`"
-                    ) from None
-                finally:
-                    client.close()
-        worker_id = self.add_worker(image)
+            log.info("preparing farm-sandbox:%s (built if missing or stale) for a worker", image)
+            spec = prepare_served_image(image)
+            if spec is not None:
+                explicit = {f"FARM_SANDBOX_{k.upper()}" for k in SandboxLimits().model_fields_set}
+                limits = {
+                    key: value
+                    for key, value in spec.limits.settings_env().items()
+                    if key not in explicit and key not in self.extra_env
+                }
+        worker_id = self.add_worker(image, **limits)
         self.wait_ready([worker_id])
         return worker_id
 

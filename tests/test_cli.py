@@ -269,7 +269,7 @@ def test_a_local_farm_starts_a_worker_for_a_new_image_on_demand(docker_env: Any)
         docker_env.images.remove("farm-sandbox:pytest-extra")
 
 
-def test_image_build_names_the_known_variants_when_given_another() -> None:
-    proc = cli("image", "build", "--variant", "nope", env=dict(os.environ))
-    assert proc.returncode == 1
-    assert "unknown sandbox variant 'nope'" in proc.stderr and "docs" in proc.stderr
+def test_image_build_of_an_unknown_name_without_packages_names_farms_images() -> None:
+    proc = cli("image", "build", "nope", env=dict(os.environ))
+    assert proc.returncode == 2
+    assert "nothing to build for 'nope'" in proc.stderr and "docs" in proc.stderr

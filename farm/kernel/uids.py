@@ -111,7 +111,13 @@ def enter(box: dict[str, Any], isolation: str) -> None:
     os.chdir(box["workspace"])
     name = f"box-{box['number']}"
     os.environ.update(
-        HOME=box["workspace"], TMPDIR=box["tmp"], PWD=box["workspace"], USER=name, LOGNAME=name
+        HOME=box["workspace"],
+        TMPDIR=box["tmp"],
+        PWD=box["workspace"],
+        USER=name,
+        LOGNAME=name,
+        XDG_CACHE_HOME=os.path.join(box["tmp"], ".cache"),
+        XDG_CONFIG_HOME=os.path.join(box["tmp"], ".config"),
     )
     tempfile.tempdir = None  # the zygote may have cached the shared /tmp
 

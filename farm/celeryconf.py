@@ -15,6 +15,7 @@ TASK_OPEN = "farm.open_session"
 TASK_EXEC = "farm.exec"
 TASK_CLOSE = "farm.close_session"
 TASK_RUN = "farm.run"
+TASK_BATCH = "farm.batch"  # a chunk of map/sweep items, each in a box of its own
 TASK_ECHO = "farm.echo"  # the bare round trip benchmarks compare against
 
 

@@ -152,7 +152,9 @@ def _render(result: ExecResult) -> None:
 def sweep(
     input_path: Annotated[Path, typer.Argument(help="JSONL: {id, code} or {id, cells}")],
     output: Path = typer.Option(..., "-o", "--output", help="JSONL results"),
-    concurrency: int = typer.Option(8, help="items in flight"),
+    concurrency: int | None = typer.Option(
+        None, help="items in flight (default: the capacity of the image's workers)"
+    ),
     timeout: float = typer.Option(30.0, help="seconds per cell (an item may override)"),
     resume: bool = typer.Option(False, help="skip ids already in the output"),
     retries: int = typer.Option(2, help="retries of infrastructure failures"),

@@ -74,7 +74,12 @@ class FarmSettings(BaseSettings):
     metrics_port: int = Field(0, description="worker metrics/health HTTP port (0: any free)")
     metrics_host: str = "127.0.0.1"
     worker_id: str | None = Field(None, description="stable worker id (default: host-pid)")
-    concurrency: int = Field(8, ge=1, description="calls a worker runs at once (threads)")
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="calls a worker runs at once (threads; default max_sessions + 8, so that "
+        "every session can have a call waiting and opens still get through)",
+    )
     max_sessions: int = Field(32, ge=1, description="sessions one worker holds at most")
     idle_timeout_s: float = Field(1800.0, gt=0, description="idle sessions expire after this")
     heartbeat_interval_s: float = Field(1.0, gt=0)
@@ -101,6 +106,10 @@ class FarmSettings(BaseSettings):
     )
     event_stream_max_events: int = Field(10000, ge=10, description="events one streamed run keeps")
     event_stream_ttl_s: float = Field(600.0, gt=0, description="a streamed run's events expire")
+
+    @property
+    def worker_threads(self) -> int:
+        return self.concurrency or self.max_sessions + 8
 
     @model_validator(mode="after")
     def _image_limits(self) -> FarmSettings:

@@ -255,7 +255,9 @@ def test_async_twins_run_sessions_concurrently(farm: Farm) -> None:
 
 
 def test_a_local_farm_starts_a_worker_for_a_new_image_on_demand(docker_env: Any) -> None:
-    docker_env.images.get("farm-sandbox:default").tag("farm-sandbox", "pytest-extra")
+    from farm.sandbox.images import own_sandbox_tag
+
+    docker_env.images.get(own_sandbox_tag()).tag("farm-sandbox", "pytest-extra")  # this kernel
     try:
         with Farm.local(images={"default": 1}) as farm:
             assert {w["image"] for w in farm.workers()} == {"default"}

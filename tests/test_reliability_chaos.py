@@ -39,7 +39,7 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability, pytest.mark.chaos]
 
 LOST_WITHIN_S = 2.0
-SWEEP_DEADLINE_S = 150.0
+SWEEP_DEADLINE_S = 30.0  # a sweep hit by a worker's kill -9 has finished this long after it
 RESUME_DEADLINE_S = 60.0  # after Redis is back, the sweep must have moved on by then
 RETRIES = 2
 
@@ -250,7 +250,8 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     local.kill_worker(victim)
     killed_at = time.monotonic()
     local.wait_ready([local.add_worker()])
-    finished = wait_for(lambda: not sweep.thread.is_alive(), SWEEP_DEADLINE_S, 0.5)
+    left = SWEEP_DEADLINE_S - (time.monotonic() - killed_at)
+    finished = wait_for(lambda: not sweep.thread.is_alive(), max(left, 0.0), 0.5)
     took = time.monotonic() - killed_at
     stuck = "" if finished else f" stuck: {where_stuck()};"
     records = sweep.records()
@@ -273,7 +274,8 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     )
     record(
         record_property,
-        f"sweep finishes within {SWEEP_DEADLINE_S:g}s; 500 ids exactly once; ok with right "
+        f"sweep finishes within {SWEEP_DEADLINE_S:g}s of the kill; 500 ids exactly once; ok "
+        "with right "
         f"values or sandbox_lost after {RETRIES + 1} attempts; the dead worker's queue never "
         "runs",
         observed,

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from farm.backoff import delays
 from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app, shared_queue
 from farm.client.broker import Broker, Watch
 from farm.client.callbacks import Callbacks
+from farm.client.mapping import MapRun
 from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
 from farm.errors import (
     BrokerLost,
@@ -31,6 +32,7 @@ from farm.errors import (
 from farm.events import Event
 from farm.journal import Journal
 from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused
+from farm.models.batch import BatchItem
 from farm.registry import Registry
 from farm.settings import FarmSettings
 
@@ -299,6 +301,38 @@ class Farm:
             if result.kind not in RETRYABLE or attempt == retries or self._started(request):
                 return result
         raise AssertionError("unreachable")
+
+    def map(
+        self,
+        items: Iterable[BatchItem | dict[str, Any] | str],
+        *,
+        image: str = "default",
+        concurrency: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = 0,
+        ordered: bool = True,
+        journal: bool = False,
+    ) -> MapRun:
+        """Run many items, each in a box of its own; iterate the result for one ``BatchRecord``
+        per item (the model of a ``farm sweep`` output line), in the items' order or, with
+        ``ordered=False``, as they finish.
+
+        An item is a code string or a dict shaped like a sweep line (``id``, ``code`` or
+        ``cells``, ``setup``, ``files``, ``timeout_s``, ``limits``); a malformed one becomes a
+        record of kind ``input``. Items are read lazily, at most ``concurrency`` at a time
+        (default: the capacity of the image's workers); leaving the loop early cancels the
+        rest and stops what runs. ``retries`` infrastructure failures are retried per item;
+        user errors, timeouts and OOMs are results (``farm.client.mapping``)."""
+        return MapRun(
+            self,
+            items,
+            image=image,
+            concurrency=concurrency,
+            timeout_s=timeout_s,
+            retries=retries,
+            ordered=ordered,
+            journal=journal,
+        )
 
     def _started(self, request: dict[str, Any]) -> bool:
         """Whether a worker claimed ``request`` (may have run it); unknown counts as yes."""

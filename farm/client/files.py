@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import FileOperationError
+from farm.kernel.tools import files_call
 
 if TYPE_CHECKING:
     from farm.client.session import Session
@@ -28,10 +29,8 @@ class SessionFiles:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def _call(self, method: str, *args: Any) -> Any:
-        call = ", ".join(repr(a) for a in args)
-        code = f"__import__('json').dumps(__farm_files__.{method}({call}))"
-        result = self.session.run(code)
+    def _call(self, method: str, *args: str | bytes) -> Any:
+        result = self.session.run(files_call(method, *args))
         if result.error is not None:
             raise FileOperationError(f"{method}: {result.error.ename}: {result.error.evalue}")
         assert result.value is not None
@@ -39,7 +38,7 @@ class SessionFiles:
 
     def write(self, path: str, data: bytes | str) -> int:
         raw = data.encode() if isinstance(data, str) else data
-        reply = self._call("write_file", path, base64.b64encode(raw).decode("ascii"))
+        reply = self._call("write_file", path, raw)
         return int(reply["size"])
 
     def read(self, path: str) -> bytes:
@@ -62,5 +61,5 @@ class SessionFiles:
             blob = buffer.getvalue()
         else:
             blob = source.read_bytes()
-        reply = self._call("extract", base64.b64encode(blob).decode("ascii"), dest)
+        reply = self._call("extract", blob, dest)
         return int(reply["files"])

@@ -203,6 +203,8 @@ class SessionManager:
             proc.events = None
         if reply is not None:
             return cell.done(reply, reason)
+        if self.sessions.get(session.id) is not session:  # closed while the cell ran
+            return cell.lost("the session was closed while this call ran")
         await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
         what = proc.describe_exit()
         await self._replace(session)

@@ -49,6 +49,7 @@ class SessionProcess:
         self.calls = 0  # host calls of this process so far (their ids)
         self.allowed: frozenset[str] = frozenset()  # the callbacks the running cell may call
         self.waiting: int | None = None  # the call that awaits the host's answer
+        self.closed = False
         self.reader: asyncio.StreamReader
         self.writer: asyncio.StreamWriter
 
@@ -60,6 +61,8 @@ class SessionProcess:
 
     def drain(self, fd: int) -> None:
         """Move what the pipe holds into the buffer (called when readable, and at cell end)."""
+        if self.closed:
+            return
         buf = self.fds[fd]
         while True:
             try:
@@ -168,7 +171,11 @@ class SessionProcess:
         return f"the session process exited with code {self.exit.get('code')}"
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Let go of the process's pipes and socket (killing it is the box's reset)."""
+        """Let go of the process's pipes and socket, once (killing it is the box's reset): a
+        second close must not close fd numbers the loop may have given to someone else."""
+        if self.closed:
+            return
+        self.closed = True
         for fd in self.fds:
             loop.remove_reader(fd)
             with contextlib.suppress(OSError):

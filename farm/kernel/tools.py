@@ -198,3 +198,11 @@ class Workspace:
             "__farm_files__": self,
             **variant_globals(self),  # read_document, browser: only in images that have them
         }
+
+
+def files_call(method: str, *args: str | bytes) -> str:
+    """The cell that calls ``Workspace.<method>`` in a session (``session.files``, sweep items'
+    files): bytes travel as base64, and the reply is JSON in the cell's value."""
+    values = [base64.b64encode(a).decode("ascii") if isinstance(a, bytes) else a for a in args]
+    call = ", ".join(repr(v) for v in values)
+    return f"__import__('json').dumps(__farm_files__.{method}({call}))"

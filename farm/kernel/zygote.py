@@ -23,6 +23,7 @@ answer carries the new session's control socket and stdout/stderr pipes as fds.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import selectors
@@ -207,6 +208,9 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     zygote = Zygote(sock, isolation)
+    # Everything imported so far is shared with every child: keep the collector off it, or its
+    # first pass in a child writes to every page (copy-on-write) and slows the first cell.
+    gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)

@@ -18,7 +18,15 @@ from celery import Celery
 from celery.concurrency import get_implementation
 from celery.signals import celeryd_after_setup, worker_shutdown
 
-from farm.celeryconf import TASK_CLOSE, TASK_ECHO, TASK_EXEC, TASK_OPEN, TASK_RUN, make_app
+from farm.celeryconf import (
+    TASK_BATCH,
+    TASK_CLOSE,
+    TASK_ECHO,
+    TASK_EXEC,
+    TASK_OPEN,
+    TASK_RUN,
+    make_app,
+)
 from farm.errors import FarmError
 from farm.settings import FarmSettings
 from farm.worker.worker import Worker
@@ -85,6 +93,10 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     @app.task(name=TASK_RUN)
     def run_once(request: dict[str, Any]) -> dict[str, Any]:
         return current().run_once(request)
+
+    @app.task(name=TASK_BATCH, ignore_result=True)
+    def run_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
+        return current().batch.run_chunk(chunk)
 
     @app.task(name=TASK_ECHO)
     def echo(payload: Any) -> Any:

@@ -33,6 +33,7 @@ from farm.sandbox.factory import make_sandbox
 from farm.sandbox.keeper import SandboxKeeper
 from farm.settings import FarmSettings
 from farm.worker import metrics
+from farm.worker.batch import BatchRunner
 from farm.worker.recorder import ExecRecorder
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Worker:
         self._stop = threading.Event()
         self._http: Any = None
         self.metrics_url = ""
+        self.batch = BatchRunner(self)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -101,6 +103,7 @@ class Worker:
         with self._lock:
             held, self.sessions = self.sessions, {}
             clients, self._clients = self._clients, set()
+        self.batch.stop()
         for client in clients:  # every thread's connection to the kernel
             client.close()
         self.keeper.stop()

@@ -71,7 +71,7 @@ def test_cgroup_limits_are_in_force(docker_sandbox: DockerSandbox) -> None:
     host = state["HostConfig"]
     assert host["Memory"] == host["MemorySwap"] == 512 * 1024 * 1024
     assert host["PidsLimit"] == 512
-    assert sorted(host["CapAdd"]) == ["CHOWN", "SETGID", "SETPCAP", "SETUID"]
+    assert sorted(host["CapAdd"]) == ["CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"]
     assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
     assert host["NanoCpus"] == 1_000_000_000
     assert host["ReadonlyRootfs"] is True

@@ -41,7 +41,13 @@ from .uids import prctl
 TOKEN_ENV = "FARM_KERNEL_TOKEN"
 PR_SET_DUMPABLE = 4
 SPARE_BOXES = 64  # boxes being reset after their session closed do not count against sessions
-REQUIRED_CAPS = {0: "CAP_CHOWN", 6: "CAP_SETGID", 7: "CAP_SETUID", 8: "CAP_SETPCAP"}
+REQUIRED_CAPS = {
+    0: "CAP_CHOWN",
+    5: "CAP_KILL",
+    6: "CAP_SETGID",
+    7: "CAP_SETUID",
+    8: "CAP_SETPCAP",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -73,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         choices=["uids", "dirs"],
         default="uids" if os.geteuid() == 0 else "dirs",
         help="uids: each box runs as a uid of its own (needs root with CAP_SETUID, SETGID, "
-        "SETPCAP, CHOWN); dirs: private directories only, one uid for all",
+        "SETPCAP, CHOWN, KILL); dirs: private directories only, one uid for all",
     )
     parser.add_argument("--box-uid-base", type=int, default=20000, help="box N runs as uid base+N")
     parser.add_argument(

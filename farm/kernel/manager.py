@@ -129,7 +129,7 @@ class SessionManager:
         if session is None:
             raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
         session.proc.close(self.loop)
-        self.spawner.end_box(session.box, session.proc.pid)
+        self.spawner.end_box(session.box, session.proc)
         log.info("session %s closed", session_id)
         return {"type": "session_closed", "session_id": session_id}
 
@@ -153,7 +153,7 @@ class SessionManager:
         gone: nothing the lost namespace started survives into the new epoch."""
         session.proc.close(self.loop)
         session.epoch += 1
-        await self.spawner.reset(session.box, session.proc.pid, remove=False)
+        await self.spawner.reset(session.box, session.proc, remove=False)
         session.proc = await self.spawner.spawn(session.box, session.tools)
         log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
 

@@ -3,8 +3,7 @@
 Its control socket carries frames (``protocol.SESSION_FRAMES``): the cell out, then the cell's
 ``display`` and host ``call`` frames, answered as they come, and its ``cell_done``. Its
 stdout/stderr are pipes read into head+tail capped buffers as they fill, so output is captured
-at the file-descriptor level and a flood is noticed while the cell runs. Signals go through a
-``Signaller``: a box with a uid of its own can only be signalled by a helper running as that uid.
+at the file-descriptor level and a flood is noticed while the cell runs.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable
 from typing import Any
 
 from .framing import encode, read_frame
@@ -26,17 +24,13 @@ log = logging.getLogger("farm.kernel")
 
 DEFAULT_OUTPUT_BYTES = 1024 * 1024
 FLOOD_FACTOR = 8
-Signaller = Callable[[int, int], None]  # (pid, or -pgid for a group; signal)
 
 
 class SessionProcess:
     """One forked session process and its capture pipes, as the supervisor sees it."""
 
-    def __init__(
-        self, pid: int, ctl: socket.socket, out_fd: int, err_fd: int, signaller: Signaller
-    ) -> None:
+    def __init__(self, pid: int, ctl: socket.socket, out_fd: int, err_fd: int) -> None:
         self.pid = pid
-        self.signaller = signaller
         self.ctl = ctl
         self.fds = {fd: CappedBuffer(DEFAULT_OUTPUT_BYTES) for fd in (out_fd, err_fd)}
         self.out = self.fds[out_fd]
@@ -157,11 +151,14 @@ class SessionProcess:
         self.writer.write(encode(body))
 
     def signal(self, sig: int, *, group: bool) -> None:
-        """Signal the process (``group``: its whole process group first), through whoever may
-        signal it (the zygote's helper running as the box's uid, or the supervisor itself)."""
-        if group:
-            self.signaller(-self.pid, sig)
-        self.signaller(self.pid, sig)
+        """Signal the process (``group``: its whole process group first); the supervisor may
+        (CAP_KILL, or the same uid), and its pid is not reused before it is reaped."""
+        if self.exit is not None:
+            return  # reaped: the pid may be another process's by now
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(self.pid, sig)
+            os.kill(self.pid, sig)
 
     def describe_exit(self) -> str:
         if self.exit is None:

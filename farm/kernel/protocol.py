@@ -314,14 +314,12 @@ class SessionConfig(TypedDict):
 
 
 class ZygoteRequest(TypedDict):
-    """``spawn`` (``session``), ``signal`` (``box``, ``target``: pid or -pgid, ``signal``) or
-    ``reset`` (``id``, ``box``, ``remove``: also its files, ``pgid``)."""
+    """``spawn`` (``session``) or ``reset`` (``id``, ``box``, ``remove``: also its files,
+    ``pgid``)."""
 
-    op: Literal["spawn", "signal", "reset"]
+    op: Literal["spawn", "reset"]
     session: NotRequired[SessionConfig]
     box: NotRequired[BoxInfo]
-    target: NotRequired[int]
-    signal: NotRequired[int]
     id: NotRequired[int]
     remove: NotRequired[bool]
     pgid: NotRequired[int | None]

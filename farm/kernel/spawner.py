@@ -7,7 +7,7 @@ processes) and the box pool (``boxes.BoxPool``) in one place:
 
 - ``spawn(box, tools)`` starts a session process in a box and returns once the process said it
   is ready (a process that could not enter its box is an error here, not at its first cell);
-- ``reset(box, pgid, remove=...)`` kills every process of the box and, when the box ends,
+- ``reset(box, proc, remove=...)`` kills every process of the box and, when the box ends,
   every file of it; ``end_box`` does that in the background and gives the number back only
   when it succeeded (a failed reset quarantines the box);
 - ``SPARES`` processes with default limits are kept ready, so that opening a session usually
@@ -21,14 +21,16 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 from collections.abc import Coroutine
 from itertools import count
 from typing import Any
 
+from . import uids
 from .boxes import Box, BoxPool, Caps
 from .framing import FrameError, read_frame
-from .process import SessionProcess, Signaller
+from .process import SessionProcess
 from .protocol import BoxLimits
 
 log = logging.getLogger("farm.kernel")
@@ -37,6 +39,7 @@ _ids = count(1)
 SPAWN_TIMEOUT_S = 10.0
 SPARES = 2  # session processes kept ready for the next opens
 RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
+KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
 
 
 class RequestError(Exception):
@@ -104,25 +107,6 @@ class Spawner:
             raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
         self.zygote.send(json.dumps(message).encode())
 
-    def signaller(self, box: Box) -> Signaller:
-        """How the supervisor signals ``box``'s processes: itself when they share its uid,
-        else through a zygote helper running as the box's uid (it has no CAP_KILL)."""
-        if self.pool.isolation == "dirs":
-
-            def direct(target: int, sig: int) -> None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(target, sig)
-
-            return direct
-
-        def through_zygote(target: int, sig: int) -> None:
-            with contextlib.suppress(RequestError, OSError):
-                self._to_zygote(
-                    {"op": "signal", "box": box.describe(), "target": target, "signal": sig}
-                )
-
-        return through_zygote
-
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
         """A new session process in ``box``, once it said it is ready."""
         config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
@@ -133,9 +117,7 @@ class Spawner:
         self.pending.append(future)
         self.zygote.send(message)
         pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
-        proc = SessionProcess(
-            pid, socket.socket(fileno=fds[0]), fds[1], fds[2], self.signaller(box)
-        )
+        proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
         self.by_pid[pid] = proc
         await proc.attach(self.loop)
         try:
@@ -147,13 +129,45 @@ class Spawner:
                 proc.drain(fd)
             why = proc.err.text().strip()[-2000:] or "no reason given"
             proc.close(self.loop)
-            await self.reset(box, proc.pid, remove=False)
+            await self.reset(box, proc, remove=False)
             raise RequestError("unavailable", f"the session process could not start: {why}")
         return proc
 
-    async def reset(self, box: Box, pgid: int | None, *, remove: bool) -> bool:
+    async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
         """Kill every process of ``box`` (and, with ``remove``, every file of it); ``True``
-        once done, ``False`` when something would not go."""
+        once done, ``False`` when something would not go. The common case costs no fork: the
+        supervisor kills the box's processes itself (``uids.kill_uid``) and removes its two
+        empty directories; a box that leaves files (or processes that will not die) gets a
+        zygote helper that does the rest as the box's uid."""
+        killed = await self._kill(box, proc)
+        if killed and not remove:
+            return True
+        if killed and uids.nothing_left(box.describe(), self.pool.isolation):
+            try:
+                for path in (box.workspace, box.tmp):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rmdir(path)
+                return True
+            except OSError:
+                pass  # something appeared after all: the helper removes it
+        return await self._reset_by_helper(box, proc.pid if proc else None, remove=remove)
+
+    async def _kill(self, box: Box, proc: SessionProcess | None) -> bool:
+        """Every process of the box gone (reaped) within ``KILL_S``; ``False``: not yet. The
+        session process's group first (usually all there is), waiting for the zygote to reap
+        it, then whatever else its uid runs (daemons that left the group)."""
+        if proc is not None and proc.exit is None:
+            proc.signal(signal.SIGKILL, group=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.exited.wait(), KILL_S)
+        if self.pool.isolation == "dirs":  # one uid for all: only the session's group can go
+            return True
+        deadline = self.loop.time() + KILL_S
+        while (left := uids.kill_uid(box.uid)) and self.loop.time() < deadline:
+            await asyncio.sleep(0.002)  # the zygote reaps them meanwhile; poll of a deadline
+        return left == 0
+
+    async def _reset_by_helper(self, box: Box, pgid: int | None, *, remove: bool) -> bool:
         request_id = next(_ids)
         future: asyncio.Future[bool] = self.loop.create_future()
         self.resets[request_id] = future
@@ -179,7 +193,7 @@ class Spawner:
             if proc.exit is None:
                 return box, proc
             proc.close(self.loop)  # it died waiting: its box goes back clean
-            self.end_box(box, proc.pid)
+            self.end_box(box, proc)
         return None
 
     def refill(self) -> None:
@@ -203,13 +217,13 @@ class Spawner:
             self.refilling -= 1
         if self.closing:
             proc.close(self.loop)
-            self.end_box(box, proc.pid)
+            self.end_box(box, proc)
         else:
             self.spares.append((box, proc))
 
-    def end_box(self, box: Box, pgid: int | None) -> None:
+    def end_box(self, box: Box, proc: SessionProcess | None) -> None:
         async def reset_then_give_back() -> None:
-            self.pool.give_back(box, clean=await self.reset(box, pgid, remove=True))
+            self.pool.give_back(box, clean=await self.reset(box, proc, remove=True))
 
         self._in_background(reset_then_give_back())
 
@@ -224,4 +238,4 @@ class Spawner:
         while self.spares:
             box, proc = self.spares.pop()
             proc.close(self.loop)
-            self.end_box(box, proc.pid)
+            self.end_box(box, proc)

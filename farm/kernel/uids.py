@@ -1,13 +1,14 @@
-"""What the zygote's children do with a box's identity: enter it, kill it, clean up after it.
+"""A box's identity: entering it, killing what runs under it, cleaning up after it.
 
-Everything here runs in a freshly forked child of the zygote, never in the zygote or the
-supervisor themselves (a uid change applies to the whole process). ``enter`` is the session
-process's last step before user code; ``become`` + ``kill_all`` + ``remove_owned`` are the steps
-of a box's reset, each done with no more privilege than it needs:
+``enter`` is a session process's last step before user code (in a freshly forked child of the
+zygote: a uid change applies to the whole process). A box's end is normally the supervisor's
+alone: ``kill_uid`` (CAP_KILL, through pidfds) and ``nothing_left``, then root removes the two
+empty directories. When that does not finish (a process stuck in the kernel) or the box left
+files, a zygote helper does it with no more privilege than each step needs:
 
 - killing runs *as the box's uid*: ``kill(-1, SIGKILL)`` then reaches exactly the processes of
-  that uid in this sandbox (daemons that ``setsid()`` and double-fork included) and nothing else,
-  with no CAP_KILL anywhere; ``/proc`` tells when none is left;
+  that uid in this sandbox (daemons that ``setsid()`` and double-fork included) and nothing else;
+  ``/proc`` tells when none is left;
 - finding what a box left in the shared places (``/tmp``, ``/dev/shm``, ``/dev/mqueue``) runs as
   root (those directories are not listable by boxes), without following links;
 - removing runs as the box's uid again, so a link planted by the box can make it delete only
@@ -25,7 +26,7 @@ import signal
 import stat
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -34,6 +35,7 @@ PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 IPC_RMID = 0
 KILL_DEADLINE_S = 10.0
+EMPTY_TMPFS_DIR = 40  # tmpfs reports 20 bytes a directory entry, "." and ".." included
 SHARED_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
 _SYSVIPC = {"shm": ("shmctl", 7), "msg": ("msgctl", 7), "sem": ("semctl", 4)}  # table: uid column
 
@@ -122,6 +124,82 @@ def enter(box: dict[str, Any], isolation: str) -> None:
     tempfile.tempdir = None  # the zygote may have cached the shared /tmp
 
 
+def _status(pid: int) -> tuple[int, str] | None:
+    """(real uid, state letter) of ``pid``, or ``None`` when it is gone."""
+    uid, state = -1, "?"
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    state = line.split()[1]
+                elif line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+                    break
+    except OSError:
+        return None
+    return uid, state
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Pids of this sandbox whose real uid is ``uid``, zombies included. Cheap: the owner of
+    ``/proc/<pid>`` is the process's uid, and only the few that show as root (the kernel, a
+    box process that made itself non-dumpable) have their status read."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            owner = os.stat(f"/proc/{name}").st_uid
+        except OSError:
+            continue
+        if owner == uid or (owner == 0 and (_status(int(name)) or (-1, ""))[0] == uid):
+            found.append(int(name))
+    return found
+
+
+def kill_uid(uid: int) -> int:
+    """From the supervisor (CAP_KILL): SIGKILL every live process of ``uid``; the number of its
+    processes still there (dying, or zombies not yet reaped). Each is signalled through a
+    pidfd, its uid checked once the pidfd holds it: a pid reused by another box's process
+    meanwhile is never signalled."""
+    left = 0
+    for pid in uid_pids(uid):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            status = _status(pid)
+            if status is not None and status[0] == uid:
+                left += 1
+                if status[1] != "Z":
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
+    return left
+
+
+def nothing_left(box: dict[str, Any], isolation: str) -> bool:
+    """Whether a box whose processes are all gone left nothing to remove but its two empty
+    directories (which root may remove itself): the common case, which needs no helper."""
+    for path in (box["workspace"], box["tmp"]):
+        try:
+            if os.listdir(path):  # the box's own uid, or dirs isolation
+                return False
+        except PermissionError:  # root without DAC override: a tmpfs dir's size says it
+            if os.stat(path).st_size > EMPTY_TMPFS_DIR:
+                return False
+        except FileNotFoundError:
+            continue
+    if isolation == "dirs":
+        return True
+    if owned_entries(box["uid"]):
+        return False
+    return not any(_ipc_rows(box["uid"]))
+
+
 def _uid_processes(uid: int) -> list[int]:
     """Pids in this sandbox whose real uid is ``uid``, zombies included (they still count)."""
     found = []
@@ -204,19 +282,25 @@ def remove(paths: Iterable[str], keep_roots: Iterable[str] = ()) -> None:
             _writable(os.unlink, path, OSError())
 
 
-def remove_ipc(uid: int) -> None:
-    """As the box's uid: remove the System V shared memory, queues and semaphores it made
-    (they outlive processes, like files)."""
-    for table, (call, uid_column) in _SYSVIPC.items():
+def _ipc_rows(uid: int) -> Iterator[tuple[str, int]]:
+    """(table, id) of the System V objects ``uid`` owns or made."""
+    for table, (_, uid_column) in _SYSVIPC.items():
         try:
             with open(f"/proc/sysvipc/{table}") as f:
                 rows = [line.split() for line in f.readlines()[1:]]
         except OSError:
             continue
-        function = getattr(_libc, call)
         for row in rows:
             if int(row[uid_column]) == uid or int(row[uid_column + 2]) == uid:  # owner, creator
-                if table == "sem":
-                    function(int(row[1]), 0, IPC_RMID)
-                else:
-                    function(int(row[1]), IPC_RMID, None)
+                yield table, int(row[1])
+
+
+def remove_ipc(uid: int) -> None:
+    """As the box's uid: remove the System V shared memory, queues and semaphores it made
+    (they outlive processes, like files)."""
+    for table, ipc_id in list(_ipc_rows(uid)):
+        function = getattr(_libc, _SYSVIPC[table][0])
+        if table == "sem":
+            function(ipc_id, 0, IPC_RMID)
+        else:
+            function(ipc_id, IPC_RMID, None)

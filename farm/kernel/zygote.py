@@ -3,14 +3,14 @@
 It is forked from the kernel *before* the token is read, so no session process ever has the
 token in its memory. It has already imported the kernel and common stdlib modules, so a new
 session is a ``fork()`` (milliseconds), not an interpreter start. It keeps the kernel's
-identity (root with CAP_SETUID/SETGID/SETPCAP/CHOWN in a docker sandbox), which no box can
-signal or trace, and does every privileged step in a child of its own, never in itself:
+identity (root with CAP_SETUID/SETGID/SETPCAP/CHOWN/KILL in a docker sandbox), which no box can
+signal or trace, empties its bounding set once (its children start with none there), and does
+every privileged step in a child of its own, never in itself:
 
 - ``spawn``: the child makes the box's directories, enters the box (``uids.enter``: limits,
   its own uid, no capabilities) and becomes the session process;
-- ``signal``: the child becomes the box's uid and sends the signal (the supervisor, without
-  CAP_KILL, may not signal a box itself);
-- ``reset``: the child kills every process of the box's uid and, for a box that ends, removes
+- ``reset`` (the slow path of a box's end, when the supervisor's own kill did not finish or the
+  box left files): the child kills every process of the box's uid *as that uid* and removes
   every file of it (``uids``); the zygote removes the emptied directories and reports
   ``reset_done``, after which the box's number may be used again.
 
@@ -150,18 +150,6 @@ class Zygote:
             os.close(out_r)
             os.close(err_r)
 
-    def signal(self, request: dict[str, Any]) -> None:
-        target, sig = int(request["target"]), int(request["signal"])
-        box = request["box"]
-
-        def send() -> bool:
-            uids.become(box["uid"], box["gid"])
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(target, sig)
-            return True
-
-        _fork(send)
-
     def reset(self, request: dict[str, Any]) -> None:
         box, remove = request["box"], bool(request.get("remove"))
         pgid = request.get("pgid")
@@ -219,7 +207,7 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
-    handlers = {"spawn": zygote.spawn, "signal": zygote.signal, "reset": zygote.reset}
+    handlers = {"spawn": zygote.spawn, "reset": zygote.reset}
     while True:
         for key, _ in selector.select():
             if key.data == "child":

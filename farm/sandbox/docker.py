@@ -6,9 +6,11 @@ kernel on a Unix socket in a per-sandbox host directory bind-mounted at ``/run/f
 root: no box can reach it), read-only root, size-capped tmpfs ``/tmp`` and ``/workspace``,
 pids/memory(=swap)/cpu limits, nofile/fsize/core ulimits, ``--init``, no-new-privileges.
 
-The kernel runs as root *in the container* with four capabilities and no others
+The kernel runs as root *in the container* with five capabilities and no others
 (``BOX_CAPS``): CHOWN (give a box its directories), SETUID and SETGID (run each box as a uid of
-its own) and SETPCAP (empty a box's bounding set). No user code ever runs as root or with any
+its own), SETPCAP (empty the boxes' bounding set) and KILL (interrupt and end a box's
+processes without a helper process; no more than SETUID already allows). No user code ever runs
+as root or with any
 capability: each session is a box with its own uid from a block chosen per sandbox
 (``farm.uid_base``), so that RLIMIT_NPROC, which counts per uid across the host, is not shared
 with another sandbox's boxes. The token is written to the socket directory, read and deleted
@@ -52,7 +54,7 @@ LABEL_HOST = "farm.host"
 LABEL_PID = "farm.pid"
 LABEL_UID_BASE = "farm.uid_base"
 MOUNT = "/run/farm"
-BOX_CAPS = ["CHOWN", "SETUID", "SETGID", "SETPCAP"]
+BOX_CAPS = ["CHOWN", "SETUID", "SETGID", "SETPCAP", "KILL"]
 # Box uids: a block of UID_BLOCK per sandbox, at UID_FIRST + k * UID_BLOCK for a k no other live
 # sandbox of this engine holds (and random, so that engines sharing a host rarely meet).
 UID_FIRST = 100_000

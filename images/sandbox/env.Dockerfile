@@ -18,7 +18,7 @@ LABEL farm.managed="1" farm.image="sandbox"
 # A base of the user's may end as another user; building needs root.
 USER root
 
-# The kernel starts as root (of the container, with four capabilities: farm/sandbox/docker.py)
+# The kernel starts as root (of the container, with five capabilities: farm/sandbox/docker.py)
 # and runs every session as a uid of its own; no user account is needed for that.
 RUN mkdir -p /workspace /run/farm /etc/farm && chmod 0711 /workspace && chmod 0700 /run/farm
 

@@ -108,7 +108,14 @@ class InvalidRequest(FarmError, ValueError):
 
 
 class FileOperationError(FarmError):
-    """A ``session.files`` operation was refused (outside the workspace, too big, missing)."""
+    """A ``session.files`` operation was refused (outside the workspace, too big, missing);
+    ``errno``, ``path`` and ``ename`` (the OS's exception name) say how."""
+
+    def __init__(self, message: str, *, errno: int = 0, path: str = "", ename: str = "") -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
+        self.ename = ename
 
 
 class WorkerFailed(FarmError):

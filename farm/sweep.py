@@ -227,6 +227,7 @@ class Sweep:
         ]
         basis = {
             "cells": item.all_cells(),
+            "cmd": item.cmd,
             "files": item.files or {},
             "timeout_s": item.timeout_s or self.timeout_s,
             "box": item.limits.model_dump() if item.limits else None,

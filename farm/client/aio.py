@@ -13,7 +13,7 @@ from typing import Any
 from farm.client.farm import Farm
 from farm.client.session import Session
 from farm.events import Event
-from farm.models import ExecResult
+from farm.models import CommandResult, ExecResult
 from farm.models.batch import BatchRecord
 
 
@@ -73,6 +73,10 @@ class AsyncSession:
 
     async def arun(self, code: str, timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
         return await asyncio.to_thread(self.sync.run, code, timeout_s, **kwargs)
+
+    async def exec(self, cmd: Any, **kwargs: Any) -> CommandResult:
+        """``await session.exec(cmd)``: ``Session.exec`` off the loop."""
+        return await asyncio.to_thread(self.sync.exec, cmd, **kwargs)
 
     async def stream(
         self, code: str, timeout_s: float | None = None, **kwargs: Any

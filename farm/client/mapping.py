@@ -219,6 +219,7 @@ class MapRun:
             key=attempt.key,
             exec_id=attempt.exec_id,
             cells=item.all_cells(),
+            argv=item.argv(),
             files=item.files or {},
             timeout_s=item.timeout_s or self.timeout_s,
             limits=item.limits.model_dump() if item.limits else {},
@@ -249,8 +250,7 @@ class MapRun:
             chunk.keys.discard(done.key)
             if not chunk.keys:
                 del self._chunks[attempt.chunk_id]
-        last = done.cells[-1] if done.cells else None
-        kind = last.kind.value if last is not None and last.kind else None
+        _, kind, _ = _outcome(done)
         if kind in RETRYABLE and attempt.attempts <= self.retries:
             self._retry(attempt)
             return
@@ -264,16 +264,14 @@ class MapRun:
         self._send([again])
 
     def _record(self, attempt: _Attempt, done: ItemDone) -> BatchRecord:
-        last = done.cells[-1] if done.cells else None
-        failed = last is not None and not last.ok
+        failed, kind, message = _outcome(done)
         record = BatchRecord(
             id=attempt.item.id,
             status="error" if failed else "ok",
-            kind=last.kind.value if failed and last and last.kind else None,
-            message=f"{last.error.ename}: {last.error.evalue}"[:2000]
-            if failed and last and last.error
-            else None,
+            kind=kind,
+            message=message,
             cells=done.cells,
+            command=done.command,
             attempts=attempt.attempts,
             duration_s=time.perf_counter() - attempt.started,
             manifest=self._manifest(done.worker),
@@ -394,3 +392,22 @@ class MapRun:
         self._pending.clear()
         self._chunks.clear()
         self._exhausted = True
+
+
+def _outcome(done: ItemDone) -> tuple[bool, str | None, str | None]:
+    """(failed, kind, message) of an item: its command's when it has one, else its last
+    cell's (a failed cell stops the item before its command)."""
+    command = done.command
+    if command is not None:
+        if command.ok:
+            return False, None, None
+        kind = command.kind.value if command.kind else None
+        if command.error is not None:
+            return True, kind, f"{command.error.ename}: {command.error.evalue}"[:2000]
+        tail = command.stderr.strip()[-1500:]
+        return True, kind, f"exit status {command.returncode}: {tail}"[:2000]
+    last = done.cells[-1] if done.cells else None
+    if last is None or last.ok:
+        return False, None, None
+    message = f"{last.error.ename}: {last.error.evalue}"[:2000] if last.error else None
+    return True, last.kind.value if last.kind else None, message

@@ -35,6 +35,7 @@ from .spawner import RequestError, Spawner
 from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
+FILE_TIMEOUT_S = 120.0  # one chunk of a file operation (a listing of a big tree may be slow)
 _OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -156,6 +157,41 @@ class SessionManager:
         await self.spawner.reset(session.box, session.proc, remove=False)
         session.proc = await self.spawner.spawn(session.box, session.tools)
         log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
+
+    async def file(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A file operation (``fileops``), done by the session process between its cells; a
+        process found dead is replaced first (its next cell then reports the loss)."""
+        session = self._session(request["session_id"])
+        async with session.lock:
+            if session.proc.exit is not None:
+                await self._replace(session)
+            frame = {"type": "file", **{k: v for k, v in request.items() if k != "type"}}
+            try:
+                reply = await session.proc.exchange(frame, FILE_TIMEOUT_S)
+            except (TimeoutError, FrameError, ConnectionError, OSError):
+                reply = None
+            if reply is None:
+                raise RequestError(
+                    "unavailable", "the session process did not answer a file request"
+                )
+        return {"type": "file_result", "result": reply.get("result"), "error": reply.get("error")}
+
+    async def command(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run a command in the session's box (``commands``): no lock, so commands of one
+        session run at once, beside its cells."""
+        session = self._session(request["session_id"])
+        run = await self.spawner.command(session.box, request, request["max_output_bytes"])
+        session.last_used = time.monotonic()
+        outcome = await run.run(request["stdin"], request["timeout_s"])
+        session.last_used = time.monotonic()
+        result = {"exec_id": request["exec_id"], "session_id": session.id, **outcome}
+        return {"type": "command_result", "result": result}
+
+    def _session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise RequestError("no_such_session", f"no session {session_id!r} here")
+        return session
 
     async def execute(self, request: dict[str, Any], emit: Emit | None = None) -> dict[str, Any]:
         session = self.sessions.get(request["session_id"])

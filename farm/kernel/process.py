@@ -102,6 +102,12 @@ class SessionProcess:
             else:
                 log.warning("session pid %d sent an unknown frame %r", self.pid, frame["type"])
 
+    async def exchange(self, frame: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """Send a frame between cells (a ``file`` request) and read its one reply frame."""
+        self.writer.write(encode(frame))
+        await self.writer.drain()
+        return await asyncio.wait_for(read_frame(self.reader), timeout_s)
+
     def _forward_call(self, frame: dict[str, Any]) -> None:
         """A host callback from the cell (``farm.kernel.calls``): out as an event, then wait."""
         for fd in self.fds:  # what the cell printed before the call comes first

@@ -213,6 +213,72 @@ class SessionClosed(TypedDict):
     session_id: str
 
 
+class Command(TypedDict):
+    """Run ``argv`` in the session's box (``commands``); stdin inline (base64) or staged."""
+
+    type: Literal["command"]
+    session_id: str
+    exec_id: str
+    argv: list[str]
+    timeout_s: float
+    stdin: NotRequired[str]
+    stdin_path: NotRequired[str]
+    cwd: NotRequired[str]
+    env: NotRequired[dict[str, str]]
+    max_output_bytes: NotRequired[int]
+
+
+class CommandOutcome(TypedDict):
+    """What a command did (the host adds ``worker`` and, around it, ``error``)."""
+
+    exec_id: str
+    session_id: str
+    returncode: int | None  # the exit status, or 128 + N for a death by signal N
+    signal: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_s: float
+
+
+class CommandReply(TypedDict):
+    type: Literal["command_result"]
+    result: CommandOutcome
+
+
+FileOp = Literal["write", "read", "stat", "list", "remove", "extract"]
+
+
+class FileError(TypedDict):
+    ename: str
+    evalue: str
+    errno: int
+    path: str
+
+
+class FileRequest(TypedDict):
+    """One file operation (``fileops``): chunks of ``data`` (base64) written at ``offset``,
+    ``length`` bytes read from ``offset``; ``scope`` "workspace" (confined) or "box"."""
+
+    type: Literal["file"]
+    session_id: str
+    op: FileOp
+    path: str
+    scope: NotRequired[Literal["workspace", "box"]]
+    offset: NotRequired[int]
+    length: NotRequired[int]
+    data: NotRequired[str]
+    source: NotRequired[str]
+
+
+class FileReply(TypedDict):
+    type: Literal["file_result"]
+    result: Any
+    error: FileError | None
+
+
 HOST_FRAMES: dict[str, type] = {
     "hello": Hello,
     "auth": Auth,
@@ -228,6 +294,10 @@ HOST_FRAMES: dict[str, type] = {
     "exec_result": ExecReply,
     "close_session": CloseSession,
     "session_closed": SessionClosed,
+    "command": Command,
+    "command_result": CommandReply,
+    "file": FileRequest,
+    "file_result": FileReply,
 }
 
 # --- supervisor <-> session process -----------------------------------------------------------
@@ -281,6 +351,12 @@ class CallAnswer(TypedDict):
     interrupt: NotRequired[bool]
 
 
+class FileDone(TypedDict):
+    type: Literal["file_done"]
+    result: NotRequired[Any]
+    error: NotRequired[FileError]
+
+
 SESSION_FRAMES: dict[str, type] = {
     "ready": Ready,
     "cell": CellFrame,
@@ -289,6 +365,8 @@ SESSION_FRAMES: dict[str, type] = {
     "ack": Ack,
     "call": CallFrame,
     "answer": CallAnswer,
+    "file": FileRequest,
+    "file_done": FileDone,
 }
 
 # --- supervisor <-> zygote (datagrams) ---------------------------------------------------------

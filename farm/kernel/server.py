@@ -10,6 +10,7 @@ is closed; the server keeps serving everyone else. An unauthenticated connection
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import math
 import os
@@ -214,18 +215,62 @@ class KernelServer:
             return {"type": "exec_result", "result": fit(result, self.max_frame)}
         if kind == "close_session":
             return self.manager.close(_field(message, "session_id", str))
+        if kind == "command":
+            return await self.manager.command(self._command_request(message))
+        if kind == "file":
+            return await self.manager.file(_file_request(message))
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
 
-    def _execute_request(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _command_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        argv = message.get("argv")
+        if (
+            not isinstance(argv, list)
+            or not argv
+            or not all(isinstance(a, str) and "\0" not in a for a in argv)
+        ):
+            raise RequestError("bad_request", "field 'argv' must be a non-empty list of strings")
+        env = message.get("env") or {}
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
+            for k, v in env.items()
+        ):
+            raise RequestError("bad_request", "field 'env' must map names to strings")
+        stdin = message.get("stdin")
+        try:
+            data = base64.b64decode(stdin, validate=True) if stdin is not None else b""
+        except (TypeError, ValueError):
+            raise RequestError("bad_request", "field 'stdin' must be base64") from None
+        return {
+            "session_id": _field(message, "session_id", str),
+            "exec_id": _field(message, "exec_id", str),
+            "argv": argv,
+            "env": env,
+            "cwd": _optional(message, "cwd", str),
+            "stdin": data,
+            "stdin_path": _optional(message, "stdin_path", str),
+            "timeout_s": self._timeout(message),
+            "max_output_bytes": self._max_output(message),
+        }
+
+    def _timeout(self, message: dict[str, Any]) -> float:
         timeout_s = float(_field(message, "timeout_s", (int, float)))
         if not (0 < timeout_s <= MAX_TIMEOUT_S) or math.isnan(timeout_s):
             raise RequestError("bad_request", f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}]")
+        return timeout_s
+
+    def _max_output(self, message: dict[str, Any]) -> int:
+        """Each output stream's cap: a result with both full must fit one frame."""
         max_output = message.get("max_output_bytes") or DEFAULT_OUTPUT_BYTES
         if not isinstance(max_output, int) or not 1024 <= max_output <= self.max_frame // 4:
             raise RequestError(
                 "bad_request",
                 f"max_output_bytes must be an integer in [1024, {self.max_frame // 4}]",
             )
+        return max_output
+
+    def _execute_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        timeout_s = self._timeout(message)
+        max_output = self._max_output(message)
         epoch = _field(message, "epoch", int)
         events = message.get("events", False)
         if not isinstance(events, bool):
@@ -270,6 +315,23 @@ def _calls(message: dict[str, Any]) -> list[str]:
     ):
         raise RequestError("bad_request", "field 'calls' must be a list of public identifiers")
     return calls
+
+
+def _file_request(message: dict[str, Any]) -> dict[str, Any]:
+    request = {k: v for k, v in message.items() if k != "type"}
+    _field(message, "session_id", str)
+    if not isinstance(message.get("op"), str) or not isinstance(message.get("path", "."), str):
+        raise RequestError("bad_request", "a file request needs 'op' and 'path' strings")
+    if message.get("scope", "workspace") not in ("workspace", "box"):
+        raise RequestError("bad_request", "field 'scope' must be 'workspace' or 'box'")
+    return request
+
+
+def _optional(message: dict[str, Any], name: str, kind: type) -> Any:
+    value = message.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise RequestError("bad_request", f"field {name!r} has the wrong type")
+    return value
 
 
 def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 
 from . import uids
 from .boxes import Box, BoxPool, Caps
+from .commands import CommandRun
 from .framing import FrameError, read_frame
 from .process import SessionProcess
 from .protocol import BoxLimits
@@ -56,7 +57,7 @@ class Spawner:
         self.pool = pool
         self.caps = caps
         self.tool_limit = tool_limit
-        self.by_pid: dict[int, SessionProcess] = {}
+        self.by_pid: dict[int, SessionProcess | CommandRun] = {}
         self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
         self.resets: dict[int, asyncio.Future[bool]] = {}
         self.spares: list[tuple[Box, SessionProcess]] = []  # ready processes, no session yet
@@ -110,13 +111,7 @@ class Spawner:
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
         """A new session process in ``box``, once it said it is ready."""
         config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
-        message = json.dumps({"op": "spawn", "session": config}).encode()
-        if not self.zygote_alive:
-            raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
-        future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
-        self.pending.append(future)
-        self.zygote.send(message)
-        pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+        pid, fds = await self._forked({"op": "spawn", "session": config})
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
         self.by_pid[pid] = proc
         await proc.attach(self.loop)
@@ -132,6 +127,28 @@ class Spawner:
             await self.reset(box, proc, remove=False)
             raise RequestError("unavailable", f"the session process could not start: {why}")
         return proc
+
+    async def command(self, box: Box, request: dict[str, Any], cap: int) -> CommandRun:
+        """Start a command in ``box`` (``commands.py``); it runs as soon as this returns."""
+        fields = ("argv", "cwd", "env", "stdin_path")
+        message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
+        pid, fds = await self._forked(message)
+        run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
+        self.by_pid[pid] = run
+        return run
+
+    async def _forked(self, message: dict[str, Any]) -> tuple[int, list[int]]:
+        """Ask the zygote to fork (a session process or a command): its pid and fds."""
+        data = json.dumps(message).encode()
+        if not self.zygote_alive:
+            raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
+        future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
+        self.pending.append(future)
+        self.zygote.send(data)
+        pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+        if pid < 0:
+            raise RequestError("unavailable", "the kernel could not fork (out of processes?)")
+        return pid, fds
 
     async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
         """Kill every process of ``box`` (and, with ``remove``, every file of it); ``True``

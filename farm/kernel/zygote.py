@@ -32,7 +32,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from . import session, uids
+from . import commands, session, uids
 from .uids import prctl
 
 PR_SET_PDEATHSIG = 1
@@ -75,6 +75,30 @@ def _session_child(
         with contextlib.suppress(Exception):
             print(f"farm: the session process could not start: {exc!r}", file=sys.stderr)
         code = 70
+    finally:
+        os._exit(code)
+
+
+def _command_child(
+    request: dict[str, Any], stdin: int, out_w: int, err_w: int, isolation: str
+) -> NoReturn:
+    """Become the command: stdin is the pipe the supervisor feeds, or a staged file of the box
+    opened *as the box* (so it can name only what the box may read)."""
+    code = 126
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setsid()  # its own group: a timeout kills the whole tree
+        for target, fd in ((0, stdin), (1, out_w), (2, err_w)):
+            os.dup2(fd, target)
+        _close_other_fds({0, 1, 2})
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        uids.enter(request["box"], isolation)
+        commands.exec_in_box(request)  # returns only when the command could not be run
+    except BaseException as exc:  # a command never returns into the zygote
+        with contextlib.suppress(Exception):
+            os.write(2, f"farm: {exc}\n".encode())
     finally:
         os._exit(code)
 
@@ -150,6 +174,26 @@ class Zygote:
             os.close(out_r)
             os.close(err_r)
 
+    def command(self, request: dict[str, Any]) -> None:
+        """A command in a box (``commands.py``): its own process group, the box's identity,
+        stdin from a file of the box (or nothing), stdout/stderr to pipes sent back as fds."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            self.sock.close()
+            for fd in (out_r, err_r, in_w):
+                os.close(fd)
+            _command_child(request, in_r, out_w, err_w, self.isolation)
+        for fd in (out_w, err_w, in_r):
+            os.close(fd)
+        try:
+            _send(self.sock, {"op": "spawned", "pid": pid}, [in_w, out_r, err_r])
+        finally:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+
     def reset(self, request: dict[str, Any]) -> None:
         box, remove = request["box"], bool(request.get("remove"))
         pgid = request.get("pgid")
@@ -207,7 +251,7 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
-    handlers = {"spawn": zygote.spawn, "reset": zygote.reset}
+    handlers = {"spawn": zygote.spawn, "reset": zygote.reset, "command": zygote.command}
     while True:
         for key, _ in selector.select():
             if key.data == "child":
@@ -220,8 +264,15 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
                 os._exit(0)
             message = json.loads(data)
             handler = handlers.get(message.get("op"))
-            if handler is not None:
+            if handler is None:
+                continue
+            try:
                 handler(message.get("session", {}) if message["op"] == "spawn" else message)
+            except OSError as exc:  # fork failed (no pids left): the supervisor must hear it
+                if message["op"] == "reset":
+                    _send(sock, {"op": "reset_done", "id": message["id"], "ok": False})
+                else:
+                    _send(sock, {"op": "spawned", "pid": -1, "error": str(exc)})
         sys.stdout.flush()
 
 

@@ -11,6 +11,7 @@ from farm.models.base import Model
 from farm.models.results import (
     BoxLimits,
     CallAnswer,
+    CommandResult,
     ErrorKind,
     ExecError,
     ExecResult,
@@ -54,6 +55,7 @@ __all__ = [
     "Busy",
     "CallAnswer",
     "CallEvent",
+    "CommandResult",
     "CloseSession",
     "DisplayEvent",
     "ErrorKind",

@@ -8,17 +8,19 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from farm.models.base import Model
-from farm.models.results import BoxLimits, ExecResult
+from farm.models.results import BoxLimits, CommandResult, ExecResult
 
 
 class BatchItem(Model):
-    """One item: a ``code`` string, or ``cells`` run in order in one session (stopping at the
-    first failure), with an optional ``setup`` cell first, ``files`` written to the workspace
-    before, its own ``timeout_s`` and box ``limits``."""
+    """One item: a ``code`` string, ``cells`` run in order in one session (stopping at the
+    first failure), or a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
+    program of the image), with an optional ``setup`` cell first, ``files`` written to the
+    workspace before, its own ``timeout_s`` and box ``limits``."""
 
     id: str | int
     code: str | None = None
     cells: list[str] | None = None
+    cmd: str | list[str] | None = None
     setup: str | None = None
     timeout_s: float | None = Field(None, gt=0)
     files: dict[str, str] | None = Field(None, description="workspace path -> text content")
@@ -26,12 +28,21 @@ class BatchItem(Model):
 
     @model_validator(mode="after")
     def _one_body(self) -> BatchItem:
-        if (self.code is None) == (self.cells is None):
-            raise ValueError("give exactly one of 'code' or 'cells'")
+        if sum(body is not None for body in (self.code, self.cells, self.cmd)) != 1:
+            raise ValueError("give exactly one of 'code', 'cells' or 'cmd'")
+        if isinstance(self.cmd, list) and not self.cmd:
+            raise ValueError("'cmd' must not be an empty list")
         return self
 
+    def argv(self) -> list[str] | None:
+        if self.cmd is None:
+            return None
+        return ["/bin/sh", "-c", self.cmd] if isinstance(self.cmd, str) else list(self.cmd)
+
     def all_cells(self) -> list[str]:
-        body = self.cells if self.cells is not None else [self.code or ""]
+        body = (
+            self.cells if self.cells is not None else [self.code] if self.code is not None else []
+        )
         return ([self.setup] if self.setup else []) + body
 
 
@@ -43,6 +54,7 @@ class BatchRecord(Model):
     kind: str | None = None
     message: str | None = None
     cells: list[ExecResult] = Field(default_factory=list)
+    command: CommandResult | None = Field(None, description="what an item's 'cmd' did")
     attempts: int = 0
     duration_s: float = 0.0
     cached: bool = False
@@ -62,6 +74,7 @@ class ChunkItem(Model):
     key: int
     exec_id: str = Field(description="claimed before the item runs: a copy never runs twice")
     cells: list[str]
+    argv: list[str] | None = Field(None, description="a command, run after the cells")
     files: dict[str, str] = Field(default_factory=dict)
     timeout_s: float = Field(gt=0)
     limits: dict[str, int] = Field(default_factory=dict)
@@ -86,3 +99,4 @@ class ItemDone(Model):
     worker: str
     session_id: str = ""
     cells: list[ExecResult] = Field(default_factory=list)
+    command: CommandResult | None = None

@@ -173,3 +173,46 @@ class RestoreReport(Model):
         "replayed cells ran again: side effects outside the session (files, network, "
         "external services) may have been repeated"
     )
+
+
+class CommandResult(Model):
+    """Everything about one command (``session.exec``): its exit, its outputs (capped like a
+    cell's), and ``error`` when something around it failed (``timeout``, ``sandbox_lost``,
+    ``input``...). The kernel's part is ``farm.kernel.protocol.CommandOutcome``."""
+
+    HOST_FIELDS: ClassVar[frozenset[str]] = frozenset({"worker", "error"})
+
+    exec_id: str
+    session_id: str
+    returncode: int | None = Field(
+        None, description="the exit status, or 128 + N for a death by signal N (as shells say)"
+    )
+    signal: int | None = None
+    timed_out: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_s: float = 0.0
+    worker: str | None = None
+    error: ExecError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.returncode == 0
+
+    @classmethod
+    def from_kernel(cls, raw: dict[str, Any], worker: str, timeout_s: float) -> CommandResult:
+        """The kernel's outcome, completed: a command the timeout killed is kind ``timeout``."""
+        result = cls.model_validate({**raw, "worker": worker})
+        if result.timed_out:
+            why = f"the command ran past its {timeout_s:g}s timeout and was killed (group)"
+            result.error = ExecError(ename="TimeoutError", evalue=why, kind=ErrorKind.TIMEOUT)
+        return result
+
+    @property
+    def kind(self) -> ErrorKind | None:
+        """``error``'s kind; ``user`` for a command that exited with a non-zero status."""
+        if self.error is not None:
+            return self.error.kind
+        return ErrorKind.USER if self.returncode != 0 else None

@@ -11,7 +11,7 @@ from pydantic import (
 )
 
 from farm.models.base import Model
-from farm.models.results import BoxLimits, ExecResult, Value
+from farm.models.results import BoxLimits, CommandResult, ExecResult, Value
 
 # --- kernel wire messages (host <-> kernel; defined for the kernel in farm.kernel.protocol) ----
 
@@ -149,6 +149,49 @@ class SessionClosed(Model):
     session_id: str
 
 
+class Command(Model):
+    type: Literal["command"]
+    session_id: str
+    exec_id: str
+    argv: list[str] = Field(min_length=1)
+    timeout_s: float = Field(gt=0)
+    stdin: str | None = Field(None, description="base64")
+    stdin_path: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    max_output_bytes: int = Field(default=1024 * 1024, ge=1024)
+
+
+class CommandReply(Model):
+    type: Literal["command_result"]
+    result: CommandResult
+
+
+class FileRequest(Model):
+    type: Literal["file"]
+    session_id: str
+    op: Literal["write", "read", "stat", "list", "remove", "extract"]
+    path: str
+    scope: Literal["workspace", "box"] = "workspace"
+    offset: int = Field(0, ge=0)
+    length: int | None = Field(None, ge=0)
+    data: str | None = None
+    source: str | None = None
+
+
+class FileError(Model):
+    ename: str
+    evalue: str
+    errno: int
+    path: str
+
+
+class FileReply(Model):
+    type: Literal["file_result"]
+    result: Any = None
+    error: FileError | None = None
+
+
 KERNEL_FRAMES: dict[str, type[Model]] = {
     "hello": Hello,
     "auth": Auth,
@@ -164,6 +207,10 @@ KERNEL_FRAMES: dict[str, type[Model]] = {
     "exec_result": ExecReply,
     "close_session": CloseSession,
     "session_closed": SessionClosed,
+    "command": Command,
+    "command_result": CommandReply,
+    "file": FileRequest,
+    "file_result": FileReply,
 }
 
 # --- worker task replies ------------------------------------------------------------------------

@@ -17,14 +17,14 @@ Invariants:
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from farm.kernel.client import KernelError, KernelRequestError
-from farm.kernel.tools import files_call
-from farm.models import ErrorKind, ExecResult
+from farm.models import CommandResult, ErrorKind, ExecResult
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.registry import cancel_key
 from farm.worker.recorder import ExecRecorder
@@ -127,7 +127,7 @@ class BatchRunner:
             self._open.setdefault(chunk.map_id, set()).add(done.session_id)
         try:
             for path, content in item.files.items():
-                self._write(kernel, done.session_id, epoch, item, path, content)
+                self._write(kernel, done.session_id, path, content)
             for number, code in enumerate(item.cells):
                 exec_id = f"{item.exec_id}-{number}"
                 request = {"exec_id": exec_id, "session_id": done.session_id, "code": code}
@@ -151,6 +151,9 @@ class BatchRunner:
                 epoch = result.epoch
                 if not result.ok:
                     break
+            else:
+                if item.argv is not None:
+                    done.command = self._command(kernel, done.session_id, item)
         except _BadFile as exc:
             done.cells.append(self._failure(item, ErrorKind.INPUT, "FileOperationError", str(exc)))
         except KernelRequestError as exc:
@@ -165,20 +168,25 @@ class BatchRunner:
             self._close(chunk.map_id, done.session_id)
         return done
 
-    def _write(
-        self, kernel: Any, session_id: str, epoch: int, item: ChunkItem, path: str, text: str
-    ) -> None:
-        """Write one of the item's files into its workspace (confined like ``session.files``)."""
-        raw = kernel.execute(
-            session_id,
-            files_call("write_file", path, text.encode()),
-            epoch=epoch,
-            timeout_s=item.timeout_s,
-            exec_id=f"{item.exec_id}-file",
-        )
-        error = raw.get("error")
+    def _write(self, kernel: Any, session_id: str, path: str, text: str) -> None:
+        """Write one of the item's files into its workspace (confined like ``session.files``;
+        an item's files are text, small enough for one chunk of ``fileops``)."""
+        data = base64.b64encode(text.encode()).decode("ascii")
+        reply = kernel.file(session_id, "write", path, data=data, offset=0)
+        error = reply.get("error")
         if error:
             raise _BadFile(f"writing {path!r}: {error['ename']}: {error['evalue']}")
+
+    def _command(self, kernel: Any, session_id: str, item: ChunkItem) -> CommandResult:
+        assert item.argv is not None
+        raw = kernel.command(
+            session_id,
+            item.argv,
+            exec_id=f"{item.exec_id}-cmd",
+            timeout_s=item.timeout_s,
+            grace_s=self.worker.settings.limits.grace_s,
+        )
+        return CommandResult.from_kernel(raw, self.worker.id, item.timeout_s)
 
     def _close(self, map_id: str, session_id: str) -> None:
         with self._lock:

@@ -21,8 +21,10 @@ from celery.signals import celeryd_after_setup, worker_shutdown
 from farm.celeryconf import (
     TASK_BATCH,
     TASK_CLOSE,
+    TASK_COMMAND,
     TASK_ECHO,
     TASK_EXEC,
+    TASK_FILE,
     TASK_OPEN,
     TASK_RUN,
     make_app,
@@ -84,7 +86,7 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
 
     @app.task(name=TASK_EXEC)
     def exec_code(request: dict[str, Any]) -> dict[str, Any]:
-        return current().execute(request)
+        return current().calls.execute(request)
 
     @app.task(name=TASK_CLOSE)
     def close_session(session_id: str) -> dict[str, Any]:
@@ -92,7 +94,15 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
 
     @app.task(name=TASK_RUN)
     def run_once(request: dict[str, Any]) -> dict[str, Any]:
-        return current().run_once(request)
+        return current().calls.run_once(request)
+
+    @app.task(name=TASK_COMMAND)
+    def run_command(request: dict[str, Any]) -> dict[str, Any]:
+        return current().calls.command(request)
+
+    @app.task(name=TASK_FILE)
+    def file_operation(request: dict[str, Any]) -> dict[str, Any]:
+        return current().calls.file(request)
 
     @app.task(name=TASK_BATCH, ignore_result=True)
     def run_chunk(chunk: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from farm.celeryconf import TASK_BATCH, shared_queue
-from farm.errors import BrokerLost, BrokerUnavailable
+from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
 from farm.models import ErrorKind, ExecResult
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
 from farm.registry import BROKER_MARK, PREFIX, cancel_key, results_key
@@ -101,6 +101,7 @@ class MapRun:
         self._source = enumerate(items)
         self._exhausted = False
         farm._require_image(image)
+        self._images: dict[str, str | None] = {image: None}  # image -> why it is not served
         self.workers = {str(w["id"]): w for w in farm.broker.call(farm.workers, sent=False)}
         serving = [w for w in self.workers.values() if w.get("image") == image]
         capacity = sum(int(w.get("capacity") or 1) for w in serving) or 8
@@ -171,8 +172,29 @@ class MapRun:
                 if item is not None:
                     batch.append(_Attempt(key, item, uuid.uuid4().hex))
             self._exhausted = taken < size
-            if batch:
-                self._send(batch)
+            for image in dict.fromkeys(self._image(a) for a in batch):  # each image's chunk
+                self._send([a for a in batch if self._image(a) == image])
+
+    def _image(self, attempt: _Attempt) -> str:
+        return attempt.item.image or self.image
+
+    def _served(self, attempt: _Attempt) -> bool:
+        """Whether a worker serves the item's image (a local farm starts one); if not, the
+        item's record says so (kind ``infra``) and it is not sent."""
+        image = self._image(attempt)
+        if image not in self._images:
+            try:
+                self.farm._require_image(image)
+            except SandboxUnavailable as exc:
+                self._images[image] = str(exc)
+            else:
+                self._images[image] = None
+        why = self._images[image]
+        if why is not None:
+            self._ready[attempt.key] = BatchRecord(
+                id=attempt.item.id, status="error", kind=ErrorKind.INFRA.value, message=why
+            )
+        return why is None
 
     def _parse(self, key: int, raw: Item) -> BatchItem | None:
         try:
@@ -191,6 +213,10 @@ class MapRun:
             return None
 
     def _send(self, batch: list[_Attempt]) -> None:
+        """Send ``batch`` (items of one image) as one chunk to that image's workers."""
+        batch = [attempt for attempt in batch if self._served(attempt)]
+        if not batch:
+            return
         chunk_id = uuid.uuid4().hex
         payload = Chunk(
             map_id=self.map_id,
@@ -201,7 +227,7 @@ class MapRun:
         )
         self.farm.broker.send(
             TASK_BATCH,
-            shared_queue(self.image),
+            shared_queue(self._image(batch[0])),
             args=[payload.model_dump(mode="json")],
             options={"ignore_result": True},
         )
@@ -274,7 +300,7 @@ class MapRun:
             command=done.command,
             attempts=attempt.attempts,
             duration_s=time.perf_counter() - attempt.started,
-            manifest=self._manifest(done.worker),
+            manifest=self._manifest(done.worker, self._image(attempt)),
         )
         if self.journal and done.session_id:
             from farm.streams import mime_stream
@@ -284,7 +310,7 @@ class MapRun:
             )
         return record
 
-    def _manifest(self, worker_id: str) -> dict[str, Any]:
+    def _manifest(self, worker_id: str, image: str) -> dict[str, Any]:
         import farm
 
         worker = self.workers.get(worker_id)
@@ -296,8 +322,10 @@ class MapRun:
         return {
             "farm_version": farm.__version__,
             "worker": worker_id,
-            "image": self.image,
+            "image": image,
+            "image_ref": sandbox.get("image"),
             "image_digest": sandbox.get("image_digest"),
+            "image_spec": sandbox.get("image_spec"),
             "backend": sandbox.get("backend"),
             "limits": sandbox.get("limits"),
         }

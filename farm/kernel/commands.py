@@ -87,11 +87,11 @@ class CommandRun:
         timed_out = False
         try:
             await asyncio.wait_for(self.exited.wait(), timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             timed_out = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)  # the whole tree it started in its group
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.exited.wait(), KILL_WAIT_S)
         finally:
             feeding.cancel()

@@ -168,7 +168,7 @@ class SessionManager:
             frame = {"type": "file", **{k: v for k, v in request.items() if k != "type"}}
             try:
                 reply = await session.proc.exchange(frame, FILE_TIMEOUT_S)
-            except (TimeoutError, FrameError, ConnectionError, OSError):
+            except (asyncio.TimeoutError, FrameError, ConnectionError, OSError):
                 reply = None
             if reply is None:
                 raise RequestError(

@@ -18,7 +18,7 @@ Three conversations, from the outside in:
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 # Why a run failed: the one place the kinds are written (``farm.models.ErrorKind`` mirrors them).
 Kind = Literal[
@@ -157,10 +157,13 @@ class Pong(TypedDict):
     box_limits: BoxLimits
 
 
-class OpenSession(TypedDict):
+class _OpenSessionRequired(TypedDict):
     type: Literal["open_session"]
-    tools: NotRequired[bool]
-    limits: NotRequired[BoxLimits]
+
+
+class OpenSession(_OpenSessionRequired, total=False):
+    tools: bool
+    limits: BoxLimits
 
 
 class SessionOpened(TypedDict):
@@ -169,16 +172,19 @@ class SessionOpened(TypedDict):
     epoch: int
 
 
-class Execute(TypedDict):
+class _ExecuteRequired(TypedDict):
     type: Literal["execute"]
     session_id: str
     epoch: int
     code: str
     timeout_s: float
     exec_id: str
-    max_output_bytes: NotRequired[int]
-    events: NotRequired[bool]
-    calls: NotRequired[list[str]]
+
+
+class Execute(_ExecuteRequired, total=False):
+    max_output_bytes: int
+    events: bool
+    calls: list[str]
 
 
 class EventFrame(TypedDict):
@@ -187,15 +193,18 @@ class EventFrame(TypedDict):
     event: CellEvent
 
 
-class Answer(TypedDict):
-    """The host's answer to a ``call`` event (``ok`` with ``value``, or ``error``)."""
-
+class _AnswerRequired(TypedDict):
     type: Literal["answer"]
     session_id: str
     id: int
     ok: bool
-    value: NotRequired[Any]
-    error: NotRequired[CallError]
+
+
+class Answer(_AnswerRequired, total=False):
+    """The host's answer to a ``call`` event (``ok`` with ``value``, or ``error``)."""
+
+    value: Any
+    error: CallError
 
 
 class ExecReply(TypedDict):
@@ -213,19 +222,22 @@ class SessionClosed(TypedDict):
     session_id: str
 
 
-class Command(TypedDict):
-    """Run ``argv`` in the session's box (``commands``); stdin inline (base64) or staged."""
-
+class _CommandRequired(TypedDict):
     type: Literal["command"]
     session_id: str
     exec_id: str
     argv: list[str]
     timeout_s: float
-    stdin: NotRequired[str]
-    stdin_path: NotRequired[str]
-    cwd: NotRequired[str]
-    env: NotRequired[dict[str, str]]
-    max_output_bytes: NotRequired[int]
+
+
+class Command(_CommandRequired, total=False):
+    """Run ``argv`` in the session's box (``commands``); stdin inline (base64) or staged."""
+
+    stdin: str
+    stdin_path: str
+    cwd: str
+    env: dict[str, str]
+    max_output_bytes: int
 
 
 class CommandOutcome(TypedDict):
@@ -258,19 +270,22 @@ class FileError(TypedDict):
     path: str
 
 
-class FileRequest(TypedDict):
-    """One file operation (``fileops``): chunks of ``data`` (base64) written at ``offset``,
-    ``length`` bytes read from ``offset``; ``scope`` "workspace" (confined) or "box"."""
-
+class _FileRequestRequired(TypedDict):
     type: Literal["file"]
     session_id: str
     op: FileOp
     path: str
-    scope: NotRequired[Literal["workspace", "box"]]
-    offset: NotRequired[int]
-    length: NotRequired[int]
-    data: NotRequired[str]
-    source: NotRequired[str]
+
+
+class FileRequest(_FileRequestRequired, total=False):
+    """One file operation (``fileops``): chunks of ``data`` (base64) written at ``offset``,
+    ``length`` bytes read from ``offset``; ``scope`` "workspace" (confined) or "box"."""
+
+    scope: Literal["workspace", "box"]
+    offset: int
+    length: int
+    data: str
+    source: str
 
 
 class FileReply(TypedDict):
@@ -333,28 +348,37 @@ class Ack(TypedDict):
     type: Literal["ack"]
 
 
-class CallFrame(TypedDict):
+class _CallFrameRequired(TypedDict):
     type: Literal["call"]
     name: str
     args: list[Any]
     kwargs: dict[str, Any]
-    batch: NotRequired[bool]
 
 
-class CallAnswer(TypedDict):
-    """The supervisor's answer to a ``call``; ``interrupt``: the cell timed out meanwhile."""
+class CallFrame(_CallFrameRequired, total=False):
+    batch: bool
 
+
+class _CallAnswerRequired(TypedDict):
     type: Literal["answer"]
     ok: bool
-    value: NotRequired[Any]
-    error: NotRequired[CallError]
-    interrupt: NotRequired[bool]
 
 
-class FileDone(TypedDict):
+class CallAnswer(_CallAnswerRequired, total=False):
+    """The supervisor's answer to a ``call``; ``interrupt``: the cell timed out meanwhile."""
+
+    value: Any
+    error: CallError
+    interrupt: bool
+
+
+class _FileDoneRequired(TypedDict):
     type: Literal["file_done"]
-    result: NotRequired[Any]
-    error: NotRequired[FileError]
+
+
+class FileDone(_FileDoneRequired, total=False):
+    result: Any
+    error: FileError
 
 
 SESSION_FRAMES: dict[str, type] = {
@@ -391,25 +415,31 @@ class SessionConfig(TypedDict):
     box: BoxInfo
 
 
-class ZygoteRequest(TypedDict):
+class _ZygoteRequestRequired(TypedDict):
+    op: Literal["spawn", "reset"]
+
+
+class ZygoteRequest(_ZygoteRequestRequired, total=False):
     """``spawn`` (``session``) or ``reset`` (``id``, ``box``, ``remove``: also its files,
     ``pgid``)."""
 
-    op: Literal["spawn", "reset"]
-    session: NotRequired[SessionConfig]
-    box: NotRequired[BoxInfo]
-    id: NotRequired[int]
-    remove: NotRequired[bool]
-    pgid: NotRequired[int | None]
+    session: SessionConfig
+    box: BoxInfo
+    id: int
+    remove: bool
+    pgid: int | None
 
 
-class ZygoteReport(TypedDict):
+class _ZygoteReportRequired(TypedDict):
+    op: Literal["spawned", "exited", "reset_done"]
+
+
+class ZygoteReport(_ZygoteReportRequired, total=False):
     """``spawned`` (its fds travel with it), ``exited`` (``code`` or ``signal``) or
     ``reset_done`` (``id``, ``ok``)."""
 
-    op: Literal["spawned", "exited", "reset_done"]
-    pid: NotRequired[int]
-    code: NotRequired[int | None]
-    signal: NotRequired[int]
-    id: NotRequired[int]
-    ok: NotRequired[bool]
+    pid: int
+    code: int | None
+    signal: int
+    id: int
+    ok: bool

@@ -67,7 +67,11 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
                     "one process must own the sandbox and every session on it"
                 )
             started = Worker(settings)
-            started.start()
+            try:
+                started.start()
+            except FarmError as exc:  # no sandbox at all (a bad image): say so and stop, now
+                log.error("farm worker %s cannot start: %s", started.id, exc)
+                raise SystemExit(f"farm worker cannot start its sandbox: {exc}") from exc
             state["worker"] = started
             for queue in started.queues:
                 instance.app.amqp.queues.select_add(queue)

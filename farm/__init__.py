@@ -16,6 +16,9 @@ _LAZY = {
     "AsyncFarm": "farm.client",
     "AsyncSession": "farm.client",
     "ExecResult": "farm.models",
+    "BatchItem": "farm.models.batch",
+    "BatchRecord": "farm.models.batch",
+    "BoxLimits": "farm.models",
     "replay": "farm.client",
 }
 

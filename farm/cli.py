@@ -19,6 +19,7 @@ from rich.table import Table
 
 from farm.client import Farm
 from farm.errors import BrokerUnavailable, FarmError, LocalFarmError
+from farm.image_commands import image_app
 from farm.models import ExecResult
 from farm.settings import FarmSettings
 
@@ -27,14 +28,13 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-image_app = typer.Typer(help="Sandbox images.", no_args_is_help=True)
 app.add_typer(image_app, name="image")
 console = Console()
 err = Console(stderr=True)
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     raise typer.Exit(code)
 
 
@@ -154,7 +154,9 @@ def _render(result: ExecResult) -> None:
 def sweep(
     input_path: Annotated[Path, typer.Argument(help="JSONL: {id, code} or {id, cells}")],
     output: Path = typer.Option(..., "-o", "--output", help="JSONL results"),
-    concurrency: int = typer.Option(8, help="items in flight"),
+    concurrency: int | None = typer.Option(
+        None, help="items in flight (default: the capacity of the image's workers)"
+    ),
     timeout: float = typer.Option(30.0, help="seconds per cell (an item may override)"),
     resume: bool = typer.Option(False, help="skip ids already in the output"),
     retries: int = typer.Option(2, help="retries of infrastructure failures"),
@@ -267,35 +269,22 @@ def ui(
 
 
 @app.command()
-def worker() -> None:
-    """Start one worker (configured by FARM_* variables) in the foreground."""
-    from farm.worker.__main__ import main
-
-    main([])
-
-
-@image_app.command("build")
-def image_build(
-    force: bool = typer.Option(False, help="rebuild even when current"),
-    tag: str = typer.Option("farm-sandbox:default"),
-    extra_pip: str = typer.Option("", help="extra pip packages for a variant"),
-    variant: str = typer.Option(
-        "", help="build a variant image instead: docs | browser (farm-sandbox:NAME)"
+def worker(
+    image: str | None = typer.Option(
+        None,
+        "--image",
+        help="the image it serves: a farm image (default, docs, a built one) or any image "
+        "reference with python3 >= 3.9 (FARM_IMAGE)",
     ),
 ) -> None:
-    """Build the sandbox image (offline base when no registry answers); idempotent."""
-    from farm.errors import DockerUnavailable, ImageBuildError
-    from farm.sandbox.images import ensure_sandbox_image
-    from farm.sandbox.variants import ensure_variant_image
+    """Start one worker (configured by FARM_* variables) in the foreground."""
+    import os
 
-    try:
-        if variant:
-            built = ensure_variant_image(variant, force=force)
-        else:
-            built = ensure_sandbox_image(tag=tag, force=force, extra_pip=extra_pip)
-    except (DockerUnavailable, ImageBuildError) as exc:
-        _fail(str(exc))
-    console.print(f"{built.tag} {built.image_id[:19]} {'built' if built.built else 'up to date'}")
+    from farm.worker.__main__ import main
+
+    if image:
+        os.environ["FARM_IMAGE"] = image  # read by FarmSettings like every FARM_* setting
+    main([])
 
 
 @app.command()

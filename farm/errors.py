@@ -87,7 +87,15 @@ class DockerUnavailable(SandboxUnavailable):
 
 class ImageBuildError(FarmError):
     """A sandbox image (or the wheels it installs) could not be built; the message says which
-    step failed and carries the build's last lines."""
+    step failed and carries the build's last lines. ``image`` is the tag being built and
+    ``package`` the pip requirement or Debian package that failed, when one did."""
+
+    def __init__(
+        self, message: str, *, image: str | None = None, package: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.image = image
+        self.package = package
 
 
 class LocalFarmError(FarmError):
@@ -100,7 +108,14 @@ class InvalidRequest(FarmError, ValueError):
 
 
 class FileOperationError(FarmError):
-    """A ``session.files`` operation was refused (outside the workspace, too big, missing)."""
+    """A ``session.files`` operation was refused (outside the workspace, too big, missing);
+    ``errno``, ``path`` and ``ename`` (the OS's exception name) say how."""
+
+    def __init__(self, message: str, *, errno: int = 0, path: str = "", ename: str = "") -> None:
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
+        self.ename = ename
 
 
 class WorkerFailed(FarmError):

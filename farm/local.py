@@ -26,6 +26,7 @@ from farm.errors import LocalFarmError, SandboxUnavailable
 from farm.processes import die_with_parent, pid_alive
 from farm.redis_server import RedisServer, ServerTLS, write_private
 from farm.registry import Registry
+from farm.sandbox.factory import is_reference
 from farm.settings import FarmSettings
 
 log = logging.getLogger(__name__)
@@ -166,12 +167,14 @@ class LocalFarm:
     def serve_image(self, image: str) -> str:
         """Start a worker for ``image`` on demand; returns its id.
 
-        ``default`` and the variants farm defines (``docs``, ``browser``:
-        ``farm.sandbox.variants``) are built when missing or stale; any other image must exist
-        already (``farm image build --tag farm-sandbox:NAME``): farm cannot guess its contents.
-        A live worker of ours that serves ``image`` but is not registered (starting, or the
-        broker lost its registration) is waited for instead: concurrent callers and a broker
-        restart must not multiply workers.
+        ``default`` and the variants farm defines (``docs``, ``browser``) are built when
+        missing or stale; an environment built with ``farm image build NAME`` is rebuilt from
+        the spec its image recorded when the kernel changed since, and its worker gets the
+        spec's sandbox limits (where no ``FARM_SANDBOX_*`` setting says otherwise). Any other
+        name must be an image already (``farm-sandbox:NAME``): farm cannot guess its contents,
+        and says so (``SandboxUnavailable``). A live worker of ours that serves ``image`` but
+        is not registered (starting, or the broker lost its registration) is waited for
+        instead: concurrent callers and a broker restart must not multiply workers.
         """
         with self._serving:
             running = [
@@ -185,31 +188,23 @@ class LocalFarm:
             return self._start_for(image)
 
     def _start_for(self, image: str) -> str:
-        if self.backend != "process":
-            from farm.sandbox.images import ensure_sandbox_image
-            from farm.sandbox.variants import VARIANTS, ensure_variant_image
+        limits: dict[str, str] = {}
+        if self.backend != "process" and is_reference(image):
+            _require_local_image(image)  # any image with python3: served as it is
+        elif self.backend != "process":
+            from farm.sandbox.catalog import prepare_served_image
+            from farm.settings import SandboxLimits
 
-            tag = f"farm-sandbox:{image}"
-            if image == "default":
-                log.info("building %s for an on-demand worker", tag)
-                ensure_sandbox_image(tag=tag)
-            elif image in VARIANTS:
-                log.info("building %s (if stale) for an on-demand worker", tag)
-                ensure_variant_image(image)
-            else:
-                import docker
-
-                client = docker.from_env()
-                try:
-                    client.images.get(tag)
-                except docker.errors.ImageNotFound:
-                    raise SandboxUnavailable(
-                        f"no worker serves image {image!r} and there is no image {tag}; "
-                        f"build it with `farm image build --tag {tag}`"
-                    ) from None
-                finally:
-                    client.close()
-        worker_id = self.add_worker(image)
+            log.info("preparing farm-sandbox:%s (built if missing or stale) for a worker", image)
+            spec = prepare_served_image(image)
+            if spec is not None:
+                explicit = {f"FARM_SANDBOX_{k.upper()}" for k in SandboxLimits().model_fields_set}
+                limits = {
+                    key: value
+                    for key, value in spec.limits.settings_env().items()
+                    if key not in explicit and key not in self.extra_env
+                }
+        worker_id = self.add_worker(image, **limits)
         self.wait_ready([worker_id])
         return worker_id
 
@@ -253,6 +248,21 @@ class LocalFarm:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _require_local_image(image: str) -> None:
+    """Fail fast, saying so, when Docker does not have ``image`` (never a start that hangs)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise SandboxUnavailable(
+            f"no worker serves image {image!r} and Docker has no such image; pull or build it"
+        ) from None
+    finally:
+        client.close()
 
 
 def serve(workers: int, backend: str, state_file: Path) -> None:

@@ -184,6 +184,11 @@ class Registry:
             return None
         return self.exec_record(exec_id) or record
 
+    def claim_chunk(self, chunk_id: str, worker_id: str, generation: int) -> bool:
+        """Claim a batch chunk for this worker (False: claimed, or abandoned, before)."""
+        record = {"state": "running", "worker": worker_id, "generation": generation}
+        return self._record_first(chunk_id, record)
+
     def abandon(self, exec_id: str) -> bool:
         """Claim ``exec_id`` for nobody, so that no worker ever runs it; False when a worker
         claimed it first (then it runs, or ran, there)."""
@@ -212,6 +217,16 @@ class Registry:
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")
         return json.loads(raw) if raw else None
+
+
+def cancel_key(map_id: str) -> str:
+    """Set by a client that stopped reading a map: its workers start nothing more of it."""
+    return f"{PREFIX}map:{map_id}:cancel"
+
+
+def results_key(map_id: str) -> str:
+    """The list a map's workers push each item's result to, as it ends."""
+    return f"{PREFIX}map:{map_id}:results"
 
 
 def _read_mark(pipe: Any) -> None:

@@ -23,25 +23,43 @@ class SandboxLimits(BaseSettings):
 
     memory_mb: int = Field(512, ge=64, description="--memory and --memory-swap")
     cpus: float = Field(1.0, gt=0, description="--cpus")
-    pids: int = Field(128, ge=16, description="--pids-limit")
+    pids: int = Field(512, ge=16, description="--pids-limit (each box has its own share)")
     nofile: int = Field(1024, ge=64, description="ulimit nofile")
     fsize_mb: int = Field(256, ge=1, description="ulimit fsize: largest file a process writes")
     tmp_mb: int = Field(64, ge=1, description="size of the /tmp tmpfs")
     workspace_mb: int = Field(256, ge=1, description="size of the /workspace tmpfs")
     network: str = Field("none", description="docker network mode; 'none' = no network at all")
     read_only: bool = True
-    user: str = "10001:10001"
     runtime: str | None = Field(None, description="e.g. 'runsc' for gVisor")
     grace_s: float = Field(2.0, gt=0, description="interrupt-to-kill grace period of the kernel")
 
 
-# Limits that differ by image, applied where no FARM_SANDBOX_* variable says otherwise. The
-# browser runs Chromium and Playwright's node driver in the sandbox: about 300-600 MiB and a
-# hundred threads for a few pages, Chromium's shared memory in /tmp (--disable-dev-shm-usage).
-# The default image keeps the defaults above.
+class BoxSettings(BaseSettings):
+    """Default limits of each session's box (a uid of its own in a docker sandbox): a session or
+    sweep item may ask for others (``limits=``) within its sandbox's caps (``SandboxLimits``).
+    They keep one session from starving its neighbours in the same sandbox."""
+
+    model_config = SettingsConfigDict(env_prefix="FARM_BOX_", extra="ignore")
+
+    memory_mb: int = Field(
+        256, ge=16, description="data of each process (RLIMIT_DATA): more raises MemoryError"
+    )
+    pids: int = Field(64, ge=4, description="processes and threads of a box (RLIMIT_NPROC)")
+    fsize_mb: int | None = Field(None, ge=1, description="largest file (default: the sandbox's)")
+    nofile: int = Field(512, ge=16, description="open files of each process")
+
+
+# Limits that differ by image, applied where no FARM_SANDBOX_* (or FARM_BOX_*) variable says
+# otherwise. The browser runs Chromium and Playwright's node driver in the sandbox: about
+# 300-600 MiB and a hundred threads for a few pages, Chromium's shared memory in /tmp
+# (--disable-dev-shm-usage). The default image keeps the defaults above.
 IMAGE_LIMITS: dict[str, dict[str, Any]] = {
     "browser": {"memory_mb": 2048, "pids": 512, "tmp_mb": 512, "nofile": 4096},
     "docs": {"memory_mb": 1024},
+}
+IMAGE_BOX_LIMITS: dict[str, dict[str, Any]] = {
+    "browser": {"memory_mb": 1536, "pids": 256, "nofile": 2048},
+    "docs": {"memory_mb": 768},
 }
 
 
@@ -72,7 +90,12 @@ class FarmSettings(BaseSettings):
     metrics_port: int = Field(0, description="worker metrics/health HTTP port (0: any free)")
     metrics_host: str = "127.0.0.1"
     worker_id: str | None = Field(None, description="stable worker id (default: host-pid)")
-    concurrency: int = Field(8, ge=1, description="calls a worker runs at once (threads)")
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="calls a worker runs at once (threads; default max_sessions + 8, so that "
+        "every session can have a call waiting and opens still get through)",
+    )
     max_sessions: int = Field(32, ge=1, description="sessions one worker holds at most")
     idle_timeout_s: float = Field(1800.0, gt=0, description="idle sessions expire after this")
     heartbeat_interval_s: float = Field(1.0, gt=0)
@@ -85,6 +108,7 @@ class FarmSettings(BaseSettings):
         Path.home() / ".farm" / "local.json", description="where `farm up` records its farm"
     )
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
+    box: BoxSettings = Field(default_factory=BoxSettings)
     journal_max_events: int = Field(
         10000, ge=10, description="events a session's journal keeps (oldest trimmed first)"
     )
@@ -137,11 +161,20 @@ class FarmSettings(BaseSettings):
         options.update({key: str(path) for key, path in files.items() if path is not None})
         return options
 
+    @property
+    def worker_threads(self) -> int:
+        return self.concurrency or self.max_sessions + 8
+
     @model_validator(mode="after")
     def _image_limits(self) -> FarmSettings:
-        """Give the served image its own limits (IMAGE_LIMITS) unless explicitly set."""
+        """Give the served image its own limits (IMAGE_LIMITS, IMAGE_BOX_LIMITS) unless
+        explicitly set."""
         wanted = IMAGE_LIMITS.get(self.image, {})
         update = {k: v for k, v in wanted.items() if k not in self.limits.model_fields_set}
         if update:
             self.limits = self.limits.model_copy(update=update)
+        wanted = IMAGE_BOX_LIMITS.get(self.image, {})
+        update = {k: v for k, v in wanted.items() if k not in self.box.model_fields_set}
+        if update:
+            self.box = self.box.model_copy(update=update)
         return self

@@ -1,14 +1,18 @@
 """Resumable JSONL sweeps: thousands of snippets through a farm, one output line per id.
 
-Input lines: ``{"id": ..., "code": "..."}`` or ``{"id": ..., "cells": ["...", ...]}`` (cells run
-in one session, in order, stopping at the first failure), optional ``timeout_s``, ``setup``
-(a cell run first) and ``files`` (``{"path": "text"}`` written to the workspace first). Invariants:
+A thin front over ``Farm.map`` (``farm.client.mapping``), which runs every item in a box of its
+own, in chunks: this reads the input, skips what a ``--resume`` finds done and what the cache
+holds, and appends each record as it comes. Input lines are ``BatchItem``s: ``{"id": ...,
+"code": "..."}`` or ``{"id": ..., "cells": ["...", ...]}`` (cells run in one session, in order,
+stopping at the first failure), optional ``timeout_s``, ``setup`` (a cell run first), ``files``
+(``{"path": "text"}`` written to the workspace first) and ``limits`` (the item's box). Invariants:
 - every input id appears in the output exactly once; a malformed line becomes an error line
   and the sweep goes on; duplicate ids are refused before anything runs;
 - an output line is written whole and flushed as soon as its item ends, so an interrupted
   sweep leaves a valid file that ``resume`` continues;
 - only infrastructure failures (``sandbox_lost``, ``infra``) are retried; user failures,
-  timeouts and OOMs are results.
+  timeouts and OOMs are results; an outage of the broker stops the sweep, the items it kept
+  from being sent get no line (``--resume`` runs them).
 """
 
 from __future__ import annotations
@@ -18,66 +22,22 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError
 
-import farm
 from farm.client import Farm
-from farm.errors import (
-    BrokerUnavailable,
-    FarmError,
-    FileOperationError,
-    InvalidRequest,
-    SessionLost,
-    StateLost,
-)
-from farm.models import ErrorKind, ExecResult
-from farm.streams import mime_stream
+from farm.errors import BrokerUnavailable, InvalidRequest
+from farm.models import ErrorKind
+from farm.models.batch import BatchItem, BatchRecord
 
+# A sweep line and its output line are the map's items and records.
+SweepItem = BatchItem
+SweepRecord = BatchRecord
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
-
-
-class SweepItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    id: str | int
-    code: str | None = None
-    cells: list[str] | None = None
-    setup: str | None = None
-    timeout_s: float | None = Field(None, gt=0)
-    files: dict[str, str] | None = Field(None, description="workspace path -> text content")
-
-    @model_validator(mode="after")
-    def _one_body(self) -> SweepItem:
-        if (self.code is None) == (self.cells is None):
-            raise ValueError("give exactly one of 'code' or 'cells'")
-        return self
-
-    def all_cells(self) -> list[str]:
-        body = self.cells if self.cells is not None else [self.code or ""]
-        return ([self.setup] if self.setup else []) + body
-
-
-class SweepRecord(BaseModel):
-    """One output line."""
-
-    id: str | int
-    status: str  # ok | error
-    kind: str | None = None
-    message: str | None = None
-    cells: list[ExecResult] = Field(default_factory=list)
-    attempts: int = 0
-    duration_s: float = 0.0
-    cached: bool = False
-    manifest: dict[str, Any] = Field(default_factory=dict)
-    journal: list[dict[str, Any]] | None = Field(
-        None, description="with --journal: the item's session journal as mime_stream dicts"
-    )
 
 
 class SweepSummary(BaseModel):
@@ -163,7 +123,7 @@ class Sweep:
         self,
         farm_: Farm,
         *,
-        concurrency: int = 8,
+        concurrency: int | None = None,
         timeout_s: float = 30.0,
         retries: int = 2,
         image: str = "default",
@@ -182,7 +142,6 @@ class Sweep:
         self.on_record = on_record
         self.on_start = on_start
         self._lock = threading.Lock()
-        self._stop = threading.Event()
         self._workers: dict[str, dict[str, Any]] = {}
         self._halt: BrokerUnavailable | None = None  # the outage that stopped the sweep
 
@@ -220,114 +179,40 @@ class Sweep:
         if self.on_record is not None:
             self.on_record(record)
 
-    def _execute(self, items: list[SweepItem]) -> Iterator[SweepRecord]:
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="farm-sweep")
-        pending: set[Future[SweepRecord | None]] = set()
-        queue = iter(items)
-        try:
-            for item in queue:
-                pending.add(pool.submit(self.run_item, item))
-                if len(pending) >= self.concurrency * 2:
-                    break
-            while pending:
-                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                for future in done:
-                    record = future.result()
-                    if record is not None:
-                        yield record
-                    nxt = None if self._stop.is_set() else next(queue, None)
-                    if nxt is not None:
-                        pending.add(pool.submit(self.run_item, nxt))
-        finally:
-            self._stop.set()
-            pool.shutdown(wait=False, cancel_futures=True)
+    def _execute(self, items: Iterable[SweepItem]) -> Iterator[SweepRecord]:
+        """Cached items' records, then the map's, each stored in the cache when final."""
+        keys: dict[str, str | None] = {}  # in flight: id -> cache key
+        hits: list[SweepRecord] = []
 
-    def run_item(self, item: SweepItem) -> SweepRecord | None:
-        """The item's record; ``None`` when the broker stopped the sweep before it ran."""
-        key = self._cache_key(item)
-        cached = self._cache_get(key)
-        if cached is not None:
-            return cached.model_copy(update={"id": item.id, "cached": True})
-        t0 = time.perf_counter()
-        record = SweepRecord(id=item.id, status="error")
-        for attempt in range(1, self.retries + 2):
-            sessions: list[str] = []
-            attempted = self._attempt(item, sessions)
-            if attempted is None:
-                return None
-            record = attempted
-            record.attempts = attempt
-            if self.journal and sessions and self._halt is None:
-                record.journal = list(mime_stream(self.farm.replay(sessions[-1])))
-            if record.kind not in RETRYABLE or self._stop.is_set():
-                break
-        record.duration_s = time.perf_counter() - t0
-        if record.kind not in RETRYABLE:
-            self._cache_put(key, record)
-        return record
+        def uncached() -> Iterator[SweepItem]:
+            for item in items:
+                key = self._cache_key(item)
+                cached = self._cache_get(key)
+                if cached is not None:
+                    hits.append(cached.model_copy(update={"id": item.id, "cached": True}))
+                    continue
+                keys[str(item.id)] = key
+                yield item
 
-    def _attempt(self, item: SweepItem, sessions: list[str]) -> SweepRecord | None:
-        """One try at an item; the session it opens is added to ``sessions``. An outage of
-        the broker longer than the farm waits out stops the sweep: an item it kept from being
-        sent gets no record (``--resume`` runs it), one that may have run an ``infra`` one."""
-        timeout = item.timeout_s or self.timeout_s
-        cells = item.all_cells()
-        results: list[ExecResult] = []
-        try:
-            if len(cells) == 1 and not item.files:  # a one-shot run: one round trip, not three
-                results.append(self.farm.run(cells[0], image=self.image, timeout_s=timeout))
-                sessions.extend([results[0].session_id] if results[0].session_id else [])
-                manifest = self._manifest(results[0].worker)
-            else:
-                with self.farm.session(self.image, timeout_s=timeout) as session:
-                    sessions.append(session.id)
-                    for path, content in (item.files or {}).items():
-                        session.files.write(path, content)
-                    for code in cells:
-                        results.append(session.run(code, timeout))
-                        if not results[-1].ok:
-                            break
-                    manifest = self._manifest(session.worker)
-        except StateLost as exc:
-            results.append(exc.result)
-            manifest = self._manifest(exc.result.worker)
-        except SessionLost as exc:
-            return _failed(item, ErrorKind.SANDBOX_LOST.value, str(exc), results)
-        except FileOperationError as exc:  # the item's files are bad input, never retried
-            return _failed(item, "input", str(exc), results)
-        except FarmError as exc:
-            if isinstance(exc, BrokerUnavailable):
-                self._halt = exc
-                self._stop.set()
-                if not exc.sent:
-                    return None
-            return _failed(item, ErrorKind.INFRA.value, f"{type(exc).__name__}: {exc}", results)
-        last = results[-1] if results else None
-        failed = last is not None and not last.ok
-        return SweepRecord(
-            id=item.id,
-            status="error" if failed else "ok",
-            kind=last.kind.value if failed and last and last.kind else None,
-            message=f"{last.error.ename}: {last.error.evalue}"[:2000]
-            if failed and last and last.error
-            else None,
-            cells=results,
-            manifest=manifest,
+        run = self.farm.map(
+            uncached(),
+            image=self.image,
+            concurrency=self.concurrency,
+            timeout_s=self.timeout_s,
+            retries=self.retries,
+            ordered=False,
+            journal=self.journal,
         )
-
-    def _manifest(self, worker_id: str | None) -> dict[str, Any]:
-        worker = self._workers.get(str(worker_id))
-        if worker is None and worker_id:  # started after the sweep did; the broker may be down
-            worker = self.farm.broker.quietly(lambda: self.farm.registry.worker(str(worker_id)))
-        sandbox = (worker or {}).get("sandbox") or {}
-        return {
-            "farm_version": farm.__version__,
-            "worker": worker_id,
-            "image": self.image,
-            "image_digest": sandbox.get("image_digest"),
-            "backend": sandbox.get("backend"),
-            "limits": sandbox.get("limits"),
-        }
+        try:
+            with run:
+                for record in run:
+                    yield from _drain(hits)
+                    self._cache_put(keys.pop(str(record.id), None), record)
+                    yield record
+                yield from _drain(hits)
+        except BrokerUnavailable as exc:
+            self._halt = exc
+        yield from _drain(hits)
 
     # --- cache ----------------------------------------------------------------------------
 
@@ -337,14 +222,17 @@ class Sweep:
         report it (digest and limits); a change to any of them misses the cache."""
         if self.cache_dir is None:
             return None
+        image = item.image or self.image
         served = [
-            (w.get("sandbox") or {}) for w in self._workers.values() if w.get("image") == self.image
+            (w.get("sandbox") or {}) for w in self._workers.values() if w.get("image") == image
         ]
         basis = {
             "cells": item.all_cells(),
+            "cmd": item.cmd,
             "files": item.files or {},
             "timeout_s": item.timeout_s or self.timeout_s,
-            "image": self.image,
+            "box": item.limits.model_dump() if item.limits else None,
+            "image": image,
             "digests": sorted({str(sandbox.get("image_digest")) for sandbox in served}),
             "limits": sorted(
                 {json.dumps(sandbox.get("limits"), sort_keys=True) for sandbox in served}
@@ -362,7 +250,7 @@ class Sweep:
             return None
 
     def _cache_put(self, key: str | None, record: SweepRecord) -> None:
-        if key is None or self.cache_dir is None:
+        if key is None or self.cache_dir is None or record.kind in RETRYABLE:
             return
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.cache_dir / f".{key}.{threading.get_ident()}"
@@ -370,5 +258,6 @@ class Sweep:
         tmp.replace(self.cache_dir / f"{key}.json")
 
 
-def _failed(item: SweepItem, kind: str, message: str, cells: list[ExecResult]) -> SweepRecord:
-    return SweepRecord(id=item.id, status="error", kind=kind, message=message, cells=cells)
+def _drain(records: list[SweepRecord]) -> Iterator[SweepRecord]:
+    while records:
+        yield records.pop(0)

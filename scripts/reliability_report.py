@@ -34,6 +34,7 @@ MODULES = {
     "tests/test_reliability_adversarial.py": "adversarial code",
     "tests/test_reliability_protocol.py": "protocol abuse",
     "tests/test_reliability_chaos.py": "chaos",
+    "tests/test_cotenancy.py": "co-tenancy",
 }
 GENERIC_TESTS = {"test_hostile_code_gets_its_kind_and_harms_no_one_else"}
 OUT_DIR = REPO / "out" / "reliability"

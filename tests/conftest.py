@@ -179,7 +179,7 @@ def inproc_worker(broker_url: str) -> Iterator[tuple[Any, Any]]:
             start_worker(
                 make_worker_app(settings, worker=worker),
                 pool="threads",
-                concurrency=settings.concurrency,
+                concurrency=settings.worker_threads,
                 perform_ping_check=False,
                 queues=worker.queues,
                 loglevel="WARNING",

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from farm.client import AsyncFarm, Farm
 from farm.errors import SandboxUnavailable
 from farm.sweep import Sweep, plan_sweep, read_items
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 FARM = [str(Path(sys.executable).parent / "farm")]
@@ -90,17 +90,11 @@ def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Pat
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if out.exists() and len(out.read_text().splitlines()) >= 5:
-            break
-        time.sleep(0.1)  # poll interval while the sweep makes progress
+    assert wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 5, 120, 0.1)
     os.killpg(sweep.pid, signal.SIGKILL)  # the harshest interruption: no cleanup at all
     sweep.wait(30)
-    deadline = time.monotonic() + 60
-    while _local_owners(docker_env) - before and time.monotonic() < deadline:
-        time.sleep(0.2)  # its orphaned workers shut down and remove their sandboxes
-    assert not _local_owners(docker_env) - before
+    # its orphaned workers shut down and remove their sandboxes
+    assert wait_for(lambda: not _local_owners(docker_env) - before, 60, 0.2)
     (left_behind,) = set(Path(tempfile.gettempdir()).glob("farm-local-*")) - dirs_before
     gc = cli("gc", env=env)
     assert gc.returncode == 0, gc.stderr
@@ -255,7 +249,9 @@ def test_async_twins_run_sessions_concurrently(farm: Farm) -> None:
 
 
 def test_a_local_farm_starts_a_worker_for_a_new_image_on_demand(docker_env: Any) -> None:
-    docker_env.images.get("farm-sandbox:default").tag("farm-sandbox", "pytest-extra")
+    from farm.sandbox.images import own_sandbox_tag
+
+    docker_env.images.get(own_sandbox_tag()).tag("farm-sandbox", "pytest-extra")  # this kernel
     try:
         with Farm.local(images={"default": 1}) as farm:
             assert {w["image"] for w in farm.workers()} == {"default"}
@@ -269,7 +265,7 @@ def test_a_local_farm_starts_a_worker_for_a_new_image_on_demand(docker_env: Any)
         docker_env.images.remove("farm-sandbox:pytest-extra")
 
 
-def test_image_build_names_the_known_variants_when_given_another() -> None:
-    proc = cli("image", "build", "--variant", "nope", env=dict(os.environ))
-    assert proc.returncode == 1
-    assert "unknown sandbox variant 'nope'" in proc.stderr and "docs" in proc.stderr
+def test_image_build_of_an_unknown_name_without_packages_names_farms_images() -> None:
+    proc = cli("image", "build", "nope", env=dict(os.environ))
+    assert proc.returncode == 2
+    assert "nothing to build for 'nope'" in proc.stderr and "docs" in proc.stderr

@@ -9,8 +9,9 @@ import pytest
 
 from farm.client import Farm
 from farm.errors import BadInput, StateLost
+from farm.kernel.framing import DEFAULT_MAX_FRAME
 
-BIG = 17 * 1024 * 1024  # over the kernel's 16 MiB frame
+BIG = DEFAULT_MAX_FRAME + 1024 * 1024  # over the kernel's frame (64 MiB)
 
 
 def test_a_cell_too_large_for_a_frame_is_bad_input_and_the_session_lives(
@@ -21,7 +22,7 @@ def test_a_cell_too_large_for_a_frame_is_bad_input_and_the_session_lives(
         result = s.run("x = '" + "a" * BIG + "'")
         assert result.kind == "input" and result.error is not None
         assert (
-            str(16 * 1024 * 1024) in result.error.evalue
+            str(DEFAULT_MAX_FRAME) in result.error.evalue
             and "nothing was run" in result.error.evalue
         )
         assert not result.state_lost
@@ -39,10 +40,10 @@ def test_a_one_shot_run_too_large_is_bad_input_and_not_retried(inproc_farm: Farm
 def test_output_that_escapes_past_a_frame_is_cut_to_fit_and_the_session_lives(
     inproc_farm: Farm,
 ) -> None:
-    with inproc_farm.session() as s:  # 3 MiB of control bytes: 18 MiB of JSON escapes
+    with inproc_farm.session() as s:  # 12 MiB of control bytes: 72 MiB of JSON escapes
         result = s.run(
-            "import os\nos.write(1, bytes([1]) * (3 << 20))\n'done'",
-            max_output_bytes=4 << 20,
+            "import os\nos.write(1, bytes([1]) * (12 << 20))\n'done'",
+            max_output_bytes=16 << 20,
         )
         assert result.ok and result.value is not None and result.value.text == "'done'"
         assert result.stdout_truncated and "did not fit in one frame" in result.stderr

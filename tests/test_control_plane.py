@@ -120,6 +120,27 @@ def test_the_farms_own_clients_work_with_the_password_in_the_url_or_apart(
             assert session.run("x").value is not None and session.run("x").value.text == "42"
 
 
+def map_squares(farm: Farm, n: int = 6) -> None:
+    """``Farm.map`` over a few items: the workers push each item's result to the map's Redis
+    list and the client reads it from there, both through their authenticated clients."""
+    records = list(farm.map([f"{i} * {i}" for i in range(n)]))
+    assert [r.id for r in records] == list(range(n))
+    assert all(r.ok for r in records), [r.message for r in records if not r.ok]
+    assert [r.cells[-1].value.text for r in records] == [str(i * i) for i in range(n)]  # type: ignore[union-attr]
+
+
+def test_a_map_runs_through_a_broker_that_requires_a_password(plain_farm: LocalFarm) -> None:
+    redis_ = plain_farm.redis
+    apart = FarmSettings(
+        broker_url=f"redis://127.0.0.1:{redis_.port}/0", broker_password=redis_.password
+    )
+    with Farm(apart) as farm:
+        map_squares(farm)
+    anonymous = Farm.connect(f"redis://127.0.0.1:{redis_.port}/0")
+    with anonymous, pytest.raises(BrokerAuthFailed):
+        list(anonymous.map(["1 + 1"]))
+
+
 def test_the_cli_says_that_the_broker_refused_it(redis_server: RedisServer) -> None:
     wrong = "not-the-password-4713"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
@@ -161,6 +182,7 @@ def test_a_farm_runs_as_an_acl_user_confined_to_its_own_keys(acl_farm: str) -> N
             assert session.run("6 * 7").value is not None
             assert [type(e).__name__ for e in session.stream("print(1)")][-1] == "ExecEnd"
         assert farm.run("sum(range(10))").value is not None
+        map_squares(farm, 3)  # a map's result lists are farm's keys too
         with pytest.raises(redis.exceptions.NoPermissionError):
             farm.registry.redis.get("another-app:secret")
         with pytest.raises(redis.exceptions.NoPermissionError):
@@ -247,6 +269,7 @@ def test_a_farm_runs_code_through_a_tls_only_broker(tls_farm: LocalFarm) -> None
         assert one_shot.ok and one_shot.value is not None and one_shot.value.text == "45"
         (worker,) = farm.workers()
         assert worker["ready"] and worker["id"] in tls_farm.workers
+        map_squares(farm)
 
 
 def test_a_plain_tcp_client_gets_nothing_from_a_tls_only_broker(tls_farm: LocalFarm) -> None:

@@ -2,7 +2,8 @@
 comes up under a project name of its own, a client on the host runs code through it with the
 broker's password (made by scripts/compose-secret, as `make compose-up` does) while a client
 without it is refused and the password shows in no `ps` line or log, Prometheus scrapes every
-worker, scaling adds workers, and teardown leaves nothing behind.
+worker, scaling adds workers, a pool (the compose profile `pool`) serves another image with the
+same password, and teardown leaves nothing behind.
 
 It uses Debian's docker-compose (v1), installed by scripts/ensure-compose when missing; it
 skips only when that cannot install it. The images come from scripts/build-images (what
@@ -93,9 +94,11 @@ class Stack:
     docker: Any
     worker_hosts: set[str] = field(default_factory=set)
 
-    def compose(self, *args: str, timeout_s: float = UP_TIMEOUT_S) -> str:
+    def compose(
+        self, *args: str, timeout_s: float = UP_TIMEOUT_S, env: dict[str, str] | None = None
+    ) -> str:
         cmd = ["docker-compose", "--ansi", "never", "-f", str(COMPOSE_FILE), "-p", self.project]
-        return run([*cmd, *args], timeout_s, self.env)
+        return run([*cmd, *args], timeout_s, {**self.env, **(env or {})})
 
     def containers(self, service: str | None = None) -> list[Any]:
         labels = [f"com.docker.compose.project={self.project}"]
@@ -106,8 +109,9 @@ class Stack:
         )
 
     def remember_workers(self) -> None:
-        """Worker containers' hostnames: their sandboxes carry them as ``farm.host``."""
-        for c in self.containers("worker"):
+        """Worker containers' hostnames (of every pool): their sandboxes carry them as
+        ``farm.host``."""
+        for c in [*self.containers("worker"), *self.containers("pool")]:
             self.worker_hosts.add(str(c.attrs["Config"]["Hostname"]))
 
     def sandboxes(self) -> list[Any]:
@@ -157,7 +161,16 @@ def tear_down(stack: Stack) -> None:
     """``down -v``, then any sandbox a worker of this project left; fail if anything stays."""
     stack.remember_workers()
     try:
-        stack.compose("down", "-v", "--remove-orphans", "-t", "20", timeout_s=DOWN_TIMEOUT_S)
+        stack.compose(
+            "--profile",
+            "pool",
+            "down",
+            "-v",
+            "--remove-orphans",
+            "-t",
+            "20",
+            timeout_s=DOWN_TIMEOUT_S,
+        )
     finally:
         for container in [*stack.sandboxes(), *stack.containers()]:
             container.remove(force=True)
@@ -315,6 +328,53 @@ def test_scaling_to_two_workers_adds_a_worker_and_a_scrape_target(stack: Stack, 
 
     wait_for("Prometheus did not scrape both workers", two_up, SCRAPE_TIMEOUT_S, stack.logs)
     assert farm.run("sum(range(10))").value.text == "45"
+
+
+def test_a_pool_profile_serves_another_image_with_its_own_limits(stack: Stack, farm: Any) -> None:
+    """docker-compose.yml's ``pool`` service, as the README documents it: workers of another
+    farm image (here the default image under a name of its own, as ``farm image build`` would
+    tag an environment) take that image's runs, with the pool's limits and the same hardening,
+    and Prometheus finds them."""
+    image = f"pytest-pool-{os.getpid()}"
+    stack.docker.images.get("farm-sandbox:default").tag("farm-sandbox", image)
+    pool_env = {"FARM_POOL_IMAGE": image, "FARM_POOL_SANDBOX_MEMORY_MB": "600"}
+    try:
+        stack.compose(
+            "--profile", "pool", "up", "-d", "--no-build", "--no-recreate", "pool", env=pool_env
+        )
+        stack.remember_workers()
+
+        def pool_ready() -> list[dict[str, Any]] | None:
+            return [w for w in farm.workers() if w.get("ready") and w["image"] == image] or None
+
+        (worker,) = wait_for(
+            "the pool's worker was not ready", pool_ready, READY_TIMEOUT_S, stack.logs
+        )
+        assert worker["sandbox"]["limits"]["memory_mb"] == 600
+        result = farm.run("6 * 7", image=image)
+        assert result.ok and result.value.text == "42" and result.worker == worker["id"]
+        (pool_container,) = stack.containers("pool")
+        host = pool_container.attrs["Config"]["Hostname"]
+        (sandbox,) = [c for c in stack.sandboxes() if c.labels.get("farm.host") == host]
+        assert sandbox.attrs["HostConfig"]["NetworkMode"] == "none"
+        assert sandbox.attrs["HostConfig"]["Memory"] == 600 * 1024 * 1024
+
+        def scraped() -> list[dict[str, Any]] | None:
+            try:
+                targets = stack.prometheus("/api/v1/targets")["activeTargets"]
+            except OSError:
+                return None
+            return [t for t in targets if t["labels"]["job"] == "farm-pool" and t["health"] == "up"]
+
+        wait_for(
+            "Prometheus did not scrape the pool's worker", scraped, SCRAPE_TIMEOUT_S, stack.logs
+        )
+        # the pool's workers read the broker's password from the same env file, never print it
+        pool_logs = stack.compose("--profile", "pool", "logs", "--no-color", "pool", env=pool_env)
+        assert "redis://:**@redis:6379/0" in pool_logs and stack.password not in pool_logs
+        stack.compose("--profile", "pool", "rm", "--stop", "--force", "pool", env=pool_env)
+    finally:
+        stack.docker.images.remove(f"farm-sandbox:{image}")
 
 
 # --- the control plane ------------------------------------------------------------------------

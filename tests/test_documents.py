@@ -183,7 +183,7 @@ def test_parsing_happens_inside_the_sandbox(docs: Session) -> None:
     """markitdown is imported in the sandboxed session process, not on the host's side."""
     out = printed(docs, "import markitdown, os\nprint(markitdown.__file__, os.getuid())")
     path, uid = out.split()
-    assert path.startswith("/usr/") and uid == "10001"
+    assert path.startswith("/usr/") and int(uid) >= 100_000  # the session's own box uid
 
 
 def test_the_docs_image_has_its_own_memory_limit(docs: Session, docker_env: Any) -> None:

@@ -9,6 +9,7 @@ password and TLS are checked in ``test_helm_redis_auth.py``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,40 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
     },
 }
+# Worker pools: the default image, an environment (`farm image build ds ...`) that needs more
+# memory and scales from zero, and a pool of another image from another registry.
+POOLS: dict[str, Any] = {
+    "sandbox": {"image": "registry.example:5000/farm-sandbox:0.1.0"},
+    "worker": {"env": {"FARM_HEARTBEAT_TTL_S": "5"}},
+    "pools": [
+        {"name": "default", "replicas": 3},
+        {
+            "name": "ds",
+            "maxSessions": 8,
+            "env": {"FARM_OPEN_WAIT_S": "60"},
+            "sandbox": {"memoryMb": 2048, "pids": 256},
+            "engineResources": {
+                "requests": {"cpu": "250m", "memory": "256Mi"},
+                "limits": {"cpu": "2", "memory": "3Gi"},
+            },
+            "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 6},
+        },
+        {
+            "name": "node",
+            "farmImage": "js-tools",
+            "sandboxImage": "other.example/js:1",
+            "replicas": 0,
+        },
+    ],
+}
+VALUE_SETS["pools"] = POOLS
+VALUE_SETS["pools-pod-mode-hpa"] = {
+    **POOLS,
+    **POD_MODE,
+    "sandbox": {**POD_MODE["sandbox"], "memoryMb": 768},
+    "autoscaling": {"engine": "hpa"},
+}
+POOL_NAMES = ["default", "ds", "node"]
 
 # KEDA's ScaledObject is a custom resource that kubernetes-validate has no schema for: it is
 # checked against the part of KEDA's CRD (keda.sh/v1alpha1) that the chart uses. Trigger
@@ -224,7 +259,7 @@ def container(spec: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def worker_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    deployment = find(objects, "Deployment", f"{FULLNAME}-worker")
+    deployment = find(objects, "Deployment", f"{FULLNAME}-worker-default")
     return deployment["spec"]["template"]
 
 
@@ -262,6 +297,16 @@ def default() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def pod_mode() -> list[dict[str, Any]]:
     return render(VALUE_SETS["pod-mode-hpa"])
+
+
+@pytest.fixture(scope="module")
+def pools() -> list[dict[str, Any]]:
+    return render(VALUE_SETS["pools"])
+
+
+@pytest.fixture(scope="module")
+def pools_pod_mode() -> list[dict[str, Any]]:
+    return render(VALUE_SETS["pools-pod-mode-hpa"])
 
 
 # --- lint, render, validate -------------------------------------------------------------------
@@ -302,7 +347,7 @@ def test_default_values_render_the_whole_farm(default: list[dict[str, Any]]) -> 
         "Secret",
     }
     find(default, "StatefulSet", f"{FULLNAME}-redis")
-    assert find(default, "Deployment", f"{FULLNAME}-worker")["spec"]["replicas"] == 2
+    assert find(default, "Deployment", f"{FULLNAME}-worker-default")["spec"]["replicas"] == 2
 
 
 def test_values_that_make_no_sense_are_refused() -> None:
@@ -318,13 +363,29 @@ def test_values_that_make_no_sense_are_refused() -> None:
         render({**VALUE_SETS["external-redis"], "autoscaling": {"enabled": True}})
 
 
+def test_pool_values_that_make_no_sense_are_refused() -> None:
+    with pytest.raises(helm.HelmError, match="/pools/0"):
+        render({"pools": [{"name": "ds", "image": "typo-for-farmImage"}]})
+    with pytest.raises(helm.HelmError, match="/pools/0/name"):
+        render({"pools": [{"name": "Has_Capitals"}]})
+    with pytest.raises(helm.HelmError, match="/pools"):
+        render({"pools": []})
+    with pytest.raises(helm.HelmError, match='"ds" is given twice'):
+        render({"pools": [{"name": "ds"}, {"name": "ds"}]})
+    with pytest.raises(helm.HelmError, match="worker.farmImage is gone"):
+        render({"worker": {"farmImage": "ds"}})
+    # dind: a sandbox bigger than its engine's memory would take the engine down with it
+    with pytest.raises(helm.HelmError, match=r'pool "ds": its engine.s memory limit \(1024Mi\)'):
+        render({"pools": [{"name": "ds", "sandbox": {"memoryMb": 2048}}]})
+
+
 # --- isolation of user code -------------------------------------------------------------------
 
 
 def test_pod_mode_sandboxes_have_no_egress_and_only_workers_may_reach_them(
     pod_mode: list[dict[str, Any]],
 ) -> None:
-    template = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox")
+    template = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-default")
     sandbox_labels = template["template"]["metadata"]["labels"]
     policy = find(pod_mode, "NetworkPolicy", f"{FULLNAME}-sandbox")
     assert selects(policy["spec"]["podSelector"], sandbox_labels)
@@ -347,7 +408,7 @@ def test_user_code_cannot_reach_redis_in_either_mode(
 ) -> None:
     # pod mode: Redis admits workers and labelled clients, never sandbox pods.
     redis_policy = find(pod_mode, "NetworkPolicy", f"{FULLNAME}-redis")
-    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox")["template"]
+    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-default")["template"]
     assert not admits_pod(redis_policy, sandbox["metadata"]["labels"])
     assert admits_pod(redis_policy, worker_pod(pod_mode)["metadata"]["labels"])
     assert admits_pod(redis_policy, {"farm-client": "true"})
@@ -387,10 +448,13 @@ def test_dind_engine_socket_and_kernel_sockets_are_shared_only_inside_the_pod(
 
 
 def test_farm_containers_run_non_root_on_a_read_only_root(
-    default: list[dict[str, Any]], pod_mode: list[dict[str, Any]]
+    default: list[dict[str, Any]],
+    pod_mode: list[dict[str, Any]],
+    pools: list[dict[str, Any]],
+    pools_pod_mode: list[dict[str, Any]],
 ) -> None:
     checked = 0
-    for objects in (default, pod_mode):
+    for objects in (default, pod_mode, pools, pools_pod_mode):
         for owner, spec in pod_specs(objects):
             for c in containers(spec):
                 if c["name"] == "engine":
@@ -404,7 +468,8 @@ def test_farm_containers_run_non_root_on_a_read_only_root(
                 assert ctx["capabilities"]["drop"] == ["ALL"], where
                 assert not ctx.get("privileged"), where
                 checked += 1
-    assert checked >= 4  # worker and redis in both modes, the sandbox kernel in pod mode
+    # worker and redis in both modes, the sandbox kernel in pod mode; each pool's too
+    assert checked >= 4 + 2 * len(POOL_NAMES) + 1
 
 
 def test_only_the_dind_engine_is_privileged_and_pod_mode_has_nothing_privileged(
@@ -416,7 +481,7 @@ def test_only_the_dind_engine_is_privileged_and_pod_mode_has_nothing_privileged(
         for c in containers(spec)
         if c.get("securityContext", {}).get("privileged")
     ]
-    assert privileged == [(f"{FULLNAME}-worker", "engine")]
+    assert privileged == [(f"{FULLNAME}-worker-default", "engine")]
     for _, spec in pod_specs(pod_mode):
         for c in containers(spec):
             assert not c.get("securityContext", {}).get("privileged"), c["name"]
@@ -428,7 +493,7 @@ def test_no_service_account_token_where_no_api_access_is_needed(
 ) -> None:
     for _, spec in pod_specs(default):
         assert spec["automountServiceAccountToken"] is False
-    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox")["template"]["spec"]
+    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-default")["template"]["spec"]
     assert sandbox["automountServiceAccountToken"] is False
     # pod mode's workers need the API: a namespaced Role, no cluster-wide rights.
     assert worker_pod(pod_mode)["spec"]["automountServiceAccountToken"] is True
@@ -442,13 +507,13 @@ def test_runtime_class_reaches_the_pods_that_hold_user_code() -> None:
     kata = render({"runtimeClassName": "kata"})
     assert worker_pod(kata)["spec"]["runtimeClassName"] == "kata"
     pods = render(POD_MODE)
-    sandbox = find(pods, "PodTemplate", f"{FULLNAME}-sandbox")["template"]["spec"]
+    sandbox = find(pods, "PodTemplate", f"{FULLNAME}-sandbox-default")["template"]["spec"]
     assert sandbox["runtimeClassName"] == "gvisor"
     assert "runtimeClassName" not in worker_pod(render())["spec"]
 
 
 def test_sandbox_limits_follow_the_values(pod_mode: list[dict[str, Any]]) -> None:
-    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox")["template"]["spec"]
+    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-default")["template"]["spec"]
     kernel = container(sandbox, "kernel")
     assert kernel["resources"]["limits"] == {"cpu": "1", "memory": "1024Mi"}
     assert sandbox["imagePullSecrets"] == [{"name": "regcred"}]
@@ -474,9 +539,12 @@ def test_worker_probes_use_its_health_endpoints(default: list[dict[str, Any]]) -
 
 
 def test_every_container_has_requests_and_limits(
-    default: list[dict[str, Any]], pod_mode: list[dict[str, Any]]
+    default: list[dict[str, Any]],
+    pod_mode: list[dict[str, Any]],
+    pools: list[dict[str, Any]],
+    pools_pod_mode: list[dict[str, Any]],
 ) -> None:
-    for objects in (default, pod_mode):
+    for objects in (default, pod_mode, pools, pools_pod_mode):
         for owner, spec in pod_specs(objects):
             for c in containers(spec):
                 res = c["resources"]
@@ -504,16 +572,16 @@ def test_metrics_service_and_annotations_for_prometheus(default: list[dict[str, 
 
 
 def test_disruption_budget_covers_the_workers(default: list[dict[str, Any]]) -> None:
-    pdb = find(default, "PodDisruptionBudget", f"{FULLNAME}-worker")
+    pdb = find(default, "PodDisruptionBudget", f"{FULLNAME}-worker-default")
     assert pdb["spec"]["maxUnavailable"] == 1
     assert selects(pdb["spec"]["selector"], worker_pod(default)["metadata"]["labels"])
 
 
 def test_keda_scales_workers_on_the_shared_queue_length() -> None:
     objects = render(VALUE_SETS["dind-keda-kata"])
-    deployment = find(objects, "Deployment", f"{FULLNAME}-worker")
+    deployment = find(objects, "Deployment", f"{FULLNAME}-worker-default")
     assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
-    scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker")
+    scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-default")
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "redis"
@@ -525,8 +593,8 @@ def test_keda_scales_workers_on_the_shared_queue_length() -> None:
 
 
 def test_hpa_scales_workers_on_an_external_queue_metric(pod_mode: list[dict[str, Any]]) -> None:
-    hpa = find(pod_mode, "HorizontalPodAutoscaler", f"{FULLNAME}-worker")
-    assert hpa["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker"
+    hpa = find(pod_mode, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-default")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-default"
     (metric,) = hpa["spec"]["metrics"]
     assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": "farm.default"}
     assert hpa["spec"]["maxReplicas"] == 20
@@ -548,3 +616,120 @@ def test_external_redis_replaces_the_bundled_one() -> None:
 def test_notes_warn_that_pod_mode_needs_a_backend_farm_lacks() -> None:
     assert "privileged" in notes()
     assert "kubernetes` sandbox backend" in notes(POD_MODE)
+
+
+# --- worker pools -----------------------------------------------------------------------------
+
+
+def pool_worker(objects: list[dict[str, Any]], pool: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Deployment, its worker container's env) of ``pool``."""
+    deployment = find(objects, "Deployment", f"{FULLNAME}-worker-{pool}")
+    return deployment, env(container(deployment["spec"]["template"]["spec"], "worker"))
+
+
+def test_each_pool_is_a_deployment_serving_its_own_image_with_its_limits(
+    pools: list[dict[str, Any]],
+) -> None:
+    deployments = [o["metadata"]["name"] for o in pools if o["kind"] == "Deployment"]
+    assert sorted(deployments) == [f"{FULLNAME}-worker-{name}" for name in POOL_NAMES]
+    default, default_env = pool_worker(pools, "default")
+    assert default["spec"]["replicas"] == 3
+    assert default_env["FARM_IMAGE"] == "default"
+    assert default_env["FARM_SANDBOX_IMAGE"] == "registry.example:5000/farm-sandbox:0.1.0"
+    assert default_env["FARM_SANDBOX_MEMORY_MB"] == "512"
+    assert default_env["FARM_HEARTBEAT_TTL_S"] == "5"
+    ds, ds_env = pool_worker(pools, "ds")
+    assert "replicas" not in ds["spec"], "its autoscaler owns the replica count"
+    assert ds_env["FARM_IMAGE"] == "ds"
+    # an environment's image defaults to the default pool's repository, tagged with its name
+    assert ds_env["FARM_SANDBOX_IMAGE"] == "registry.example:5000/farm-sandbox:ds"
+    assert (ds_env["FARM_SANDBOX_MEMORY_MB"], ds_env["FARM_SANDBOX_PIDS"]) == ("2048", "256")
+    assert ds_env["FARM_SANDBOX_CPUS"] == "1"  # what the pool does not say, sandbox.* says
+    assert ds_env["FARM_MAX_SESSIONS"] == "8" and default_env["FARM_MAX_SESSIONS"] == "32"
+    assert ds_env["FARM_OPEN_WAIT_S"] == "60" and ds_env["FARM_HEARTBEAT_TTL_S"] == "5"
+    engine = container(ds["spec"]["template"]["spec"], "engine")
+    assert engine["resources"]["limits"]["memory"] == "3Gi"
+    node, node_env = pool_worker(pools, "node")
+    assert node["spec"]["replicas"] == 0
+    assert node_env["FARM_IMAGE"] == "js-tools"
+    assert node_env["FARM_SANDBOX_IMAGE"] == "other.example/js:1"
+
+
+def test_pools_never_share_pods_and_every_pool_is_covered_by_the_policies(
+    pools: list[dict[str, Any]],
+) -> None:
+    templates = {name: pool_worker(pools, name)[0] for name in POOL_NAMES}
+    for name, deployment in templates.items():
+        selector = deployment["spec"]["selector"]
+        for other, other_deployment in templates.items():
+            labels = other_deployment["spec"]["template"]["metadata"]["labels"]
+            assert selects(selector, labels) is (name == other), (name, other)
+        pdb = find(pools, "PodDisruptionBudget", f"{FULLNAME}-worker-{name}")
+        assert pdb["spec"]["selector"] == selector
+    worker_policy = find(pools, "NetworkPolicy", f"{FULLNAME}-worker")
+    redis_policy = find(pools, "NetworkPolicy", f"{FULLNAME}-redis")
+    service = find(pools, "Service", f"{FULLNAME}-worker")
+    for deployment in templates.values():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selects(worker_policy["spec"]["podSelector"], labels)
+        assert selects({"matchLabels": service["spec"]["selector"]}, labels)
+        assert admits_pod(redis_policy, labels)
+
+
+def test_every_pool_keeps_the_sandbox_hardening(pools: list[dict[str, Any]]) -> None:
+    privileged = [
+        (owner, c["name"])
+        for owner, spec in pod_specs(pools)
+        for c in containers(spec)
+        if c.get("securityContext", {}).get("privileged")
+    ]
+    assert sorted(privileged) == [(f"{FULLNAME}-worker-{name}", "engine") for name in POOL_NAMES]
+    for name in POOL_NAMES:
+        deployment, worker_env = pool_worker(pools, name)
+        spec = deployment["spec"]["template"]["spec"]
+        engine = container(spec, "engine")
+        assert {"--bridge=none", "--iptables=false", "--ip-forward=false"} <= set(engine["args"])
+        assert worker_env["FARM_SANDBOX_NETWORK"] == "none"
+        assert spec["automountServiceAccountToken"] is False
+        assert not any(v.get("hostPath") for v in spec["volumes"])
+
+
+def test_an_autoscaled_pool_scales_on_its_own_queue(pools: list[dict[str, Any]]) -> None:
+    scaled = [o for o in pools if o["kind"] == "ScaledObject"]
+    assert [o["metadata"]["name"] for o in scaled] == [f"{FULLNAME}-worker-ds"]
+    (ds,) = scaled
+    assert ds["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-ds"
+    assert (ds["spec"]["minReplicaCount"], ds["spec"]["maxReplicaCount"]) == (0, 6)
+    (trigger,) = ds["spec"]["triggers"]
+    assert trigger["metadata"]["listName"] == "farm.ds"
+    # KEDA reads the queue's length in Redis, though autoscaling.enabled (the default) is false
+    redis_policy = find(pools, "NetworkPolicy", f"{FULLNAME}-redis")
+    peers = [p for rule in redis_policy["spec"]["ingress"] for p in rule["from"]]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}} in peers
+    assert "keda" not in json.dumps(find(render(), "NetworkPolicy", f"{FULLNAME}-redis"))
+
+
+def test_pod_mode_pools_each_have_a_sandbox_template_of_their_image(
+    pools_pod_mode: list[dict[str, Any]],
+) -> None:
+    policy = find(pools_pod_mode, "NetworkPolicy", f"{FULLNAME}-sandbox")
+    role = find(pools_pod_mode, "Role", f"{FULLNAME}-worker")
+    (template_rule,) = [r for r in role["rules"] if r["resources"] == ["podtemplates"]]
+    assert sorted(template_rule["resourceNames"]) == [
+        f"{FULLNAME}-sandbox-{name}" for name in POOL_NAMES
+    ]
+    for name, image, memory in (
+        ("default", "registry.example/farm-sandbox:0.1.0", "768Mi"),
+        ("ds", "registry.example/farm-sandbox:ds", "2048Mi"),
+        ("node", "other.example/js:1", "768Mi"),
+    ):
+        template = find(pools_pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-{name}")["template"]
+        kernel = container(template["spec"], "kernel")
+        assert kernel["image"] == image and kernel["resources"]["limits"]["memory"] == memory
+        assert selects(policy["spec"]["podSelector"], template["metadata"]["labels"])
+        assert template["spec"]["automountServiceAccountToken"] is False
+        _, worker_env = pool_worker(pools_pod_mode, name)
+        assert worker_env["FARM_SANDBOX_POD_TEMPLATE"] == f"{FULLNAME}-sandbox-{name}"
+    (hpa,) = [o for o in pools_pod_mode if o["kind"] == "HorizontalPodAutoscaler"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": "farm.ds"}

@@ -24,6 +24,7 @@ from tests.test_helm import (
     CHART,
     FULLNAME,
     NAMESPACE,
+    POOL_NAMES,
     RELEASE,
     VALUE_SETS,
     admits_pod,
@@ -58,14 +59,21 @@ def password_ref(values: dict[str, Any]) -> dict[str, Any]:
 def test_no_rendering_leaves_redis_without_auth(values: dict[str, Any]) -> None:
     objects = render(values)
     ref = password_ref(values)
-    # workers (and KEDA) take the password from the Secret, never from a literal
-    assert env(container(worker_pod(objects)["spec"], "worker"))["FARM_BROKER_PASSWORD"] == ref
+    # the workers of every pool (and KEDA) take the password from the Secret, never a literal
+    workers = [o for o in objects if o["kind"] == "Deployment"]
+    assert workers and all(
+        env(container(w["spec"]["template"]["spec"], "worker"))["FARM_BROKER_PASSWORD"] == ref
+        for w in workers
+    )
     for obj in objects:
         if obj["kind"] == "TriggerAuthentication":
             (password,) = [
                 r for r in obj["spec"]["secretTargetRef"] if r["parameter"] == "password"
             ]
             assert {"name": password["name"], "key": password["key"]} == ref["secretKeyRef"]
+        if obj["kind"] == "ScaledObject":  # every pool KEDA scales reads its queue with it
+            (trigger,) = obj["spec"]["triggers"]
+            find(objects, "TriggerAuthentication", trigger["authenticationRef"]["name"])
     if not values.get("redis", {}).get("enabled", True):
         assert "StatefulSet" not in kinds(objects)
         return
@@ -155,7 +163,7 @@ def test_tls_puts_redis_workers_and_keda_on_tls_with_client_certificates() -> No
     }, "the worker gets the CA, never the server's key"
     assert volumes["broker-client"]["secret"]["secretName"] == "farm-client-tls"
 
-    scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker")
+    scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-default")
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["metadata"]["enableTLS"] == "true"
     auth = find(objects, "TriggerAuthentication", trigger["authenticationRef"]["name"])
@@ -170,6 +178,30 @@ def test_tls_puts_redis_workers_and_keda_on_tls_with_client_certificates() -> No
     policy = find(objects, "NetworkPolicy", f"{FULLNAME}-redis")
     assert admits_pod(policy, worker_pod(objects)["metadata"]["labels"])
     assert not admits_pod(policy, {"app": "anything-else"})
+
+
+def test_every_pool_reaches_redis_over_tls_and_every_scaled_object_authenticates() -> None:
+    values = {
+        **VALUE_SETS["pools"],
+        "redis": VALUE_SETS["tls-client-certs-keda"]["redis"],
+        "autoscaling": {"enabled": True, "engine": "keda"},
+    }
+    objects = render(values)
+    (auth,) = [o for o in objects if o["kind"] == "TriggerAuthentication"]
+    for name in POOL_NAMES:
+        deployment = find(objects, "Deployment", f"{FULLNAME}-worker-{name}")
+        spec = deployment["spec"]["template"]["spec"]
+        worker_env = env(container(spec, "worker"))
+        assert worker_env["FARM_BROKER_URL"] == f"rediss://{FULLNAME}-redis:6379/0"
+        assert worker_env["FARM_BROKER_PASSWORD"] == password_ref(values)
+        assert worker_env["FARM_BROKER_TLS_KEY_FILE"] == "/etc/farm/broker-client/tls.key"
+        mounts = {m["name"] for m in container(spec, "worker")["volumeMounts"]}
+        assert {"broker-tls", "broker-client"} <= mounts
+        assert {v["name"] for v in spec["volumes"]} >= {"broker-tls", "broker-client"}
+        scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-{name}")
+        (trigger,) = scaled["spec"]["triggers"]
+        assert trigger["metadata"]["enableTLS"] == "true"
+        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
 
 
 def test_tls_for_the_bundled_redis_needs_its_certificate() -> None:

@@ -10,12 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from farm import models
-from farm.kernel import KINDS, auth, framing
+from farm.kernel import auth, framing
 from farm.kernel.client import (
     KernelAuthError,
     KernelClient,
-    KernelRequestError,
     connect_socket,
 )
 from farm.sandbox.process import ProcessSandbox
@@ -196,28 +194,3 @@ def test_the_token_is_invisible_to_user_code(kernel: ProcessSandbox, client: obj
     assert result["status"] == "ok"
     assert kernel.token not in json.dumps(result)
     assert kernel.token not in result["value"]["data"]["text/plain"]
-
-
-def test_kernel_results_validate_against_the_models(client: KernelClient) -> None:
-    models.Pong.model_validate(client.ping())
-    opened = client.request({"type": "open_session"})
-    models.SessionOpened.model_validate(opened)
-    message = {
-        "type": "execute",
-        "session_id": opened["session_id"],
-        "epoch": 1,
-        "code": "print(1)\nraise ValueError('v')",
-        "timeout_s": 5.0,
-        "exec_id": "e1",
-    }
-    models.Execute.model_validate(message)
-    reply = models.ExecReply.model_validate(client.request(message, 30))
-    assert reply.result.error is not None and reply.result.error.kind == models.ErrorKind.USER
-    closed = client.request({"type": "close_session", "session_id": opened["session_id"]})
-    models.SessionClosed.model_validate(closed)
-    with pytest.raises(KernelRequestError):
-        client.request({"type": "close_session", "session_id": "missing"})
-
-
-def test_error_kinds_are_the_same_in_kernel_and_models() -> None:
-    assert set(KINDS) == {kind.value for kind in models.ErrorKind}

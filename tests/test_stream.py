@@ -175,9 +175,10 @@ def test_replay_restore_reruns_a_call_that_found_its_process_dead(
     with farm.session(on_state_lost="replay") as s:
         s.run("x = 41")
         pid = s.run("import os\nos.getpid()").value
-        assert pid is not None
-        # killed between calls, from outside (as the sandbox user: no CAP_KILL in there), and
-        # gone (or a zombie) before the next call, so that call finds the process dead
+        uid = s.run("os.getuid()").value
+        assert pid is not None and uid is not None
+        # killed between calls, from outside (as the session's own uid: no CAP_KILL in there),
+        # and gone (or a zombie) before the next call, so that call finds the process dead
         (container,) = docker_env.containers.list(
             ignore_removed=True, filters={"label": f"farm.owner={s.worker}"}
         )
@@ -195,11 +196,12 @@ def test_replay_restore_reruns_a_call_that_found_its_process_dead(
             "else:\n"
             "    raise SystemExit('still alive')\n"
         )
-        killed = container.exec_run(["python3", "-c", probe], user="10001")
+        killed = container.exec_run(["python3", "-c", probe], user=uid.text)
         assert killed.exit_code == 0, killed.output
         result = s.run("x + 1")
         assert s.restores and s.restores[-1].reran_lost_call
-        assert [c.code for c in s.restores[-1].replayed] == ["x = 41", "import os\nos.getpid()"]
+        replayed = [c.code for c in s.restores[-1].replayed]
+        assert replayed == ["x = 41", "import os\nos.getpid()", "os.getuid()"]
         assert result.ok and result.value is not None and result.value.text == "42"
 
 

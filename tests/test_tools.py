@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,13 @@ from farm.client import Farm
 from farm.errors import FileOperationError
 from farm.sandbox.process import ProcessSandbox
 from tests.conftest import Cells
+from tests.waiting import wait_for
 
 
 @pytest.fixture
-def ws(kernel: ProcessSandbox) -> Path:
-    assert kernel.workspace is not None
-    return Path(kernel.workspace)
+def ws(own_cells: Cells) -> Path:
+    """The session's own workspace (its box's directory in the kernel's workspace root)."""
+    return Path(str(own_cells.value("__import__('os').getcwd()")).strip("'"))
 
 
 def test_tools_list_read_grep_and_run_commands(own_cells: Cells, ws: Path) -> None:
@@ -78,10 +78,7 @@ def test_bash_timeout_kills_the_whole_process_group(own_cells: Cells) -> None:
     ).stdout
     assert "[killed after 3s timeout]" in out
     orphan = int(out.splitlines()[0])
-    deadline = time.monotonic() + 10
-    while os.path.exists(f"/proc/{orphan}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not os.path.exists(f"/proc/{orphan}")
+    assert wait_for(lambda: not os.path.exists(f"/proc/{orphan}"), 10)
 
 
 PATCH = """\
@@ -142,7 +139,7 @@ def test_session_files_round_trip_inside_the_sandbox(farm: Farm, tmp_path: Path)
     with farm.session() as s:
         assert s.files.write("data/input.csv", "a,b\n1,2\n") == 8
         assert s.files.read("data/input.csv") == b"a,b\n1,2\n"
-        assert s.run("open('/workspace/data/input.csv').read().count(',')").value.text == "2"
+        assert s.run("open('data/input.csv').read().count(',')").value.text == "2"
         (tmp_path / "proj" / "pkg").mkdir(parents=True)
         (tmp_path / "proj" / "pkg" / "mod.py").write_text("VALUE = 7\n")
         assert s.files.upload(tmp_path / "proj", "proj") == 1
@@ -154,5 +151,8 @@ def test_session_files_round_trip_inside_the_sandbox(farm: Farm, tmp_path: Path)
         assert not any(e["path"].startswith("data") for e in s.files.list())
         with pytest.raises(FileOperationError, match="outside the workspace"):
             s.files.write("../etc/evil", b"x")
-        with pytest.raises(FileOperationError, match="exceeds"):
-            s.files.write("big.bin", b"\0" * (8 * 1024 * 1024 + 1))
+        big = bytes(range(256)) * (9 * 4096) + b"end"  # more than two 4 MiB chunks
+        assert s.files.write("big.bin", big) == len(big)
+        size = s.run("import os; os.path.getsize('big.bin')").value
+        assert size is not None and size.text == str(len(big))
+        assert s.files.read("big.bin") == big

@@ -7,13 +7,14 @@ exist once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from farm.client.farm import Farm
 from farm.client.session import Session
 from farm.events import Event
-from farm.models import ExecResult
+from farm.models import CommandResult, ExecResult
+from farm.models.batch import BatchRecord
 
 
 class AsyncFarm:
@@ -41,6 +42,18 @@ class AsyncFarm:
     async def run(self, code: str, **kwargs: Any) -> ExecResult:
         return await asyncio.to_thread(self.sync.run, code, **kwargs)
 
+    async def map(self, items: Iterable[Any], **kwargs: Any) -> AsyncIterator[BatchRecord]:
+        """``async for record in farm.map(items)``: ``Farm.map`` read off the event loop (the
+        items, a plain iterable, are read lazily in that thread too); leaving early cancels."""
+        run = await asyncio.to_thread(self.sync.map, items, **kwargs)
+        records = iter(run)
+        done: Any = object()
+        try:
+            while (record := await asyncio.to_thread(next, records, done)) is not done:
+                yield record
+        finally:
+            await asyncio.to_thread(run.close)
+
     async def aclose(self) -> None:
         await asyncio.to_thread(self.sync.close)
 
@@ -60,6 +73,10 @@ class AsyncSession:
 
     async def arun(self, code: str, timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
         return await asyncio.to_thread(self.sync.run, code, timeout_s, **kwargs)
+
+    async def exec(self, cmd: Any, **kwargs: Any) -> CommandResult:
+        """``await session.exec(cmd)``: ``Session.exec`` off the loop."""
+        return await asyncio.to_thread(self.sync.exec, cmd, **kwargs)
 
     async def stream(
         self, code: str, timeout_s: float | None = None, **kwargs: Any

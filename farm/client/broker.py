@@ -136,13 +136,18 @@ class Broker:
         args: list[Any] | None = None,
         kwargs: dict[str, Any] | None = None,
         check: Callable[[], str] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> tuple[Any, str]:
         """Send task ``name`` to ``queue`` after ``check`` (default: read the broker mark),
-        which returns the mark the wait compares against; returns ``(pending, mark)``."""
+        which returns the mark the wait compares against; returns ``(pending, mark)``.
+        ``options`` go to Celery's ``send_task`` (``ignore_result``: nothing waits for it)."""
 
         def attempt() -> tuple[Any, str]:
             mark = check() if check is not None else self.registry.broker_mark()
-            return self.app.send_task(name, args=args, kwargs=kwargs, queue=queue), mark
+            pending = self.app.send_task(
+                name, args=args, kwargs=kwargs, queue=queue, **(options or {})
+            )
+            return pending, mark
 
         return self.call(attempt, sent=False)
 

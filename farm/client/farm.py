@@ -11,25 +11,28 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from farm.backoff import delays
 from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app, shared_queue
 from farm.client.broker import Broker, Watch
 from farm.client.callbacks import Callbacks
+from farm.client.mapping import MapRun
 from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
 from farm.errors import (
     BrokerLost,
     BrokerUnavailable,
     FarmBusy,
+    InvalidRequest,
     SandboxUnavailable,
     SessionLost,
     WorkerFailed,
 )
 from farm.events import Event
 from farm.journal import Journal
-from farm.models import Busy, ErrorKind, ExecResult, Opened
+from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused
+from farm.models.batch import BatchItem
 from farm.registry import Registry
 from farm.settings import FarmSettings
 
@@ -159,28 +162,34 @@ class Farm:
         max_depth: int = 2,
         max_calls: int = 32,
         callback_timeout_s: float = 60.0,
+        limits: BoxLimits | Mapping[str, int] | None = None,
     ) -> Session:
         """Open a session on a worker of ``image``; waits up to ``open_wait_s`` for room.
 
-        ``on_state_lost="replay"`` opts in to restoring lost state by re-running the journal's
-        successful cells (see ``Session``); the default raises ``StateLost``. ``callbacks``
-        are functions of this process the session's code may call by name, within
-        ``max_depth`` nested sessions, ``max_calls`` calls per run and ``callback_timeout_s``
-        per call (``farm.client.callbacks``)."""
+        The session is a box of its own: its own uid, workspace and ``/tmp`` directory, and
+        ``limits`` (``BoxLimits``: memory per process, processes, file size, open files; the
+        worker's ``FARM_BOX_*`` defaults otherwise; over the sandbox's caps raises
+        ``InvalidRequest``). ``on_state_lost="replay"`` opts in to restoring lost state by
+        re-running the journal's successful cells (see ``Session``); the default raises
+        ``StateLost``. ``callbacks`` are functions of this process the session's code may call
+        by name, within ``max_depth`` nested sessions, ``max_calls`` calls per run and
+        ``callback_timeout_s`` per call (``farm.client.callbacks``)."""
         hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
+        wanted = _limits(limits)
         self._require_image(image)
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
         for backoff in delays(0.05, 1.0):
             open_id = uuid.uuid4().hex
-            pending, mark = self.broker.send(
-                TASK_OPEN, shared_queue(image), kwargs={"tools": tools, "open_id": open_id}
-            )
+            kwargs = {"tools": tools, "open_id": open_id, "limits": wanted}
+            pending, mark = self.broker.send(TASK_OPEN, shared_queue(image), kwargs=kwargs)
             try:
                 reply = self._open_reply(pending, open_id, mark, deadline + QUEUE_WAIT_S)
             except (SessionLost, BrokerLost) as exc:  # the open died with its worker or broker
                 reply = Busy(reason=str(exc))
             if isinstance(reply, Opened):
                 return Session(self, reply, timeout_s, on_state_lost, hooks)
+            if isinstance(reply, Refused):
+                raise InvalidRequest(f"worker {reply.worker} refused the session: {reply.reason}")
             if time.monotonic() + backoff > deadline:
                 raise FarmBusy(
                     f"every worker of image {image!r} is full or not ready "
@@ -194,7 +203,9 @@ class Farm:
         within ``journal_ttl_s``): the same types ``Session.stream`` yields."""
         return self.journal.events(session_id)
 
-    def _open_reply(self, pending: Any, open_id: str, mark: str, deadline: float) -> Opened | Busy:
+    def _open_reply(
+        self, pending: Any, open_id: str, mark: str, deadline: float
+    ) -> Opened | Busy | Refused:
         """The answer to one open; an open that no worker claimed within ``OPEN_CLAIM_S`` is
         abandoned (a dead worker may have taken its message without a trace) and reported
         busy, so the caller asks again; a late delivery of it then opens nothing."""
@@ -207,6 +218,8 @@ class Farm:
                 return Busy(reason=f"no worker took the open in {OPEN_CLAIM_S:g}s")
             # a worker claimed it meanwhile: wait for it there, watching its heartbeat
             raw = self.broker.wait(pending, deadline, watch)
+        if raw.get("refused"):
+            return Refused.model_validate(raw)
         return Busy.model_validate(raw) if raw.get("busy") else Opened.model_validate(raw)
 
     def attach(
@@ -242,17 +255,22 @@ class Farm:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = 0,
         max_output_bytes: int | None = None,
+        limits: BoxLimits | Mapping[str, int] | None = None,
     ) -> ExecResult:
-        """One-shot run in a fresh session; failures are results, never exceptions, once the
-        call was sent (before that: ``SandboxUnavailable`` when no worker serves ``image``,
-        ``BrokerUnavailable`` with ``sent=False`` when the broker cannot be reached).
+        """One-shot run in a fresh session (a box of its own, with ``limits``); failures are
+        results, never exceptions, once the call was sent (before that: ``SandboxUnavailable``
+        when no worker serves ``image``, ``BrokerUnavailable`` with ``sent=False`` when the
+        broker cannot be reached, ``InvalidRequest`` for bad limits).
 
         Up to ``retries`` infrastructure failures are retried, and only those that happened
         before the code started (its exec id was never claimed by a worker): code that may
         have run is not run again behind the caller's back.
         """
+        wanted = _limits(limits)
         for attempt in range(retries + 1):
             request = exec_request(code, timeout_s, max_output_bytes)
+            if wanted:
+                request["limits"] = wanted
             try:
                 self._require_image(image)
                 pending, mark = self.broker.send(TASK_RUN, shared_queue(image), args=[request])
@@ -282,6 +300,38 @@ class Farm:
                 return result
         raise AssertionError("unreachable")
 
+    def map(
+        self,
+        items: Iterable[BatchItem | dict[str, Any] | str],
+        *,
+        image: str = "default",
+        concurrency: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        retries: int = 0,
+        ordered: bool = True,
+        journal: bool = False,
+    ) -> MapRun:
+        """Run many items, each in a box of its own; iterate the result for one ``BatchRecord``
+        per item (the model of a ``farm sweep`` output line), in the items' order or, with
+        ``ordered=False``, as they finish.
+
+        An item is a code string or a dict shaped like a sweep line (``id``, ``code`` or
+        ``cells``, ``setup``, ``files``, ``timeout_s``, ``limits``); a malformed one becomes a
+        record of kind ``input``. Items are read lazily, at most ``concurrency`` at a time
+        (default: the capacity of the image's workers); leaving the loop early cancels the
+        rest and stops what runs. ``retries`` infrastructure failures are retried per item;
+        user errors, timeouts and OOMs are results (``farm.client.mapping``)."""
+        return MapRun(
+            self,
+            items,
+            image=image,
+            concurrency=concurrency,
+            timeout_s=timeout_s,
+            retries=retries,
+            ordered=ordered,
+            journal=journal,
+        )
+
     def _started(self, request: dict[str, Any]) -> bool:
         """Whether a worker claimed ``request`` (may have run it); unknown counts as yes."""
         try:
@@ -291,6 +341,17 @@ class Farm:
         except BrokerUnavailable:
             return True
         return record is not None
+
+
+def _limits(limits: BoxLimits | Mapping[str, int] | None) -> dict[str, int] | None:
+    """The box limits a request carries (checked here: a typo fails before anything is sent)."""
+    if limits is None:
+        return None
+    try:
+        checked = limits if isinstance(limits, BoxLimits) else BoxLimits.model_validate(limits)
+    except ValueError as exc:
+        raise InvalidRequest(f"bad box limits: {exc}") from None
+    return checked.model_dump() or None
 
 
 def _callbacks(

@@ -1,56 +1,93 @@
-"""``session.files``: put files into a session's workspace and get them back."""
+"""``session.files``: put files into a session's box and get them back, of any size.
+
+Each operation is done by the session's own process, as its box's uid, between its cells
+(``farm.kernel.fileops``), and travels in chunks of ``CHUNK`` bytes: a 100 MiB file is 25 round
+trips of bounded frames, never one oversized message. ``scope="workspace"`` (``session.files``)
+confines every path to the session's workspace, symlinks included; ``scope="box"`` (for
+integrations that need ``/tmp`` and absolute paths, like the Inspect provider) lets the OS
+decide, which refuses another session's files all the same. Refusals raise
+``FileOperationError`` with the errno and the path.
+"""
 
 from __future__ import annotations
 
-import ast
 import base64
 import io
-import json
 import os
 import tarfile
+import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from farm.errors import FileOperationError
 
 if TYPE_CHECKING:
     from farm.client.session import Session
 
+CHUNK = 4 * 1024 * 1024
+Scope = Literal["workspace", "box"]
+
 
 class SessionFiles:
-    """``session.files``: the session's workspace (``/workspace`` in a docker sandbox).
+    """``session.files``: the session's workspace (``/workspace/box-N`` in a docker sandbox)."""
 
-    Each operation is a small call in the session itself, so it is fenced, exactly-once and
-    confined like the session's code: paths are resolved (symlinks included) and must stay in
-    the workspace; sizes are bounded. Refusals raise ``FileOperationError``.
-    """
-
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, scope: Scope = "workspace") -> None:
         self.session = session
+        self.scope = scope
 
-    def _call(self, method: str, *args: Any) -> Any:
-        call = ", ".join(repr(a) for a in args)
-        code = f"__import__('json').dumps(__farm_files__.{method}({call}))"
-        result = self.session.run(code)
-        if result.error is not None:
-            raise FileOperationError(f"{method}: {result.error.ename}: {result.error.evalue}")
-        assert result.value is not None
-        return json.loads(ast.literal_eval(result.value.data["text/plain"]))
+    def _op(self, op: str, path: str, **fields: Any) -> Any:
+        reply = self.session.file_operation(
+            {"op": op, "path": str(path), "scope": self.scope, **fields}
+        )
+        error = reply.get("error")
+        if error:
+            raise FileOperationError(
+                f"{op} {path!r}: {error['ename']}: {error['evalue']}",
+                errno=int(error.get("errno") or 0),
+                path=str(path),
+                ename=str(error["ename"]),
+            )
+        return reply.get("result")
 
     def write(self, path: str, data: bytes | str) -> int:
+        """Create or replace ``path`` (and its parent directories) with ``data``."""
         raw = data.encode() if isinstance(data, str) else data
-        reply = self._call("write_file", path, base64.b64encode(raw).decode("ascii"))
-        return int(reply["size"])
+        size = 0
+        for offset in range(0, max(len(raw), 1), CHUNK):
+            chunk = base64.b64encode(raw[offset : offset + CHUNK]).decode("ascii")
+            size = int(self._op("write", path, data=chunk, offset=offset)["size"])
+        return size
 
-    def read(self, path: str) -> bytes:
-        return base64.b64decode(self._call("read_file", path)["data"])
+    def read(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """The file's bytes; over ``max_bytes`` raises ``FileOperationError`` before any
+        more of it travels."""
+        parts: list[bytes] = []
+        offset = 0
+        while True:
+            reply = self._op("read", path, offset=offset, length=CHUNK)
+            if max_bytes is not None and reply["size"] > max_bytes:
+                raise FileOperationError(
+                    f"read {path!r}: {reply['size']} bytes is over the limit of {max_bytes}",
+                    errno=27,  # EFBIG
+                    path=str(path),
+                    ename="FileTooLarge",
+                )
+            parts.append(base64.b64decode(reply["data"]))
+            offset += len(parts[-1])
+            if reply["eof"] or not parts[-1]:
+                return b"".join(parts)
+
+    def stat(self, path: str) -> dict[str, Any]:
+        """``{"path", "type": "file"|"dir"|"link", "size", "mode"}``."""
+        result: dict[str, Any] = self._op("stat", path)
+        return result
 
     def list(self, path: str = ".") -> list[dict[str, Any]]:
-        entries: list[dict[str, Any]] = self._call("list_files", path)
+        entries: list[dict[str, Any]] = self._op("list", path)
         return entries
 
     def remove(self, path: str) -> None:
-        self._call("remove", path)
+        self._op("remove", path)
 
     def upload(self, source: str | os.PathLike[str], dest: str = ".") -> int:
         """Upload a local directory (or a .tar/.tar.gz file) into the workspace."""
@@ -62,5 +99,6 @@ class SessionFiles:
             blob = buffer.getvalue()
         else:
             blob = source.read_bytes()
-        reply = self._call("extract", base64.b64encode(blob).decode("ascii"), dest)
-        return int(reply["files"])
+        staged = f".farm-upload-{uuid.uuid4().hex}.tar"
+        SessionFiles(self.session).write(staged, blob)
+        return int(self._op("extract", dest, source=staged)["files"])

@@ -8,24 +8,27 @@ exceptions (``SessionLost``, ``StateLost``) unless the session opted in to resto
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from farm.celeryconf import TASK_CLOSE, TASK_EXEC
+from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE
 from farm.client.broker import Watch
 from farm.client.callbacks import Callbacks
 from farm.client.files import SessionFiles
 from farm.client.stream import EventStream
 from farm.errors import FarmBusy, SessionLost, StateLost
-from farm.models import ErrorKind, ExecResult, Opened, RestoreReport
+from farm.models import CommandResult, ErrorKind, ExecResult, Opened, RestoreReport
 
 if TYPE_CHECKING:
     from farm.client import Farm
 
 QUEUE_WAIT_S = 600.0
+INLINE_STDIN = 16 * 1024 * 1024  # a command's stdin past this is staged in the box first
 OnStateLost = Literal["raise", "replay"]
 
 
@@ -171,6 +174,64 @@ class Session:
         if result.kind == ErrorKind.STATE_LOST:
             raise StateLost(result)
         return result
+
+    def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        max_output_bytes: int | None = None,
+    ) -> CommandResult:
+        """Run a command in the session's box (an argv list, or a string for ``/bin/sh -c``):
+        any program of the image, as the session's uid, from its workspace (``cwd`` relative
+        to it), beside its cells. ``input`` goes to its stdin (of any size: a large one is
+        staged in the box first). A timeout kills its whole process group (``timed_out``,
+        kind ``timeout``); a death by signal N is returncode 128 + N."""
+        argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        timeout = timeout_s or self.timeout_s
+        exec_id = uuid.uuid4().hex
+        request: dict[str, Any] = {
+            "exec_id": exec_id,
+            "session_id": self.id,
+            "generation": self.generation,
+            "argv": argv,
+            "timeout_s": timeout,
+            "cwd": cwd,
+            "env": dict(env or {}),
+            "max_output_bytes": max_output_bytes,
+        }
+        data = input.encode() if isinstance(input, str) else input
+        if data is not None and len(data) <= INLINE_STDIN:
+            request["stdin"] = base64.b64encode(data).decode("ascii")
+        elif data is not None:
+            request["stdin_path"] = f".farm-stdin-{exec_id}"
+            self.files.write(request["stdin_path"], data)
+        pending, mark = self.farm.broker.send(
+            TASK_COMMAND, self.queue, args=[request], check=self._check_alive
+        )
+        watch = Watch((self.worker, self.generation), exec_id, mark, self.id)
+        raw = self.farm.broker.wait(pending, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
+        result = CommandResult.model_validate(raw)
+        if result.kind == ErrorKind.SANDBOX_LOST:
+            raise SessionLost(self.id, self.worker, result.error.evalue if result.error else "")
+        return result
+
+    def file_operation(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One chunk of a file operation (``farm.client.files`` builds them)."""
+        request = {**request, "session_id": self.id, "generation": self.generation}
+        pending, mark = self.farm.broker.send(
+            TASK_FILE, self.queue, args=[request], check=self._check_alive
+        )
+        watch = Watch((self.worker, self.generation), None, mark, self.id)
+        reply: dict[str, Any] = self.farm.broker.wait(
+            pending, time.monotonic() + QUEUE_WAIT_S, watch
+        )
+        if (reply.get("error") or {}).get("ename") == "SessionLost":
+            raise SessionLost(self.id, self.worker, reply["error"]["evalue"])
+        return reply
 
     def restart(self) -> None:
         """Accept the loss of state: continue in the fresh namespace of the current epoch."""

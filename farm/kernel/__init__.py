@@ -18,27 +18,27 @@ outside this package. Layout, from the wire inwards:
 - ``client``     ``KernelClient``, the stdlib client every host-side layer reuses
 """
 
+import sys
+
+MIN_PYTHON = (3, 9)
+if sys.version_info < MIN_PYTHON:  # any image's python3 may start it: say why it cannot run
+    raise SystemExit(f"farm's kernel needs Python >= 3.9; this is {sys.version.split()[0]}")
+
+from .protocol import KINDS as KINDS  # noqa: E402 - after the version check
+from .protocol import Kind  # noqa: E402
+
 KERNEL_VERSION = "0.1.0"
 
-# Failure kinds, written once: ``farm.models.ErrorKind`` takes its values from these.
-KIND_USER = "user"
-KIND_TIMEOUT = "timeout"
-KIND_OOM = "oom"
-KIND_OUTPUT_LIMIT = "output_limit"
-KIND_STATE_LOST = "state_lost"
-KIND_SANDBOX_LOST = "sandbox_lost"
-KIND_INFRA = "infra"
-KIND_INPUT = "input"  # the request itself is bad (too large, malformed): nothing was run
-KINDS = (
-    KIND_USER,
-    KIND_TIMEOUT,
-    KIND_OOM,
-    KIND_OUTPUT_LIMIT,
-    KIND_STATE_LOST,
-    KIND_SANDBOX_LOST,
-    KIND_INFRA,
-    KIND_INPUT,
-)
+# Failure kinds (``protocol.Kind`` is where they are written; mypy holds these to it), also the
+# values of ``farm.models.ErrorKind``.
+KIND_USER: Kind = "user"
+KIND_TIMEOUT: Kind = "timeout"
+KIND_OOM: Kind = "oom"
+KIND_OUTPUT_LIMIT: Kind = "output_limit"
+KIND_STATE_LOST: Kind = "state_lost"
+KIND_SANDBOX_LOST: Kind = "sandbox_lost"
+KIND_INFRA: Kind = "infra"
+KIND_INPUT: Kind = "input"  # the request itself is bad (too large, malformed): nothing was run
 
 # Part of the message of a ``state_lost`` result whose code never started (the session died
 # between calls, or the call named an old epoch): the host may run it again after a restore.

@@ -33,11 +33,21 @@ import traceback  # noqa: F401
 import typing  # noqa: F401
 
 from . import auth, repl, zygote  # noqa: F401
+from .boxes import BoxPool
 from .framing import DEFAULT_MAX_FRAME
 from .server import KernelServer, serve_forever
+from .uids import prctl
 
 TOKEN_ENV = "FARM_KERNEL_TOKEN"
 PR_SET_DUMPABLE = 4
+SPARE_BOXES = 64  # boxes being reset after their session closed do not count against sessions
+REQUIRED_CAPS = {
+    0: "CAP_CHOWN",
+    5: "CAP_KILL",
+    6: "CAP_SETGID",
+    7: "CAP_SETUID",
+    8: "CAP_SETPCAP",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,8 +69,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--workspace",
         default=None,
-        help="root of the session tools and files (default: the working dir)",
+        help="where the boxes' workspaces go, box-N each (default: the working dir)",
     )
+    parser.add_argument(
+        "--tmp-root", default="/tmp", help="where the boxes' temporary dirs go, box-N each"
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=["uids", "dirs"],
+        default="uids" if os.geteuid() == 0 else "dirs",
+        help="uids: each box runs as a uid of its own (needs root with CAP_SETUID, SETGID, "
+        "SETPCAP, CHOWN, KILL); dirs: private directories only, one uid for all",
+    )
+    parser.add_argument("--box-uid-base", type=int, default=20000, help="box N runs as uid base+N")
     parser.add_argument(
         "--tool-output-chars",
         type=int,
@@ -69,6 +90,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--log-level", default=os.environ.get("FARM_KERNEL_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
+
+
+def prepare_shared_dirs(pool: BoxPool) -> None:
+    """Check that boxes can get uids of their own, and close the shared directories: a box
+    may create its own entries in them (``/tmp``: sticky) but list nobody's. ``dirs``
+    isolation makes the roots only, and says once, loudly, what it cannot do."""
+    os.makedirs(pool.workspace_root, exist_ok=True)
+    os.makedirs(pool.tmp_root, exist_ok=True)
+    if pool.isolation == "dirs":
+        logging.getLogger("farm.kernel").warning(
+            "isolation 'dirs': sessions get private directories and limits but share one "
+            "uid, so they can read and signal each other; use the docker backend to separate them"
+        )
+        return
+    missing = [name for bit, name in REQUIRED_CAPS.items() if not _effective_caps() >> bit & 1]
+    if missing:
+        raise SystemExit(
+            f"isolation 'uids' needs the capabilities {', '.join(missing)} (start the sandbox "
+            "as root with them, or run --isolation dirs)"
+        )
+    os.chmod(pool.workspace_root, 0o711)
+    for path in (pool.tmp_root, "/dev/shm", "/dev/mqueue"):
+        try:
+            os.chmod(path, 0o1733)
+        except OSError as exc:  # not there, or not ours: boxes keep it as the image made it
+            logging.getLogger("farm.kernel").warning("cannot close %s to listing: %s", path, exc)
+
+
+def _effective_caps() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
 
 
 def _reexec_without_env_token(argv: list[str]) -> None:
@@ -110,9 +165,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.listen:
         host, _, port_text = args.listen.rpartition(":")
         port = int(port_text)
-    _, zygote_sock = zygote.start()
+    pool = BoxPool(
+        isolation=args.isolation,
+        workspace_root=os.path.realpath(args.workspace or os.getcwd()),
+        tmp_root=os.path.realpath(args.tmp_root),
+        uid_base=args.box_uid_base,
+        count=args.max_sessions + SPARE_BOXES,
+    )
+    prepare_shared_dirs(pool)
+    _, zygote_sock = zygote.start(args.isolation)
     token = _read_token(args)
-    zygote.prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_DUMPABLE, 0)
     server = KernelServer(
         token,
         zygote_sock,
@@ -120,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         max_sessions=args.max_sessions,
         max_connections=args.max_connections,
         max_frame=args.max_frame,
-        workspace=os.path.realpath(args.workspace or os.getcwd()),
+        pool=pool,
         tool_limit=args.tool_output_chars,
     )
 

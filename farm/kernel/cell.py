@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
 
 if TYPE_CHECKING:
-    from .manager import Session, SessionProcess
+    from .manager import Session
+    from .process import SessionProcess
 
 
 class Cell:

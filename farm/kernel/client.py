@@ -15,6 +15,7 @@ be one more intermediate frame type whose handler writes a reply frame back.
 
 from __future__ import annotations
 
+import base64
 import socket
 import threading
 import time
@@ -28,6 +29,7 @@ from .framing import DEFAULT_MAX_FRAME, FrameError, recv_frame, send_frame
 DEFAULT_TIMEOUT_S = 30.0
 INTERMEDIATE = {"event"}  # frame types a kernel may send before the final reply
 REQUEST_SLACK_S = 15.0
+FILE_TIMEOUT_S = 150.0
 
 
 class KernelError(Exception):
@@ -190,8 +192,13 @@ class KernelClient:
     def ping(self, timeout_s: float = 5.0) -> dict[str, Any]:
         return self.request({"type": "ping"}, timeout_s)
 
-    def open_session(self, *, tools: bool = True) -> dict[str, Any]:
-        reply = self.request({"type": "open_session", "tools": tools})
+    def open_session(
+        self, *, tools: bool = True, limits: dict[str, int] | None = None
+    ) -> dict[str, Any]:
+        message: dict[str, Any] = {"type": "open_session", "tools": tools}
+        if limits:
+            message["limits"] = limits
+        reply = self.request(message)
         return {"session_id": reply["session_id"], "epoch": reply["epoch"]}
 
     def execute(
@@ -240,6 +247,45 @@ class KernelClient:
             raise KernelProtocolError(f"unexpected reply to execute: {reply.get('type')!r}")
         result: dict[str, Any] = reply["result"]
         return result
+
+    def command(
+        self,
+        session_id: str,
+        argv: list[str],
+        *,
+        exec_id: str,
+        timeout_s: float,
+        stdin: bytes | None = None,
+        stdin_path: str | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        max_output_bytes: int | None = None,
+        grace_s: float = 2.0,
+    ) -> dict[str, Any]:
+        """Run ``argv`` in the session's box (``farm.kernel.commands``); the result's fields."""
+        message: dict[str, Any] = {
+            "type": "command",
+            "session_id": session_id,
+            "exec_id": exec_id,
+            "argv": argv,
+            "timeout_s": timeout_s,
+        }
+        if stdin:
+            message["stdin"] = base64.b64encode(stdin).decode("ascii")
+        optional = {"stdin_path": stdin_path, "cwd": cwd, "env": env}
+        message.update({k: v for k, v in optional.items() if v is not None})
+        if max_output_bytes is not None:
+            message["max_output_bytes"] = max_output_bytes
+        reply = self.request(message, timeout_s + grace_s + REQUEST_SLACK_S)
+        result: dict[str, Any] = reply["result"]
+        return result
+
+    def file(self, session_id: str, op: str, path: str, **fields: Any) -> dict[str, Any]:
+        """One file operation (``farm.kernel.fileops``): ``{"result": ...}`` or
+        ``{"error": {"ename", "evalue", "errno", "path"}}``."""
+        message = {"type": "file", "session_id": session_id, "op": op, "path": path, **fields}
+        reply = self.request(message, FILE_TIMEOUT_S)
+        return {"result": reply.get("result"), "error": reply.get("error")}
 
     def close_session(self, session_id: str) -> None:
         self.request({"type": "close_session", "session_id": session_id})

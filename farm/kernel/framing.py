@@ -15,7 +15,7 @@ import struct
 from typing import Any
 
 HEADER = struct.Struct(">I")
-DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+DEFAULT_MAX_FRAME = 64 * 1024 * 1024  # a result with two 16 MiB outputs, a 32 MiB stdin
 
 
 class FrameError(Exception):

@@ -1,13 +1,17 @@
-"""The supervisor's side of sessions: spawn, execute with deadlines and caps, replace, close.
+"""The supervisor's sessions: open, execute with deadlines and caps, replace, close.
 
-Invariants:
+Each session lives in a box of its own (``boxes``) and its processes come from the zygote
+(``spawner``). Invariants:
 - a call must carry the session's current epoch; an old epoch gets ``state_lost`` and runs
   nothing, because silently running in a fresh namespace would corrupt an evaluation;
 - a timeout interrupts first (state kept); only code that ignores the interrupt for
   ``grace_s`` is killed with its whole process group, and then the session gets a fresh
   process with ``epoch + 1`` and the result says ``state_lost``;
 - a session process that dies (``os._exit``, segfault, OOM kill) is replaced the same way and
-  the death is reported, never hidden;
+  the death is reported, never hidden; a replacement starts only once every process of the
+  box's uid is gone (its files are kept);
+- a closed session's box is reset (every process and file of its uid removed) before its number
+  is used again.
 - captured output is bounded per stream, and a flood past ``flood_factor`` times the cap
   interrupts the cell with kind ``output_limit``.
 """
@@ -15,10 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import os
 import signal
 import socket
 import time
@@ -26,25 +27,16 @@ import uuid
 from typing import Any
 
 from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
+from .boxes import Box, BoxPool, Caps, LimitsError
 from .cell import Cell
-from .framing import FrameError, encode, read_frame
-from .output import CappedBuffer
-from .streaming import CellEvents, Emit
+from .framing import FrameError, encode
+from .process import SessionProcess
+from .spawner import RequestError, Spawner
+from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
-
-DEFAULT_OUTPUT_BYTES = 1024 * 1024
-FLOOD_FACTOR = 8
-SPAWN_TIMEOUT_S = 10.0
+FILE_TIMEOUT_S = 120.0  # one chunk of a file operation (a listing of a big tree may be slow)
 _OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-
-
-class RequestError(Exception):
-    """A request the kernel refuses; ``code`` travels in the error frame."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def oom_kills() -> int | None:
@@ -61,232 +53,68 @@ def oom_kills() -> int | None:
     return None
 
 
-class SessionProcess:
-    """One forked session process and its capture pipes, as the supervisor sees it."""
-
-    def __init__(self, pid: int, ctl: socket.socket, out_fd: int, err_fd: int) -> None:
-        self.pid = pid
-        self.ctl = ctl
-        self.fds = {fd: CappedBuffer(DEFAULT_OUTPUT_BYTES) for fd in (out_fd, err_fd)}
-        self.out = self.fds[out_fd]
-        self.err = self.fds[err_fd]
-        self.flood_limit = DEFAULT_OUTPUT_BYTES * FLOOD_FACTOR
-        self.flood = asyncio.Event()
-        self.exit: dict[str, Any] | None = None
-        self.exited = asyncio.Event()
-        self.events: CellEvents | None = None
-        self.calls = 0  # host calls of this process so far (their ids)
-        self.allowed: frozenset[str] = frozenset()  # the callbacks the running cell may call
-        self.waiting: int | None = None  # the call that awaits the host's answer
-        self.reader: asyncio.StreamReader
-        self.writer: asyncio.StreamWriter
-
-    async def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.reader, self.writer = await asyncio.open_unix_connection(sock=self.ctl)
-        for fd in self.fds:
-            os.set_blocking(fd, False)
-            loop.add_reader(fd, self.drain, fd)
-
-    def drain(self, fd: int) -> None:
-        """Move what the pipe holds into the buffer (called when readable, and at cell end)."""
-        buf = self.fds[fd]
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                asyncio.get_running_loop().remove_reader(fd)
-                break
-            buf.write(data)
-        if self.events is not None:
-            self.events.output(buf)
-        if buf.total > self.flood_limit:
-            self.flood.set()
-
-    def start_cell(self, cap: int, emit: Emit | None, calls: list[str] | None = None) -> None:
-        for buf in self.fds.values():
-            buf.reset(cap)
-        self.flood_limit = cap * FLOOD_FACTOR
-        self.flood.clear()
-        self.events = CellEvents(emit, self.out, self.err) if emit is not None else None
-        self.allowed = frozenset(calls or ())
-
-    async def cell_reply(self) -> dict[str, Any] | None:
-        """Read the session's frames until its ``cell_done``. A ``display`` on the way goes
-        out as an event (dropped when nobody asked for events) and is answered, which lets the
-        session go on: a request from sandboxed code that needs a real answer (a host
-        callback) would be one more frame type here, answered once the host replied."""
-        while True:
-            frame = await read_frame(self.reader)
-            if frame is None or frame["type"] == "cell_done":
-                return frame
-            if frame["type"] == "call":
-                self._forward_call(frame)
-            elif frame["type"] == "display":
-                for fd in self.fds:  # the session waits: the pipes hold exactly what came first
-                    self.drain(fd)
-                if self.events is not None:
-                    self.events.display(frame.get("value"))
-                self.writer.write(encode({"type": "ack"}))
-            else:
-                log.warning("session pid %d sent an unknown frame %r", self.pid, frame["type"])
-
-    def _forward_call(self, frame: dict[str, Any]) -> None:
-        """A host callback from the cell (``farm.kernel.calls``): out as an event, then wait."""
-        for fd in self.fds:  # what the cell printed before the call comes first
-            self.drain(fd)
-        self.calls += 1
-        if self.events is None:
-            self._answer(False, error=("CallbackError", "no host listens for callbacks here"))
-            return
-        if frame.get("name") not in self.allowed:
-            why = f"no callback named {frame.get('name')!r} is registered for this session"
-            self._answer(False, error=("CallbackError", why))
-            return
-        self.waiting = self.calls
-        self.events.flush()
-        self.events.emit(
-            {
-                "type": "call",
-                "id": self.calls,
-                "name": str(frame.get("name")),
-                "args": frame.get("args", []),
-                "kwargs": frame.get("kwargs", {}),
-                "batch": bool(frame.get("batch")),
-            }
-        )
-
-    def answer(self, frame: dict[str, Any]) -> None:
-        """The host's answer to the waiting call; a late one (its call is over) is dropped."""
-        if self.waiting is None or frame.get("id") != self.waiting:
-            return
-        self.waiting = None
-        error = frame.get("error") or {}
-        why = (str(error.get("ename", "Error")), str(error.get("evalue", "")))
-        self._answer(bool(frame.get("ok")), value=frame.get("value"), error=why)
-
-    def abandon_call(self) -> None:
-        """The cell must stop: answer its waiting call with an interrupt (raised there)."""
-        if self.waiting is not None:
-            self.waiting = None
-            self.writer.write(encode({"type": "answer", "ok": False, "interrupt": True}))
-
-    def _answer(self, ok: bool, *, value: Any = None, error: tuple[str, str] = ("", "")) -> None:
-        body: dict[str, Any] = {"type": "answer", "ok": ok}
-        if ok:
-            body["value"] = value
-        else:
-            body["error"] = {"ename": error[0], "evalue": error[1]}
-        self.writer.write(encode(body))
-
-    def signal(self, sig: int, *, group: bool) -> None:
-        try:
-            if group:
-                os.killpg(self.pid, sig)
-            os.kill(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def describe_exit(self) -> str:
-        if self.exit is None:
-            return "the session process stopped answering"
-        if "signal" in self.exit:
-            return f"the session process was killed by {signal.Signals(self.exit['signal']).name}"
-        return f"the session process exited with code {self.exit.get('code')}"
-
-    def close(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.signal(signal.SIGKILL, group=True)
-        for fd in self.fds:
-            loop.remove_reader(fd)
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.writer.close()
-
-
 class Session:
-    def __init__(self, session_id: str, proc: SessionProcess, tools: bool) -> None:
+    def __init__(self, session_id: str, box: Box, tools: bool) -> None:
         self.id = session_id
+        self.box = box
         self.tools = tools
         self.epoch = 1
-        self.proc = proc
+        self.proc: SessionProcess
         self.lock = asyncio.Lock()
         self.last_used = time.monotonic()
 
 
 class SessionManager:
-    """Owns the zygote connection and every session of this kernel."""
+    """Owns the zygote connection, the box pool and every session of this kernel."""
 
     def __init__(
         self,
         zygote: socket.socket,
+        pool: BoxPool,
         *,
         grace_s: float,
         max_sessions: int,
-        workspace: str | None = None,
         tool_limit: int = 3000,
+        caps: Caps | None = None,
     ) -> None:
-        self.workspace = workspace
-        self.tool_limit = tool_limit
-        self.zygote = zygote
+        self.caps = caps or Caps.of_this_sandbox()
+        self.spawner = Spawner(zygote, pool, self.caps, tool_limit)
         self.grace_s = grace_s
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
-        self.by_pid: dict[int, SessionProcess] = {}
-        self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
         self.loop = asyncio.get_running_loop()
-        zygote.setblocking(False)
-        self.loop.add_reader(zygote, self._on_zygote)
-        self.zygote_alive = True
-        # Set when the zygote dies: its sessions died with it (PDEATHSIG) and no new one can
-        # start, so the kernel stops and its sandbox is replaced (``serve_forever``).
-        self.zygote_lost = asyncio.Event()
         self.oom_baseline = oom_kills()
 
-    def _on_zygote(self) -> None:
-        while True:
-            try:
-                data, fds, _, _ = socket.recv_fds(self.zygote, 4096, 3)
-            except BlockingIOError:
-                return
-            if not data:
-                self.zygote_alive = False
-                self.loop.remove_reader(self.zygote)
-                log.error("the zygote exited; no new sessions can start")
-                self.zygote_lost.set()
-                return
-            message = json.loads(data)
-            if message["op"] == "spawned":
-                self.pending.pop(0).set_result((message["pid"], fds))
-            elif message["op"] == "exited":
-                proc = self.by_pid.pop(message["pid"], None)
-                if proc is not None:
-                    proc.exit = message
-                    proc.exited.set()
-
-    async def _spawn(self, tools: bool = True) -> SessionProcess:
-        if not self.zygote_alive:
-            raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
-        future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
-        self.pending.append(future)
-        config = {"tools": tools, "workspace": self.workspace, "tool_limit": self.tool_limit}
-        self.zygote.send(json.dumps({"op": "spawn", "session": config}).encode())
-        pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
-        proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
-        self.by_pid[pid] = proc
-        await proc.attach(self.loop)
-        return proc
-
-    async def open(self, tools: bool = True) -> dict[str, Any]:
+    async def open(
+        self, tools: bool = True, limits: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Open a session: a spare process when it fits (the usual case: default limits and
+        tools), else a process spawned for it; either way a box of its own."""
         if len(self.sessions) >= self.max_sessions:
             raise RequestError(
                 "too_many_sessions", f"this kernel holds {self.max_sessions} sessions"
             )
-        session = Session(uuid.uuid4().hex, await self._spawn(tools), tools)
+        try:
+            checked = self.caps.check(limits)
+        except LimitsError as exc:
+            raise RequestError("bad_limits", str(exc)) from None
+        spare = self.spawner.take_spare() if tools and checked == self.caps.defaults() else None
+        if spare is not None:
+            box, proc = spare
+        else:
+            box = self.spawner.take_box(checked)
+            try:
+                proc = await self.spawner.spawn(box, tools)
+            except BaseException:
+                self.spawner.end_box(box, None)
+                raise
+        session = Session(uuid.uuid4().hex, box, tools)
+        session.proc = proc
         self.sessions[session.id] = session
-        log.info("session %s opened (pid %d)", session.id, session.proc.pid)
+        self.spawner.refill()
+        log.info(
+            "session %s opened (pid %d, box %d, uid %d)", session.id, proc.pid, box.number, box.uid
+        )
         return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
 
     def answer(self, frame: dict[str, Any]) -> None:
@@ -296,14 +124,18 @@ class SessionManager:
             session.proc.answer(frame)
 
     def close(self, session_id: str) -> dict[str, Any]:
+        """End the session now; its box is reset (every process and file of its uid goes) in
+        the background and only then given back to the pool."""
         session = self.sessions.pop(session_id, None)
         if session is None:
             raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
         session.proc.close(self.loop)
+        self.spawner.end_box(session.box, session.proc)
         log.info("session %s closed", session_id)
         return {"type": "session_closed", "session_id": session_id}
 
     def close_all(self) -> None:
+        self.spawner.close()
         for session_id in list(self.sessions):
             self.close(session_id)
 
@@ -318,10 +150,48 @@ class SessionManager:
         return before is not None and now is not None and now > before
 
     async def _replace(self, session: Session) -> None:
+        """A fresh process in the same box (files kept), once every process of the old one is
+        gone: nothing the lost namespace started survives into the new epoch."""
         session.proc.close(self.loop)
         session.epoch += 1
-        session.proc = await self._spawn(session.tools)
+        await self.spawner.reset(session.box, session.proc, remove=False)
+        session.proc = await self.spawner.spawn(session.box, session.tools)
         log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
+
+    async def file(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A file operation (``fileops``), done by the session process between its cells; a
+        process found dead is replaced first (its next cell then reports the loss)."""
+        session = self._session(request["session_id"])
+        async with session.lock:
+            if session.proc.exit is not None:
+                await self._replace(session)
+            frame = {"type": "file", **{k: v for k, v in request.items() if k != "type"}}
+            try:
+                reply = await session.proc.exchange(frame, FILE_TIMEOUT_S)
+            except (asyncio.TimeoutError, FrameError, ConnectionError, OSError):
+                reply = None
+            if reply is None:
+                raise RequestError(
+                    "unavailable", "the session process did not answer a file request"
+                )
+        return {"type": "file_result", "result": reply.get("result"), "error": reply.get("error")}
+
+    async def command(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run a command in the session's box (``commands``): no lock, so commands of one
+        session run at once, beside its cells."""
+        session = self._session(request["session_id"])
+        run = await self.spawner.command(session.box, request, request["max_output_bytes"])
+        session.last_used = time.monotonic()
+        outcome = await run.run(request["stdin"], request["timeout_s"])
+        session.last_used = time.monotonic()
+        result = {"exec_id": request["exec_id"], "session_id": session.id, **outcome}
+        return {"type": "command_result", "result": result}
+
+    def _session(self, session_id: str) -> Session:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise RequestError("no_such_session", f"no session {session_id!r} here")
+        return session
 
     async def execute(self, request: dict[str, Any], emit: Emit | None = None) -> dict[str, Any]:
         session = self.sessions.get(request["session_id"])
@@ -369,6 +239,8 @@ class SessionManager:
             proc.events = None
         if reply is not None:
             return cell.done(reply, reason)
+        if self.sessions.get(session.id) is not session:  # closed while the cell ran
+            return cell.lost("the session was closed while this call ran")
         await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
         what = proc.describe_exit()
         await self._replace(session)

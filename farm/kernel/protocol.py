@@ -18,7 +18,13 @@ Three conversations, from the outside in:
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, TypedDict, get_args
+
+# Why a run failed: the one place the kinds are written (``farm.models.ErrorKind`` mirrors them).
+Kind = Literal[
+    "user", "timeout", "oom", "output_limit", "state_lost", "sandbox_lost", "infra", "input"
+]
+KINDS: tuple[Kind, ...] = get_args(Kind)
 
 # --- values inside frames ----------------------------------------------------------------------
 
@@ -34,7 +40,7 @@ class CellError(TypedDict):
     ename: str
     evalue: str
     traceback: list[str]
-    kind: str
+    kind: Kind
 
 
 class CellResult(TypedDict):
@@ -54,6 +60,15 @@ class CellResult(TypedDict):
     cpu_s: float
     max_rss_kb: int
     state_lost: bool
+
+
+class BoxLimits(TypedDict, total=False):
+    """Limits of one box (session); any left out take the kernel's defaults."""
+
+    memory_mb: int  # RLIMIT_DATA of each process: a bigger allocation raises MemoryError
+    pids: int  # RLIMIT_NPROC of the box's uid: processes and threads
+    fsize_mb: int  # RLIMIT_FSIZE: the largest file a process may write
+    nofile: int  # RLIMIT_NOFILE
 
 
 class CallError(TypedDict):
@@ -138,11 +153,17 @@ class Pong(TypedDict):
     uptime_s: float
     grace_s: float
     max_frame: int
+    isolation: Literal["uids", "dirs"]
+    box_limits: BoxLimits
 
 
-class OpenSession(TypedDict):
+class _OpenSessionRequired(TypedDict):
     type: Literal["open_session"]
-    tools: NotRequired[bool]
+
+
+class OpenSession(_OpenSessionRequired, total=False):
+    tools: bool
+    limits: BoxLimits
 
 
 class SessionOpened(TypedDict):
@@ -151,16 +172,19 @@ class SessionOpened(TypedDict):
     epoch: int
 
 
-class Execute(TypedDict):
+class _ExecuteRequired(TypedDict):
     type: Literal["execute"]
     session_id: str
     epoch: int
     code: str
     timeout_s: float
     exec_id: str
-    max_output_bytes: NotRequired[int]
-    events: NotRequired[bool]
-    calls: NotRequired[list[str]]
+
+
+class Execute(_ExecuteRequired, total=False):
+    max_output_bytes: int
+    events: bool
+    calls: list[str]
 
 
 class EventFrame(TypedDict):
@@ -169,15 +193,18 @@ class EventFrame(TypedDict):
     event: CellEvent
 
 
-class Answer(TypedDict):
-    """The host's answer to a ``call`` event (``ok`` with ``value``, or ``error``)."""
-
+class _AnswerRequired(TypedDict):
     type: Literal["answer"]
     session_id: str
     id: int
     ok: bool
-    value: NotRequired[Any]
-    error: NotRequired[CallError]
+
+
+class Answer(_AnswerRequired, total=False):
+    """The host's answer to a ``call`` event (``ok`` with ``value``, or ``error``)."""
+
+    value: Any
+    error: CallError
 
 
 class ExecReply(TypedDict):
@@ -195,6 +222,78 @@ class SessionClosed(TypedDict):
     session_id: str
 
 
+class _CommandRequired(TypedDict):
+    type: Literal["command"]
+    session_id: str
+    exec_id: str
+    argv: list[str]
+    timeout_s: float
+
+
+class Command(_CommandRequired, total=False):
+    """Run ``argv`` in the session's box (``commands``); stdin inline (base64) or staged."""
+
+    stdin: str
+    stdin_path: str
+    cwd: str
+    env: dict[str, str]
+    max_output_bytes: int
+
+
+class CommandOutcome(TypedDict):
+    """What a command did (the host adds ``worker`` and, around it, ``error``)."""
+
+    exec_id: str
+    session_id: str
+    returncode: int | None  # the exit status, or 128 + N for a death by signal N
+    signal: int | None
+    timed_out: bool
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration_s: float
+
+
+class CommandReply(TypedDict):
+    type: Literal["command_result"]
+    result: CommandOutcome
+
+
+FileOp = Literal["write", "read", "stat", "list", "remove", "extract"]
+
+
+class FileError(TypedDict):
+    ename: str
+    evalue: str
+    errno: int
+    path: str
+
+
+class _FileRequestRequired(TypedDict):
+    type: Literal["file"]
+    session_id: str
+    op: FileOp
+    path: str
+
+
+class FileRequest(_FileRequestRequired, total=False):
+    """One file operation (``fileops``): chunks of ``data`` (base64) written at ``offset``,
+    ``length`` bytes read from ``offset``; ``scope`` "workspace" (confined) or "box"."""
+
+    scope: Literal["workspace", "box"]
+    offset: int
+    length: int
+    data: str
+    source: str
+
+
+class FileReply(TypedDict):
+    type: Literal["file_result"]
+    result: Any
+    error: FileError | None
+
+
 HOST_FRAMES: dict[str, type] = {
     "hello": Hello,
     "auth": Auth,
@@ -210,9 +309,19 @@ HOST_FRAMES: dict[str, type] = {
     "exec_result": ExecReply,
     "close_session": CloseSession,
     "session_closed": SessionClosed,
+    "command": Command,
+    "command_result": CommandReply,
+    "file": FileRequest,
+    "file_result": FileReply,
 }
 
 # --- supervisor <-> session process -----------------------------------------------------------
+
+
+class Ready(TypedDict):
+    """The session process's first frame: it entered its box and waits for cells."""
+
+    type: Literal["ready"]
 
 
 class CellFrame(TypedDict):
@@ -239,53 +348,98 @@ class Ack(TypedDict):
     type: Literal["ack"]
 
 
-class CallFrame(TypedDict):
+class _CallFrameRequired(TypedDict):
     type: Literal["call"]
     name: str
     args: list[Any]
     kwargs: dict[str, Any]
-    batch: NotRequired[bool]
 
 
-class CallAnswer(TypedDict):
-    """The supervisor's answer to a ``call``; ``interrupt``: the cell timed out meanwhile."""
+class CallFrame(_CallFrameRequired, total=False):
+    batch: bool
 
+
+class _CallAnswerRequired(TypedDict):
     type: Literal["answer"]
     ok: bool
-    value: NotRequired[Any]
-    error: NotRequired[CallError]
-    interrupt: NotRequired[bool]
+
+
+class CallAnswer(_CallAnswerRequired, total=False):
+    """The supervisor's answer to a ``call``; ``interrupt``: the cell timed out meanwhile."""
+
+    value: Any
+    error: CallError
+    interrupt: bool
+
+
+class _FileDoneRequired(TypedDict):
+    type: Literal["file_done"]
+
+
+class FileDone(_FileDoneRequired, total=False):
+    result: Any
+    error: FileError
 
 
 SESSION_FRAMES: dict[str, type] = {
+    "ready": Ready,
     "cell": CellFrame,
     "cell_done": CellDone,
     "display": DisplayFrame,
     "ack": Ack,
     "call": CallFrame,
     "answer": CallAnswer,
+    "file": FileRequest,
+    "file_done": FileDone,
 }
 
 # --- supervisor <-> zygote (datagrams) ---------------------------------------------------------
 
 
+class BoxInfo(TypedDict):
+    """A box as the zygote's children need it (``boxes.Box``)."""
+
+    number: int
+    uid: int
+    gid: int
+    workspace: str
+    tmp: str
+    limits: BoxLimits
+
+
 class SessionConfig(TypedDict):
-    """What a new session process is told: its tools and its workspace."""
+    """What a new session process is told: its box and its tools."""
 
     tools: bool
-    workspace: str | None
     tool_limit: int
+    box: BoxInfo
 
 
-class ZygoteRequest(TypedDict):
-    op: Literal["spawn"]
+class _ZygoteRequestRequired(TypedDict):
+    op: Literal["spawn", "reset"]
+
+
+class ZygoteRequest(_ZygoteRequestRequired, total=False):
+    """``spawn`` (``session``) or ``reset`` (``id``, ``box``, ``remove``: also its files,
+    ``pgid``)."""
+
     session: SessionConfig
+    box: BoxInfo
+    id: int
+    remove: bool
+    pgid: int | None
 
 
-class ZygoteReport(TypedDict):
-    """``spawned`` (its fds travel with it) or ``exited`` (``code`` or ``signal``)."""
+class _ZygoteReportRequired(TypedDict):
+    op: Literal["spawned", "exited", "reset_done"]
 
-    op: Literal["spawned", "exited"]
+
+class ZygoteReport(_ZygoteReportRequired, total=False):
+    """``spawned`` (its fds travel with it), ``exited`` (``code`` or ``signal``) or
+    ``reset_done`` (``id``, ``ok``)."""
+
     pid: int
-    code: NotRequired[int | None]
-    signal: NotRequired[int]
+    code: int | None
+    signal: int
+    id: int
+    ok: bool

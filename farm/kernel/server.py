@@ -10,6 +10,7 @@ is closed; the server keeps serving everyone else. An unauthenticated connection
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import math
 import os
@@ -20,9 +21,12 @@ import time
 from typing import Any
 
 from . import KERNEL_VERSION, auth
+from .boxes import BoxPool
 from .cell import fit
 from .framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
-from .manager import DEFAULT_OUTPUT_BYTES, RequestError, SessionManager
+from .manager import SessionManager
+from .process import DEFAULT_OUTPUT_BYTES
+from .spawner import RequestError
 from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
@@ -31,7 +35,7 @@ HANDSHAKE_TIMEOUT_S = 5.0
 HANDSHAKE_MAX_FRAME = 4096
 MAX_TIMEOUT_S = 24 * 3600.0
 # Errors after which the connection stays usable; every other error closes it.
-_RECOVERABLE = {"no_such_session", "too_many_sessions", "unavailable"}
+_RECOVERABLE = {"no_such_session", "too_many_sessions", "unavailable", "bad_limits"}
 # An authenticated peer's frame up to this many times the limit is read and dropped (the host
 # sent a cell too large: it gets ``too_large`` and keeps its connection); a bigger one closes it.
 DISCARD_FACTOR = 4
@@ -47,11 +51,11 @@ class KernelServer:
         max_sessions: int = 256,
         max_connections: int = 1024,
         max_frame: int = DEFAULT_MAX_FRAME,
-        workspace: str | None = None,
+        pool: BoxPool,
         tool_limit: int = 3000,
     ) -> None:
         self._token = token
-        self.workspace = workspace
+        self.pool = pool
         self.tool_limit = tool_limit
         self._zygote = zygote
         self.grace_s = grace_s
@@ -66,9 +70,9 @@ class KernelServer:
     async def start(self, *, host: str | None, port: int | None, unix: str | None) -> str:
         self.manager = SessionManager(
             self._zygote,
+            self.pool,
             grace_s=self.grace_s,
             max_sessions=self.max_sessions,
-            workspace=self.workspace,
             tool_limit=self.tool_limit,
         )
         if unix is not None:
@@ -98,7 +102,7 @@ class KernelServer:
                 await self._requests(reader, writer)
         except FrameError as exc:
             await _reply(writer, {"type": "error", "code": "bad_frame", "message": str(exc)})
-        except (TimeoutError, ConnectionError, OSError):
+        except (asyncio.TimeoutError, ConnectionError, OSError):
             pass
         except asyncio.CancelledError:  # the kernel is shutting down
             pass
@@ -200,7 +204,10 @@ class KernelServer:
             tools = message.get("tools", True)
             if not isinstance(tools, bool):
                 raise RequestError("bad_request", "field 'tools' must be a boolean")
-            return await self.manager.open(tools)
+            limits = message.get("limits") or {}
+            if not isinstance(limits, dict):
+                raise RequestError("bad_request", "field 'limits' must be an object")
+            return await self.manager.open(tools, limits)
         if kind == "execute":
             request = self._execute_request(message)
             emit = _emitter(writer, request["exec_id"]) if request["events"] else None
@@ -208,18 +215,62 @@ class KernelServer:
             return {"type": "exec_result", "result": fit(result, self.max_frame)}
         if kind == "close_session":
             return self.manager.close(_field(message, "session_id", str))
+        if kind == "command":
+            return await self.manager.command(self._command_request(message))
+        if kind == "file":
+            return await self.manager.file(_file_request(message))
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
 
-    def _execute_request(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _command_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        argv = message.get("argv")
+        if (
+            not isinstance(argv, list)
+            or not argv
+            or not all(isinstance(a, str) and "\0" not in a for a in argv)
+        ):
+            raise RequestError("bad_request", "field 'argv' must be a non-empty list of strings")
+        env = message.get("env") or {}
+        if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
+            for k, v in env.items()
+        ):
+            raise RequestError("bad_request", "field 'env' must map names to strings")
+        stdin = message.get("stdin")
+        try:
+            data = base64.b64decode(stdin, validate=True) if stdin is not None else b""
+        except (TypeError, ValueError):
+            raise RequestError("bad_request", "field 'stdin' must be base64") from None
+        return {
+            "session_id": _field(message, "session_id", str),
+            "exec_id": _field(message, "exec_id", str),
+            "argv": argv,
+            "env": env,
+            "cwd": _optional(message, "cwd", str),
+            "stdin": data,
+            "stdin_path": _optional(message, "stdin_path", str),
+            "timeout_s": self._timeout(message),
+            "max_output_bytes": self._max_output(message),
+        }
+
+    def _timeout(self, message: dict[str, Any]) -> float:
         timeout_s = float(_field(message, "timeout_s", (int, float)))
         if not (0 < timeout_s <= MAX_TIMEOUT_S) or math.isnan(timeout_s):
             raise RequestError("bad_request", f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}]")
+        return timeout_s
+
+    def _max_output(self, message: dict[str, Any]) -> int:
+        """Each output stream's cap: a result with both full must fit one frame."""
         max_output = message.get("max_output_bytes") or DEFAULT_OUTPUT_BYTES
         if not isinstance(max_output, int) or not 1024 <= max_output <= self.max_frame // 4:
             raise RequestError(
                 "bad_request",
                 f"max_output_bytes must be an integer in [1024, {self.max_frame // 4}]",
             )
+        return max_output
+
+    def _execute_request(self, message: dict[str, Any]) -> dict[str, Any]:
+        timeout_s = self._timeout(message)
+        max_output = self._max_output(message)
         epoch = _field(message, "epoch", int)
         events = message.get("events", False)
         if not isinstance(events, bool):
@@ -246,6 +297,8 @@ class KernelServer:
             "uptime_s": time.time() - self.started,
             "grace_s": self.grace_s,
             "max_frame": self.max_frame,
+            "isolation": self.pool.isolation,
+            "box_limits": self.manager.caps.defaults(),
         }
 
 
@@ -262,6 +315,23 @@ def _calls(message: dict[str, Any]) -> list[str]:
     ):
         raise RequestError("bad_request", "field 'calls' must be a list of public identifiers")
     return calls
+
+
+def _file_request(message: dict[str, Any]) -> dict[str, Any]:
+    request = {k: v for k, v in message.items() if k != "type"}
+    _field(message, "session_id", str)
+    if not isinstance(message.get("op"), str) or not isinstance(message.get("path", "."), str):
+        raise RequestError("bad_request", "a file request needs 'op' and 'path' strings")
+    if message.get("scope", "workspace") not in ("workspace", "box"):
+        raise RequestError("bad_request", "field 'scope' must be 'workspace' or 'box'")
+    return request
+
+
+def _optional(message: dict[str, Any], name: str, kind: type) -> Any:
+    value = message.get(name)
+    if value is not None and not isinstance(value, kind):
+        raise RequestError("bad_request", f"field {name!r} has the wrong type")
+    return value
 
 
 def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
@@ -303,12 +373,12 @@ async def serve_forever(
         loop.add_signal_handler(sig, stop.set)
     on_ready(where)
     stopped = asyncio.ensure_future(stop.wait())
-    zygote_lost = asyncio.ensure_future(server.manager.zygote_lost.wait())
+    zygote_lost = asyncio.ensure_future(server.manager.spawner.zygote_lost.wait())
     await asyncio.wait({stopped, zygote_lost}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     zygote_lost.cancel()
     log.info("kernel stopping")
     server.stop()
-    if server.manager.zygote_lost.is_set():
+    if server.manager.spawner.zygote_lost.is_set():
         # Not a clean stop: the exit status tells the sandbox's keeper to replace it.
         raise SystemExit("the zygote died (killed by user code?): the kernel stops")

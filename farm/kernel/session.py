@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any
 
-from . import calls
+from . import calls, fileops
 from .framing import recv_frame, send_frame
 from .render import bundle, framed
 from .repl import Repl
@@ -149,23 +149,24 @@ def _usage() -> tuple[float, int]:
 
 
 def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
-    """Answer exec requests until the supervisor closes the control socket."""
-    extra: dict[str, Any] = {}
-    if config.get("workspace"):
-        workspace = Workspace(config["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
-        extra = workspace.globals()
-        if not config.get("tools", True):  # opted out: keep only what session.files uses
-            extra = {"__farm_files__": workspace}
+    """Answer exec requests until the supervisor closes the control socket; the first frame
+    says the process is in its box and ready."""
+    workspace = Workspace(config["box"]["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
+    extra = workspace.globals() if config.get("tools", True) else {}
     repl = Repl(extra)
     channel = Channel(ctl)
     builtins.display = channel.display  # type: ignore[attr-defined]
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts.handler)
     me = os.getpid()
+    send_frame(ctl, {"type": "ready"})
     while True:
         request = recv_frame(ctl)
         if request is None:
             return
+        if request.get("type") == "file":  # between cells, as the box's uid
+            send_frame(ctl, fileops.handle(workspace, request))
+            continue
         _restore_stdio()
         if request.get("calls"):
             calls.install(repl.namespace, channel, request["calls"])

@@ -1,5 +1,6 @@
 """Agent tools, globals in every session unless opted out: ``ls``, ``read``, ``grep``,
-``apply_patch``, ``bash``; plus the workspace file operations behind ``session.files``.
+``apply_patch``, ``bash``; and ``Workspace``, the box's directory they and ``session.files``
+(``fileops``) confine every path to.
 
 Every path goes through ``confine``: resolved with ``realpath`` (symlinks included) and then
 required to be ``is_relative_to`` the workspace, so ``../``, absolute paths, symlinks that
@@ -10,12 +11,9 @@ the whole group is killed on timeout. Outputs are clipped head+tail with a marke
 
 from __future__ import annotations
 
-import base64
-import io
 import os
 import signal
 import subprocess
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,6 @@ from .patching import PatchError, apply_unified_diff
 from .variants import variant_globals
 
 DEFAULT_LIMIT = 3000
-MAX_FILE_BYTES = 8 * 1024 * 1024
-MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
 
 class WorkspaceError(PermissionError):
@@ -118,83 +114,13 @@ class Workspace:
         text = out.decode("utf-8", errors="replace")
         return clip(f"{text}{status}", self.limit)
 
-    # --- files (session.files) ---------------------------------------------------------
-
-    def write_file(self, path: str, data_b64: str) -> dict[str, Any]:
-        data = base64.b64decode(data_b64)
-        if len(data) > MAX_FILE_BYTES:
-            raise WorkspaceError(f"file of {len(data)} bytes exceeds {MAX_FILE_BYTES} bytes")
-        target = self.confine(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
-        return {"path": str(target.relative_to(self.root)), "size": len(data)}
-
-    def read_file(self, path: str) -> dict[str, Any]:
-        target = self.confine(path)
-        size = target.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise WorkspaceError(f"{path!r} has {size} bytes, more than {MAX_FILE_BYTES}")
-        return {"data": base64.b64encode(target.read_bytes()).decode("ascii")}
-
-    def list_files(self, path: str = ".") -> list[dict[str, Any]]:
-        target = self.confine(path)
-        out = []
-        for entry in sorted(target.rglob("*")):
-            rel = str(entry.relative_to(self.root))
-            kind = "link" if entry.is_symlink() else "dir" if entry.is_dir() else "file"
-            size = entry.lstat().st_size if kind == "file" else 0
-            out.append({"path": rel, "type": kind, "size": size})
-        return out
-
-    def remove(self, path: str) -> dict[str, Any]:
-        target = self.confine(path)
-        if target == self.root:
-            raise WorkspaceError("refusing to remove the workspace itself")
-        if target.is_dir() and not target.is_symlink():
-            import shutil
-
-            shutil.rmtree(target)
-        else:
-            target.unlink()
-        return {"removed": str(target.relative_to(self.root))}
-
-    def extract(self, tar_b64: str, dest: str = ".") -> dict[str, Any]:
-        """Unpack a tarball into the workspace; members that would land outside are refused."""
-        data = base64.b64decode(tar_b64)
-        if len(data) > MAX_UPLOAD_BYTES:
-            raise WorkspaceError(f"upload of {len(data)} bytes exceeds {MAX_UPLOAD_BYTES}")
-        base = self.confine(dest)
-        count = 0
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            members = tar.getmembers()
-            for member in members:
-                self._check_member(base, member)
-            for member in members:
-                target = base / member.name
-                if member.isdir():
-                    target.mkdir(parents=True, exist_ok=True)
-                elif member.isfile():
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    source = tar.extractfile(member)
-                    assert source is not None
-                    target.write_bytes(source.read())
-                    count += 1
-        return {"files": count}
-
-    def _check_member(self, base: Path, member: tarfile.TarInfo) -> None:
-        if not (member.isfile() or member.isdir()):
-            raise WorkspaceError(f"tar member {member.name!r}: only files and dirs are allowed")
-        if not Path(os.path.realpath(base / member.name)).is_relative_to(self.root):
-            raise WorkspaceError(f"tar member {member.name!r} would land outside the workspace")
-
     def globals(self) -> dict[str, Any]:
-        """What a session sees: the tools, and the hidden object ``session.files`` calls."""
+        """What a session sees: the tools (``session.files`` is ``fileops``, not a global)."""
         return {
             "ls": self.ls,
             "read": self.read,
             "grep": self.grep,
             "apply_patch": self.apply_patch,
             "bash": self.bash,
-            "__farm_files__": self,
             **variant_globals(self),  # read_document, browser: only in images that have them
         }

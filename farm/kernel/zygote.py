@@ -1,17 +1,29 @@
-"""The zygote: a single-threaded fork server that spawns session processes.
+"""The zygote: a single-threaded fork server that spawns session processes and resets boxes.
 
 It is forked from the kernel *before* the token is read, so no session process ever has the
 token in its memory. It has already imported the kernel and common stdlib modules, so a new
-session is a ``fork()`` (milliseconds), not an interpreter start. It is a child subreaper: it
-reaps every session and every orphan they leave, and reports each session's exit status to
-the supervisor. Supervisor <-> zygote messages are JSON datagrams on a SOCK_SEQPACKET pair; a
-spawn answer carries the new session's control socket and stdout/stderr pipes as fds.
+session is a ``fork()`` (milliseconds), not an interpreter start. It keeps the kernel's
+identity (root with CAP_SETUID/SETGID/SETPCAP/CHOWN/KILL in a docker sandbox), which no box can
+signal or trace, empties its bounding set once (its children start with none there), and does
+every privileged step in a child of its own, never in itself:
+
+- ``spawn``: the child makes the box's directories, enters the box (``uids.enter``: limits,
+  its own uid, no capabilities) and becomes the session process;
+- ``reset`` (the slow path of a box's end, when the supervisor's own kill did not finish or the
+  box left files): the child kills every process of the box's uid *as that uid* and removes
+  every file of it (``uids``); the zygote removes the emptied directories and reports
+  ``reset_done``, after which the box's number may be used again.
+
+It is a child subreaper: it reaps every session, every orphan they leave and every helper, and
+reports each session's exit status to the supervisor. Supervisor <-> zygote messages are JSON
+datagrams on a SOCK_SEQPACKET pair (``protocol.ZygoteRequest`` / ``ZygoteReport``); a spawn
+answer carries the new session's control socket and stdout/stderr pipes as fds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import gc
 import json
 import os
 import selectors
@@ -20,17 +32,11 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from . import session
+from . import commands, session, uids
+from .uids import prctl
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
-
-
-def prctl(option: int, value: int) -> bool:
-    try:
-        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
 
 
 def _close_other_fds(keep: set[int]) -> None:
@@ -48,7 +54,9 @@ def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = 
     socket.send_fds(sock, [json.dumps(message).encode()], fds or [])
 
 
-def _session_child(ctl: socket.socket, out_w: int, err_w: int, config: dict[str, Any]) -> NoReturn:
+def _session_child(
+    ctl: socket.socket, out_w: int, err_w: int, config: dict[str, Any], isolation: str
+) -> NoReturn:
     code = 0
     try:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -57,57 +65,184 @@ def _session_child(ctl: socket.socket, out_w: int, err_w: int, config: dict[str,
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         _close_other_fds({0, 1, 2, ctl.fileno()})
-        session.prepare_process()
+        session.prepare_process()  # its own process group, stdio, OOM preference: as root
+        box = config.get("box")
+        if box is not None:
+            uids.prepare(box, isolation)
+            uids.enter(box, isolation)
         session.serve(ctl, config)
-    except BaseException:
+    except BaseException as exc:  # a session process never returns into the zygote
+        with contextlib.suppress(Exception):
+            print(f"farm: the session process could not start: {exc!r}", file=sys.stderr)
         code = 70
     finally:
         os._exit(code)
 
 
-def _spawn(sock: socket.socket, config: dict[str, Any]) -> None:
-    ctl_parent, ctl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
+def _command_child(
+    request: dict[str, Any], stdin: int, out_w: int, err_w: int, isolation: str
+) -> NoReturn:
+    """Become the command: stdin is the pipe the supervisor feeds, or a staged file of the box
+    opened *as the box* (so it can name only what the box may read)."""
+    code = 126
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        os.setsid()  # its own group: a timeout kills the whole tree
+        for target, fd in ((0, stdin), (1, out_w), (2, err_w)):
+            os.dup2(fd, target)
+        _close_other_fds({0, 1, 2})
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        uids.enter(request["box"], isolation)
+        commands.exec_in_box(request)  # returns only when the command could not be run
+    except BaseException as exc:  # a command never returns into the zygote
+        with contextlib.suppress(Exception):
+            os.write(2, f"farm: {exc}\n".encode())
+    finally:
+        os._exit(code)
+
+
+def _fork(run: Any) -> int:
+    """Fork a helper that runs ``run()`` and exits with its truth (0) or falsehood (1)."""
     pid = os.fork()
     if pid == 0:
-        sock.close()
-        ctl_parent.close()
-        os.close(out_r)
-        os.close(err_r)
-        _session_child(ctl_child, out_w, err_w, config)
-    ctl_child.close()
-    os.close(out_w)
-    os.close(err_w)
-    try:
-        _send(sock, {"op": "spawned", "pid": pid}, [ctl_parent.fileno(), out_r, err_r])
-    finally:
-        ctl_parent.close()
-        os.close(out_r)
-        os.close(err_r)
-
-
-def _reap(sock: socket.socket) -> None:
-    while True:
+        code = 1
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            code = 0 if run() else 1
+        except BaseException:  # a helper never returns into the zygote
+            code = 1
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _reset(box: dict[str, Any], isolation: str, pgid: int | None, remove: bool) -> bool:
+    """A helper's work: kill what the box runs; for a box that ends, remove what it left."""
+    if isolation == "uids":
+
+        def kill() -> bool:
+            uids.become(box["uid"], box["gid"])
+            return uids.kill_all(box["uid"])
+
+        killer = _fork(kill)
+        _, status = os.waitpid(killer, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            return False
+        if not remove:
+            return True
+        left = uids.owned_entries(box["uid"])  # as root: /tmp and the like are not listable
+        uids.become(box["uid"], box["gid"])
+        uids.remove(left, keep_roots=(box["workspace"], box["tmp"]))
+        uids.remove_ipc(box["uid"])
+        return True
+    if pgid is not None:  # one uid for all: only the session's own process group can go
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    if remove:
+        uids.remove((), keep_roots=(box["workspace"], box["tmp"]))
+    return True
+
+
+class Zygote:
+    """The zygote's state: which helper answers which request."""
+
+    def __init__(self, sock: socket.socket, isolation: str) -> None:
+        self.sock = sock
+        self.isolation = isolation
+        self.helpers: dict[int, dict[str, Any]] = {}  # helper pid -> the request it serves
+
+    def spawn(self, config: dict[str, Any]) -> None:
+        ctl_parent, ctl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        pid = os.fork()
         if pid == 0:
-            return
-        if os.WIFSIGNALED(status):
-            _send(sock, {"op": "exited", "pid": pid, "signal": os.WTERMSIG(status)})
-        else:
-            _send(sock, {"op": "exited", "pid": pid, "code": os.waitstatus_to_exitcode(status)})
+            self.sock.close()
+            ctl_parent.close()
+            os.close(out_r)
+            os.close(err_r)
+            _session_child(ctl_child, out_w, err_w, config, self.isolation)
+        ctl_child.close()
+        os.close(out_w)
+        os.close(err_w)
+        try:
+            _send(self.sock, {"op": "spawned", "pid": pid}, [ctl_parent.fileno(), out_r, err_r])
+        finally:
+            ctl_parent.close()
+            os.close(out_r)
+            os.close(err_r)
+
+    def command(self, request: dict[str, Any]) -> None:
+        """A command in a box (``commands.py``): its own process group, the box's identity,
+        stdin from a file of the box (or nothing), stdout/stderr to pipes sent back as fds."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        in_r, in_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            self.sock.close()
+            for fd in (out_r, err_r, in_w):
+                os.close(fd)
+            _command_child(request, in_r, out_w, err_w, self.isolation)
+        for fd in (out_w, err_w, in_r):
+            os.close(fd)
+        try:
+            _send(self.sock, {"op": "spawned", "pid": pid}, [in_w, out_r, err_r])
+        finally:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+
+    def reset(self, request: dict[str, Any]) -> None:
+        box, remove = request["box"], bool(request.get("remove"))
+        pgid = request.get("pgid")
+        pid = _fork(lambda: _reset(box, self.isolation, pgid, remove))
+        self.helpers[pid] = request
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            request = self.helpers.pop(pid, None)
+            if request is not None:
+                self._reset_done(request, os.waitstatus_to_exitcode(status) == 0)
+            elif os.WIFSIGNALED(status):
+                _send(self.sock, {"op": "exited", "pid": pid, "signal": os.WTERMSIG(status)})
+            else:
+                code = os.waitstatus_to_exitcode(status)
+                _send(self.sock, {"op": "exited", "pid": pid, "code": code})
+
+    def _reset_done(self, request: dict[str, Any], ok: bool) -> None:
+        box = request["box"]
+        if ok and request.get("remove"):
+            for path in (box["workspace"], box["tmp"]):  # emptied by the helper, as the box
+                try:
+                    os.rmdir(path)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    ok = False  # something survived: the box is not reused
+        _send(self.sock, {"op": "reset_done", "id": request["id"], "ok": ok})
 
 
-def run(sock: socket.socket) -> NoReturn:
-    """Serve spawn requests until the supervisor goes away."""
+def run(sock: socket.socket, isolation: str) -> NoReturn:
+    """Serve requests until the supervisor goes away."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
+    if isolation == "uids":
+        uids.empty_bounding_set()
     _close_other_fds({0, 1, 2, sock.fileno()})
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    zygote = Zygote(sock, isolation)
+    # Everything imported so far is shared with every child: keep the collector off it, or its
+    # first pass in a child writes to every page (copy-on-write) and slows the first cell.
+    gc.freeze()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     os.set_blocking(wake_r, False)
@@ -116,30 +251,39 @@ def run(sock: socket.socket) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
+    handlers = {"spawn": zygote.spawn, "reset": zygote.reset, "command": zygote.command}
     while True:
         for key, _ in selector.select():
             if key.data == "child":
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
-                _reap(sock)
+                zygote.reap()
                 continue
-            data = sock.recv(4096)
+            data = sock.recv(65536)
             if not data:
                 os._exit(0)
             message = json.loads(data)
-            if message.get("op") == "spawn":
-                _spawn(sock, message.get("session", {}))
+            handler = handlers.get(message.get("op"))
+            if handler is None:
+                continue
+            try:
+                handler(message.get("session", {}) if message["op"] == "spawn" else message)
+            except OSError as exc:  # fork failed (no pids left): the supervisor must hear it
+                if message["op"] == "reset":
+                    _send(sock, {"op": "reset_done", "id": message["id"], "ok": False})
+                else:
+                    _send(sock, {"op": "spawned", "pid": -1, "error": str(exc)})
         sys.stdout.flush()
 
 
-def start() -> tuple[int, socket.socket]:
+def start(isolation: str) -> tuple[int, socket.socket]:
     """Fork the zygote; return its pid and the supervisor's end of the control pair."""
     parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         parent.close()
         try:
-            run(child)
+            run(child, isolation)
         finally:
             os._exit(1)
     child.close()

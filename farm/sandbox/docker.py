@@ -1,19 +1,31 @@
-"""The ``docker`` backend: one hardened container running the kernel.
+"""The ``docker`` backend: one hardened container running the kernel, a box per session.
 
 Defaults that hold (each from ``SandboxLimits``): no network at all (``--network none``: a
 container on an ``internal`` network still reaches the host through the bridge gateway), the
-kernel on a Unix socket in a per-sandbox host directory bind-mounted at ``/run/farm``, uid
-10001, no capabilities, no-new-privileges, read-only root, size-capped tmpfs ``/tmp`` and
-``/workspace``, pids/memory(=swap)/cpu limits, nofile/fsize/core ulimits, ``--init``. The token
-is written to the socket directory, read and deleted by the kernel before any user code runs.
-Everything created carries ``farm.managed=1`` and ``farm.owner`` labels, so a failed start
-leaves nothing and ``remove_orphans`` finds what a dead owner left.
+kernel on a Unix socket in a per-sandbox host directory bind-mounted at ``/run/farm`` (0700,
+root: no box can reach it), read-only root, size-capped tmpfs ``/tmp`` and ``/workspace``,
+pids/memory(=swap)/cpu limits, nofile/fsize/core ulimits, ``--init``, no-new-privileges.
+
+The kernel runs as root *in the container* with five capabilities and no others
+(``BOX_CAPS``): CHOWN (give a box its directories), SETUID and SETGID (run each box as a uid of
+its own), SETPCAP (empty the boxes' bounding set) and KILL (interrupt and end a box's
+processes without a helper process; no more than SETUID already allows). No user code ever runs
+as root or with any
+capability: each session is a box with its own uid from a block chosen per sandbox
+(``farm.uid_base``), so that RLIMIT_NPROC, which counts per uid across the host, is not shared
+with another sandbox's boxes. The token is written to the socket directory, read and deleted
+by the kernel before any user code runs. Everything created carries ``farm.managed=1`` and
+``farm.owner`` labels, so a failed start leaves nothing and ``remove_orphans`` finds what a dead
+owner left.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
+import random
 import shutil
 import socket
 import time
@@ -32,7 +44,11 @@ from farm.kernel.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
 from farm.processes import pid_alive
 from farm.sandbox.base import Sandbox
-from farm.sandbox.images import own_sandbox_tag
+from farm.sandbox.bundle import MOUNT as BUNDLE
+from farm.sandbox.bundle import kernel_bundle
+from farm.sandbox.environments import LABEL_ENV_SPEC
+from farm.sandbox.factory import is_reference
+from farm.sandbox.images import LABEL_KERNEL_HASH, own_sandbox_tag
 from farm.settings import SandboxLimits
 
 log = logging.getLogger(__name__)
@@ -41,8 +57,14 @@ LABEL_MANAGED = "farm.managed"
 LABEL_OWNER = "farm.owner"
 LABEL_HOST = "farm.host"
 LABEL_PID = "farm.pid"
-SANDBOX_UID = 10001
+LABEL_UID_BASE = "farm.uid_base"
 MOUNT = "/run/farm"
+BOX_CAPS = ["CHOWN", "SETUID", "SETGID", "SETPCAP", "KILL"]
+# Box uids: a block of UID_BLOCK per sandbox, at UID_FIRST + k * UID_BLOCK for a k no other live
+# sandbox of this engine holds (and random, so that engines sharing a host rarely meet).
+UID_FIRST = 100_000
+UID_BLOCK = 1024
+UID_BLOCKS = 4000
 
 
 class DockerSandbox(Sandbox):
@@ -69,6 +91,7 @@ class DockerSandbox(Sandbox):
         self.container: Container | None = None
         self.kernel_version: str | None = None
         self._digest: str | None = None  # of the image this container runs (info())
+        self._spec: dict[str, Any] | None = None  # the environment spec it was built from
 
     @property
     def token(self) -> str:
@@ -87,18 +110,26 @@ class DockerSandbox(Sandbox):
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(self._token)
-        try:
-            for path in (self.dir, token_file):
-                os.chown(path, SANDBOX_UID, SANDBOX_UID)
-        except PermissionError:
-            # Not root: the container's uid cannot own the directory; open it up instead.
-            log.warning(
-                "cannot chown %s to uid %d; making it world-writable", self.dir, SANDBOX_UID
-            )
+        if os.geteuid() != 0:
+            # The container's root (without CAP_DAC_OVERRIDE) cannot enter a directory of
+            # ours: open it up. The token still guards the socket, and the kernel deletes the
+            # token file before any session exists.
+            log.warning("not root: making the socket directory %s world-writable", self.dir)
             os.chmod(self.dir, 0o777)
             os.chmod(token_file, 0o644)
 
-    def _run_kwargs(self) -> dict[str, Any]:
+    def _uid_base(self) -> int:
+        """A block of box uids no other live sandbox of this engine uses."""
+        taken = set()
+        for container in self.docker.containers.list(
+            ignore_removed=True, filters={"label": LABEL_UID_BASE}
+        ):
+            with contextlib.suppress(ValueError):
+                taken.add(int(container.labels[LABEL_UID_BASE]))
+        free = [UID_FIRST + k * UID_BLOCK for k in range(UID_BLOCKS)]
+        return random.choice([base for base in free if base not in taken])
+
+    def _run_kwargs(self, uid_base: int) -> dict[str, Any]:
         lim = self.limits
         mb = 1024 * 1024
         kwargs: dict[str, Any] = {
@@ -109,16 +140,19 @@ class DockerSandbox(Sandbox):
                 LABEL_OWNER: self.owner,
                 LABEL_HOST: socket.gethostname(),
                 LABEL_PID: str(os.getpid()),
+                LABEL_UID_BASE: str(uid_base),
             },
             "network_mode": lim.network,
-            "user": lim.user,
+            "user": "0:0",
             "read_only": lim.read_only,
             "cap_drop": ["ALL"],
+            "cap_add": BOX_CAPS,
             "security_opt": ["no-new-privileges"],
+            # exec: a compiled program runs where it was built (noexec, Docker's default for a
+            # tmpfs, would stop no code that Python itself can run)
             "tmpfs": {
-                "/tmp": f"size={lim.tmp_mb}m,mode=1777,nosuid,nodev",
-                "/workspace": f"size={lim.workspace_mb}m,uid={SANDBOX_UID},gid={SANDBOX_UID},"
-                "mode=0755,nosuid,nodev",
+                "/tmp": f"size={lim.tmp_mb}m,mode=1733,exec,nosuid,nodev",
+                "/workspace": f"size={lim.workspace_mb}m,mode=0711,exec,nosuid,nodev",
             },
             "pids_limit": lim.pids,
             "mem_limit": lim.memory_mb * mb,
@@ -138,6 +172,14 @@ class DockerSandbox(Sandbox):
                 f"{MOUNT}/token",
                 "--grace-s",
                 str(lim.grace_s),
+                "--isolation",
+                "uids",
+                "--workspace",
+                "/workspace",
+                "--tmp-root",
+                "/tmp",
+                "--box-uid-base",
+                str(uid_base),
             ],
         }
         if lim.runtime:
@@ -147,13 +189,15 @@ class DockerSandbox(Sandbox):
     def start(self) -> None:
         try:
             self._prepare_dir()
-            self.container = self.docker.containers.run(self.image, **self._run_kwargs())
+            kwargs = self._run_kwargs(self._uid_base())
+            if LABEL_KERNEL_HASH not in (self.docker.images.get(self.image).labels or {}):
+                self._mount_kernel(kwargs)  # any image with python3: bring the kernel
+            self.container = self.docker.containers.run(self.image, **kwargs)
             self._wait_ready()
         except docker.errors.ImageNotFound as exc:
             self.stop()
-            raise SandboxStartError(
-                f"sandbox image {self.image!r} is missing: run `farm image build`"
-            ) from exc
+            how = "pull or build it" if is_reference(self.image) else "run `farm image build`"
+            raise SandboxStartError(f"sandbox image {self.image!r} is missing: {how}") from exc
         except docker.errors.DockerException as exc:
             self.stop()
             raise SandboxStartError(f"docker could not start the sandbox: {exc}") from exc
@@ -167,6 +211,18 @@ class DockerSandbox(Sandbox):
             self.container.short_id,
             self.owner,
         )
+
+    def _mount_kernel(self, kwargs: dict[str, Any]) -> None:
+        """Run an image without farm's kernel: the kernel bundle read-only at ``/opt/farm``,
+        started with the image's own ``python3`` (whatever its entrypoint and user)."""
+        kwargs["volumes"][str(kernel_bundle(self.dir.parent))] = {"bind": BUNDLE, "mode": "ro"}
+        kwargs["entrypoint"] = ["python3", "-m", "farm.kernel"]
+        kwargs["working_dir"] = "/workspace"
+        kwargs["environment"] = {
+            "PYTHONPATH": BUNDLE,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def _wait_ready(self) -> None:
         assert self.container is not None
@@ -228,7 +284,9 @@ class DockerSandbox(Sandbox):
             try:
                 image = self.docker.images.get(self.image)
                 self._digest = (image.attrs.get("RepoDigests") or [None])[0] or image.id
-            except docker.errors.DockerException:
+                spec = (image.labels or {}).get(LABEL_ENV_SPEC)
+                self._spec = json.loads(spec) if spec else None
+            except (docker.errors.DockerException, ValueError):
                 pass
         digest = self._digest
         return SandboxInfo(
@@ -238,6 +296,7 @@ class DockerSandbox(Sandbox):
             container_id=self.container.id if self.container else None,
             image=self.image,
             image_digest=digest,
+            image_spec=self._spec,
             limits=self.limits.model_dump(),
             kernel_version=self.kernel_version,
             started_at=self.started_at,

@@ -13,7 +13,10 @@ The base image is ``python:3.12-slim`` when Docker can get it; on machines witho
 (no Docker Hub) ``images/base/build.sh`` debootstraps ``farm-base:bookworm`` from the Debian
 mirror instead. Either way the Dockerfile is the same; only its ``BASE`` build argument differs.
 
-``python -m farm.sandbox.images [--force] [--tag TAG] [--extra-pip PKGS]`` is the command line.
+Images with more in them (the ``docs`` and ``browser`` variants, environments users build)
+come from ``farm.sandbox.environments``, which calls :func:`ensure_sandbox_image` with its own
+Dockerfile and build context. ``python -m farm.sandbox.images [--force] [--tag TAG]`` is the
+command line.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import argparse
 import hashlib
 import json
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -42,16 +46,12 @@ logger = logging.getLogger(__name__)
 PUBLIC_BASE = "python:3.12-slim"
 LOCAL_BASE = "farm-base:bookworm"
 DEFAULT_TAG = "farm-sandbox:default"
-# The evaluation variant (numpy inside); not built by default:
-# python -m farm.sandbox.images --tag farm-sandbox:numpy --extra-pip numpy
-NUMPY_TAG = "farm-sandbox:numpy"
 
 DOCKERFILE = Path("images/sandbox/Dockerfile")
 BASE_BUILD_SCRIPT = Path("images/base/build.sh")
 KERNEL_DIR = Path("farm/kernel")
 
 LABEL_KERNEL_HASH = "farm.kernel_hash"
-LABEL_EXTRA_PIP = "farm.extra_pip"
 LABEL_BASE = "farm.base"
 
 # Where Docker Hub is unreachable the daemon fails the pull in milliseconds (DNS), but a
@@ -63,6 +63,7 @@ BASE_BUILD_TIMEOUT_S = 900.0
 BUILD_READ_TIMEOUT_S = 600
 BUILD_TOTAL_TIMEOUT_S = 1800.0
 PING_TIMEOUT_S = 10
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour in a build's stderr
 PINS_KEPT = 3  # pinned builds of a tag kept on the host (other checkouts, running farms)
 
 
@@ -129,21 +130,18 @@ def own_sandbox_tag(tag: str = DEFAULT_TAG, repo_root: Path | None = None) -> st
     ``tag`` itself when the sources to hash are not here (an installed package, e.g. the worker
     image) or Docker has no such image (built before pinning existed)."""
     try:
-        want = {
-            LABEL_KERNEL_HASH: kernel_source_hash(repo_root or default_repo_root()),
-            LABEL_EXTRA_PIP: "",
-        }
+        want = {LABEL_KERNEL_HASH: kernel_source_hash(repo_root or default_repo_root())}
         pinned = pinned_tag(tag, want)
         client = docker.from_env(timeout=PING_TIMEOUT_S)
         try:
-            return pinned if _image_exists(client, pinned) else tag
+            return pinned if image_exists(client, pinned) else tag
         finally:
             client.close()
     except (ImageBuildError, OSError, docker.errors.DockerException):
         return tag
 
 
-def _image_exists(client: docker.DockerClient, ref: str) -> bool:
+def image_exists(client: docker.DockerClient, ref: str) -> bool:
     try:
         client.images.get(ref)
     except docker.errors.ImageNotFound:
@@ -151,7 +149,7 @@ def _image_exists(client: docker.DockerClient, ref: str) -> bool:
     return True
 
 
-def _try_pull(client: docker.DockerClient, ref: str, timeout_s: float = PULL_TIMEOUT_S) -> bool:
+def try_pull(client: docker.DockerClient, ref: str, timeout_s: float = PULL_TIMEOUT_S) -> bool:
     """Pull ``ref``; False if it fails or takes longer than ``timeout_s``.
 
     The SDK's pull has no timeout of its own, so it runs in a daemon thread that is abandoned
@@ -215,16 +213,16 @@ def ensure_base(
     :data:`PULL_TIMEOUT_S`. Otherwise ``farm-base:bookworm`` is built offline by
     ``images/base/build.sh`` (skipped when it exists, unless ``force``).
     """
-    if _image_exists(client, PUBLIC_BASE) or _try_pull(client, PUBLIC_BASE):
+    if image_exists(client, PUBLIC_BASE) or try_pull(client, PUBLIC_BASE):
         return PUBLIC_BASE
-    if force or not _image_exists(client, LOCAL_BASE):
+    if force or not image_exists(client, LOCAL_BASE):
         _run_base_build((repo_root or default_repo_root()) / BASE_BUILD_SCRIPT, force=force)
-    if not _image_exists(client, LOCAL_BASE):
+    if not image_exists(client, LOCAL_BASE):
         raise ImageBuildError(f"{BASE_BUILD_SCRIPT} finished but {LOCAL_BASE} does not exist")
     return LOCAL_BASE
 
 
-def _tagged_image(client: docker.DockerClient, tag: str) -> tuple[str, dict[str, str]] | None:
+def tagged_image(client: docker.DockerClient, tag: str) -> tuple[str, dict[str, str]] | None:
     """The id and labels of the image ``tag`` names now, or None."""
     try:
         image = client.images.get(tag)
@@ -255,17 +253,26 @@ def _remove_superseded(client: docker.DockerClient, image_id: str) -> None:
 
 
 def _build_log(lines: Iterator[dict[str, Any]], tail: deque[str]) -> str | None:
-    """Log a build's output as it streams; the built image id, or raise on a build error."""
+    """Log a build's output as it streams; the built image id, or raise on a build error.
+
+    Output comes in chunks that need not end lines (a step's stderr arrives a few characters
+    at a time, coloured): ``tail`` gets whole lines without colour codes, so a reader (or
+    ``environments.explain``) sees ``E: Unable to locate package x`` on one line."""
     deadline = time.monotonic() + BUILD_TOTAL_TIMEOUT_S
     image_id: str | None = None
+    partial = ""
     for chunk in lines:
+        partial += ANSI_ESCAPE.sub("", str(chunk.get("stream", "")))
+        *complete, partial = partial.split("\n")
+        for line in complete:
+            if line.strip():
+                tail.append(line.rstrip())
+                logger.debug("%s", line.rstrip())
         if "error" in chunk:
-            tail.append(str(chunk["error"]).rstrip())
+            if partial.strip():
+                tail.append(partial.rstrip())
+            tail.append(ANSI_ESCAPE.sub("", str(chunk["error"])).rstrip())
             raise ImageBuildError("sandbox image build failed:\n" + "\n".join(tail))
-        text = str(chunk.get("stream", "")).rstrip()
-        if text:
-            tail.append(text)
-            logger.debug("%s", text)
         aux = chunk.get("aux")
         if isinstance(aux, dict) and "ID" in aux:
             image_id = str(aux["ID"])
@@ -279,44 +286,42 @@ def ensure_sandbox_image(
     *,
     tag: str = DEFAULT_TAG,
     force: bool = False,
-    extra_pip: str = "",
     repo_root: Path | None = None,
     dockerfile: Path = DOCKERFILE,
     buildargs: Mapping[str, str] | None = None,
     labels: Mapping[str, str] | None = None,
     prepare: Callable[[str], Path] | None = None,
+    base: str | None = None,
+    network_mode: str | None = None,
 ) -> SandboxImage:
     """Make ``tag`` an image of the current kernel, building only when it is missing or stale.
 
     Invariant: an image reused under ``tag`` has ``farm.kernel_hash`` equal to the hash of the
-    kernel sources now, and ``farm.extra_pip`` equal to ``extra_pip``; anything else is rebuilt.
+    kernel sources now, and every label of ``labels`` as given; anything else is rebuilt.
     ``force`` rebuilds without the layer cache (e.g. to take newer pip packages).
 
-    Variants (``farm.sandbox.variants``) pass their own ``dockerfile``, ``buildargs`` and
-    ``labels`` (which must match too), and ``prepare``, called with the base image before a
-    build: it returns the build context to use instead of the repository (laid out like it,
-    with the wheels the Dockerfile installs).
+    Environments (``farm.sandbox.environments``) pass their own ``dockerfile``, ``buildargs``
+    and ``labels``, ``prepare``, called with the base image before a build: it returns the
+    build context to use instead of the repository (the Dockerfile, the kernel and the wheels
+    it installs), ``base`` when the image starts from another one than the sandbox base, and
+    ``network_mode="none"`` when the build needs no network (nothing to fetch: it must not).
     """
     root = (repo_root or default_repo_root()).resolve()
     client = client if client is not None else connect()
-    want = {
-        LABEL_KERNEL_HASH: kernel_source_hash(root, dockerfile),
-        LABEL_EXTRA_PIP: extra_pip,
-        **(labels or {}),
-    }
+    want = {LABEL_KERNEL_HASH: kernel_source_hash(root, dockerfile), **(labels or {})}
     pinned = pinned_tag(tag, want)
-    previous = _tagged_image(client, tag)
+    previous = tagged_image(client, tag)
     if previous is not None and not force and _is_current(tag, previous[1], want):
         logger.debug("%s is current (%s)", tag, previous[0])
         _tag(client, previous[0], pinned)
         return SandboxImage(tag=tag, image_id=previous[0], built=False)
-    kept = _tagged_image(client, pinned)
+    kept = tagged_image(client, pinned)
     if kept is not None and not force and _is_current(pinned, kept[1], want):
         logger.info("%s: back to the build of these sources (%s)", tag, pinned)
         _tag(client, kept[0], tag)  # another checkout's build moved the plain tag: move it back
         return SandboxImage(tag=tag, image_id=kept[0], built=False)
 
-    base = ensure_base(client, repo_root=root)
+    base = base or ensure_base(client, repo_root=root)
     context = prepare(base) if prepare is not None else root
     logger.info("building %s from %s", tag, base)
     tail: deque[str] = deque(maxlen=40)
@@ -325,12 +330,13 @@ def ensure_sandbox_image(
             path=str(context),
             dockerfile=dockerfile.as_posix(),
             tag=tag,
-            buildargs={"BASE": base, "EXTRA_PIP": extra_pip, **(buildargs or {})},
+            buildargs={"BASE": base, **(buildargs or {})},
             labels={**want, LABEL_BASE: base},
             nocache=force,
             rm=True,
             forcerm=True,
             pull=False,
+            network_mode=network_mode,
             decode=True,
             timeout=BUILD_READ_TIMEOUT_S,
         )
@@ -355,12 +361,10 @@ def _tag(client: docker.DockerClient, image_id: str, ref: str) -> None:
 def _prune_pins(client: docker.DockerClient, tag: str, keep: int) -> None:
     """Untag all but the ``keep`` newest pinned builds of ``tag`` (each kernel edit makes
     one); Docker keeps an image a container still runs, and removes the rest."""
-    prefix = pinned_tag(tag, {}).rpartition("-k")[0] + "-k"
+    pin = re.compile(re.escape(pinned_tag(tag, {}).rpartition("-k")[0]) + r"-k[0-9a-f]{12}$")
     pins = []
     for image in client.images.list(name=tag.rpartition(":")[0] or tag):
-        pins += [
-            (image.attrs.get("Created", ""), ref) for ref in image.tags if ref.startswith(prefix)
-        ]
+        pins += [(image.attrs.get("Created", ""), ref) for ref in image.tags if pin.match(ref)]
     for _, ref in sorted(pins, reverse=True)[keep:]:
         try:
             client.images.remove(ref)
@@ -375,12 +379,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="rebuild without the layer cache")
     parser.add_argument("--tag", default=DEFAULT_TAG, help=f"image tag (default {DEFAULT_TAG})")
-    parser.add_argument(
-        "--extra-pip",
-        default="",
-        metavar="PKGS",
-        help=f'pip packages to add, space separated (e.g. --tag {NUMPY_TAG} --extra-pip "numpy")',
-    )
     parser.add_argument("-v", "--verbose", action="store_true", help="show build output")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -389,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Progress (INFO) shows without -v; the build's own output (DEBUG) only with it.
     logger.setLevel(logging.DEBUG if args.verbose else logging.INFO)
     try:
-        image = ensure_sandbox_image(tag=args.tag, force=args.force, extra_pip=args.extra_pip)
+        image = ensure_sandbox_image(tag=args.tag, force=args.force)
     except DockerUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -45,7 +45,8 @@ class ProcessSandbox(Sandbox):
     def start(self) -> None:
         log.warning(
             "process sandbox: user code runs UNISOLATED on this host (your files, network and "
-            "environment). Use it for development only; use the docker backend for real work."
+            "environment), and its sessions share one uid: each has private directories only. "
+            "Use it for development; use the docker backend for real work."
         )
         self.workspace = tempfile.mkdtemp(prefix="farm-workspace-")
         env = dict(os.environ, FARM_KERNEL_TOKEN=self._token)
@@ -57,8 +58,12 @@ class ProcessSandbox(Sandbox):
             "127.0.0.1:0",
             "--grace-s",
             str(self.grace_s),
+            "--isolation",
+            "dirs",
             "--workspace",
-            self.workspace,
+            os.path.join(self.workspace, "boxes"),
+            "--tmp-root",
+            os.path.join(self.workspace, "tmp"),
             *self.extra_args,
         ]
         self.proc = subprocess.Popen(

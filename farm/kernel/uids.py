@@ -1,0 +1,306 @@
+"""A box's identity: entering it, killing what runs under it, cleaning up after it.
+
+``enter`` is a session process's last step before user code (in a freshly forked child of the
+zygote: a uid change applies to the whole process). A box's end is normally the supervisor's
+alone: ``kill_uid`` (CAP_KILL, through pidfds) and ``nothing_left``, then root removes the two
+empty directories. When that does not finish (a process stuck in the kernel) or the box left
+files, a zygote helper does it with no more privilege than each step needs:
+
+- killing runs *as the box's uid*: ``kill(-1, SIGKILL)`` then reaches exactly the processes of
+  that uid in this sandbox (daemons that ``setsid()`` and double-fork included) and nothing else;
+  ``/proc`` tells when none is left;
+- finding what a box left in the shared places (``/tmp``, ``/dev/shm``, ``/dev/mqueue``) runs as
+  root (those directories are not listable by boxes), without following links;
+- removing runs as the box's uid again, so a link planted by the box can make it delete only
+  what the box itself could delete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+IPC_RMID = 0
+KILL_DEADLINE_S = 10.0
+EMPTY_TMPFS_DIR = 40  # tmpfs reports 20 bytes a directory entry, "." and ".." included
+SHARED_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
+_SYSVIPC = {"shm": ("shmctl", 7), "msg": ("msgctl", 7), "sem": ("semctl", 4)}  # table: uid column
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"prctl({option}, {value}): {os.strerror(errno)}")
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 63
+
+
+def prepare(box: dict[str, Any], isolation: str) -> None:
+    """Make the box's private directories (as root: mode 0700, owned by its uid); directories
+    that exist already (a replaced process of a live box) are kept with what they hold."""
+    for path in (box["workspace"], box["tmp"]):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        if isolation == "uids":
+            os.chown(path, box["uid"], box["gid"])
+
+
+def empty_bounding_set() -> None:
+    """Drop every capability from this process's bounding set (the zygote does it once, so
+    that all its children start with none there). It keeps the capabilities it has: the
+    bounding set only limits what an ``execve`` could ever give back."""
+    for cap in range(_last_cap() + 1):
+        with contextlib.suppress(OSError):  # a cap this kernel does not know
+            prctl(PR_CAPBSET_DROP, cap)
+
+
+def become(uid: int, gid: int) -> None:
+    """Drop to ``uid``/``gid`` for good: no groups, no capabilities (the bounding set is empty
+    since the zygote's start), no way to gain any (``no_new_privs``)."""
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)  # clears the permitted, effective and ambient sets
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def set_limits(limits: dict[str, int], *, per_uid: bool) -> None:
+    """The box's rlimits; ``pids`` (RLIMIT_NPROC counts every process and thread of a uid)
+    only where the box has a uid of its own."""
+    mb = 1024 * 1024
+    wanted = {
+        resource.RLIMIT_DATA: limits.get("memory_mb", 0) * mb,
+        resource.RLIMIT_FSIZE: limits.get("fsize_mb", 0) * mb,
+        resource.RLIMIT_NOFILE: limits.get("nofile", 0),
+        resource.RLIMIT_NPROC: limits.get("pids", 0) if per_uid else 0,
+        resource.RLIMIT_CORE: 0,
+    }
+    for limit, value in wanted.items():
+        if value or limit == resource.RLIMIT_CORE:
+            resource.setrlimit(limit, (value, value))
+
+
+def enter(box: dict[str, Any], isolation: str) -> None:
+    """Turn this freshly forked process into the box's: limits, identity, directories, env."""
+    set_limits(box["limits"], per_uid=isolation == "uids")
+    if isolation == "uids":
+        become(box["uid"], box["gid"])
+        prctl(PR_SET_DUMPABLE, 1)  # its own /proc entries are its own (for ps, debuggers)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a uid change cleared it
+    os.umask(0o077)
+    os.chdir(box["workspace"])
+    name = f"box-{box['number']}"
+    os.environ.update(
+        HOME=box["workspace"],
+        TMPDIR=box["tmp"],
+        PWD=box["workspace"],
+        USER=name,
+        LOGNAME=name,
+        XDG_CACHE_HOME=os.path.join(box["tmp"], ".cache"),
+        XDG_CONFIG_HOME=os.path.join(box["tmp"], ".config"),
+    )
+    tempfile.tempdir = None  # the zygote may have cached the shared /tmp
+
+
+def _status(pid: int) -> tuple[int, str] | None:
+    """(real uid, state letter) of ``pid``, or ``None`` when it is gone."""
+    uid, state = -1, "?"
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    state = line.split()[1]
+                elif line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+                    break
+    except OSError:
+        return None
+    return uid, state
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Pids of this sandbox whose real uid is ``uid``, zombies included. Cheap: the owner of
+    ``/proc/<pid>`` is the process's uid, and only the few that show as root (the kernel, a
+    box process that made itself non-dumpable) have their status read."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            owner = os.stat(f"/proc/{name}").st_uid
+        except OSError:
+            continue
+        if owner == uid or (owner == 0 and (_status(int(name)) or (-1, ""))[0] == uid):
+            found.append(int(name))
+    return found
+
+
+def kill_uid(uid: int) -> int:
+    """From the supervisor (CAP_KILL): SIGKILL every live process of ``uid``; the number of its
+    processes still there (dying, or zombies not yet reaped). Each is signalled through a
+    pidfd, its uid checked once the pidfd holds it: a pid reused by another box's process
+    meanwhile is never signalled."""
+    left = 0
+    for pid in uid_pids(uid):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            continue
+        try:
+            status = _status(pid)
+            if status is not None and status[0] == uid:
+                left += 1
+                if status[1] != "Z":
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(pidfd)
+    return left
+
+
+def nothing_left(box: dict[str, Any], isolation: str) -> bool:
+    """Whether a box whose processes are all gone left nothing to remove but its two empty
+    directories (which root may remove itself): the common case, which needs no helper."""
+    for path in (box["workspace"], box["tmp"]):
+        try:
+            if os.listdir(path):  # the box's own uid, or dirs isolation
+                return False
+        except PermissionError:  # root without DAC override: a tmpfs dir's size says it
+            if os.stat(path).st_size > EMPTY_TMPFS_DIR:
+                return False
+        except FileNotFoundError:
+            continue
+    if isolation == "dirs":
+        return True
+    if owned_entries(box["uid"]):
+        return False
+    return not any(_ipc_rows(box["uid"]))
+
+
+def _uid_processes(uid: int) -> list[int]:
+    """Pids in this sandbox whose real uid is ``uid``, zombies included (they still count)."""
+    found = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            found.append(int(name))
+                        break
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def kill_all(uid: int, deadline_s: float = KILL_DEADLINE_S) -> bool:
+    """As ``uid`` (after ``become``): SIGKILL every process of the uid until none is left
+    (reaped, not just dead); False at the deadline (a process stuck in the kernel)."""
+    assert os.getuid() == uid, "kill_all must run as the box's uid"
+    deadline = time.monotonic() + deadline_s
+    while True:
+        os.kill(-1, signal.SIGKILL)  # every process we may signal: exactly this uid's
+        if not _uid_processes(uid):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)  # the zygote reaps them meanwhile; poll interval of the deadline
+
+
+def owned_entries(uid: int, roots: Iterable[str] = SHARED_DIRS) -> list[str]:
+    """Entries of the shared directories that belong to ``uid`` (as root: boxes cannot list
+    those directories), found with ``lstat``: a link is an entry, never followed."""
+    found = []
+    for root in roots:
+        try:
+            names = os.listdir(root)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_uid == uid:
+                    found.append(path)
+    return found
+
+
+def _writable(function: Any, path: str, exc: Any) -> None:
+    """``rmtree``'s error hook: a directory the box made unwritable is opened up and retried."""
+    parent = os.path.dirname(path)
+    with contextlib.suppress(OSError):
+        os.chmod(parent, stat.S_IRWXU)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, stat.S_IRWXU)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+
+
+def remove(paths: Iterable[str], keep_roots: Iterable[str] = ()) -> None:
+    """As the box's uid: remove ``paths`` whole, and the contents of ``keep_roots`` (the box's
+    own directories, which root removes once empty)."""
+    targets = list(paths)
+    for root in keep_roots:
+        with contextlib.suppress(OSError):
+            os.chmod(root, stat.S_IRWXU)
+            targets += [os.path.join(root, name) for name in os.listdir(root)]
+    for path in targets:
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, onerror=_writable)  # onexc: 3.12+ only
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            _writable(os.unlink, path, OSError())
+
+
+def _ipc_rows(uid: int) -> Iterator[tuple[str, int]]:
+    """(table, id) of the System V objects ``uid`` owns or made."""
+    for table, (_, uid_column) in _SYSVIPC.items():
+        try:
+            with open(f"/proc/sysvipc/{table}") as f:
+                rows = [line.split() for line in f.readlines()[1:]]
+        except OSError:
+            continue
+        for row in rows:
+            if int(row[uid_column]) == uid or int(row[uid_column + 2]) == uid:  # owner, creator
+                yield table, int(row[1])
+
+
+def remove_ipc(uid: int) -> None:
+    """As the box's uid: remove the System V shared memory, queues and semaphores it made
+    (they outlive processes, like files)."""
+    for table, ipc_id in list(_ipc_rows(uid)):
+        function = getattr(_libc, _SYSVIPC[table][0])
+        if table == "sem":
+            function(ipc_id, 0, IPC_RMID)
+        else:
+            function(ipc_id, IPC_RMID, None)

@@ -1,0 +1,103 @@
+"""Batch work: an item of ``Farm.map`` or a sweep line, its record, and what travels between the
+client and the workers for it (chunks of items out, one ``ItemDone`` per item back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from farm.models.base import Model
+from farm.models.results import BoxLimits, CommandResult, ExecResult
+
+
+class BatchItem(Model):
+    """One item: a ``code`` string, ``cells`` run in order in one session (stopping at the
+    first failure), or a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
+    program of the image), with an optional ``setup`` cell first, ``files`` written to the
+    workspace before, its own ``timeout_s``, box ``limits`` and ``image``."""
+
+    id: str | int
+    code: str | None = None
+    cells: list[str] | None = None
+    cmd: str | list[str] | None = None
+    setup: str | None = None
+    timeout_s: float | None = Field(None, gt=0)
+    files: dict[str, str] | None = Field(None, description="workspace path -> text content")
+    limits: BoxLimits | None = None
+    image: str | None = Field(None, description="the image it runs on (default: the map's)")
+
+    @model_validator(mode="after")
+    def _one_body(self) -> BatchItem:
+        if sum(body is not None for body in (self.code, self.cells, self.cmd)) != 1:
+            raise ValueError("give exactly one of 'code', 'cells' or 'cmd'")
+        if isinstance(self.cmd, list) and not self.cmd:
+            raise ValueError("'cmd' must not be an empty list")
+        return self
+
+    def argv(self) -> list[str] | None:
+        if self.cmd is None:
+            return None
+        return ["/bin/sh", "-c", self.cmd] if isinstance(self.cmd, str) else list(self.cmd)
+
+    def all_cells(self) -> list[str]:
+        body = (
+            self.cells if self.cells is not None else [self.code] if self.code is not None else []
+        )
+        return ([self.setup] if self.setup else []) + body
+
+
+class BatchRecord(Model):
+    """The outcome of one item: a ``farm sweep`` output line, what ``Farm.map`` yields."""
+
+    id: str | int
+    status: str  # ok | error
+    kind: str | None = None
+    message: str | None = None
+    cells: list[ExecResult] = Field(default_factory=list)
+    command: CommandResult | None = Field(None, description="what an item's 'cmd' did")
+    attempts: int = 0
+    duration_s: float = 0.0
+    cached: bool = False
+    manifest: dict[str, Any] = Field(default_factory=dict)
+    journal: list[dict[str, Any]] | None = Field(
+        None, description="with journal=True: the item's session journal as mime_stream dicts"
+    )
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class ChunkItem(Model):
+    """One attempt at one item, as a worker runs it (``key``: its place in the map)."""
+
+    key: int
+    exec_id: str = Field(description="claimed before the item runs: a copy never runs twice")
+    cells: list[str]
+    argv: list[str] | None = Field(None, description="a command, run after the cells")
+    files: dict[str, str] = Field(default_factory=dict)
+    timeout_s: float = Field(gt=0)
+    limits: dict[str, int] = Field(default_factory=dict)
+
+
+class Chunk(Model):
+    """The payload of one ``farm.batch`` task: items a worker runs at once, each in a box of
+    its own, publishing each result to ``results`` (a Redis list) as soon as it ends."""
+
+    map_id: str
+    chunk_id: str = Field(description="claimed by the worker that takes the chunk")
+    results: str = Field(description="the Redis list the client reads the results from")
+    items: list[ChunkItem]
+    journal: bool = False
+
+
+class ItemDone(Model):
+    """What a worker publishes when one item ends."""
+
+    key: int
+    exec_id: str
+    worker: str
+    session_id: str = ""
+    cells: list[ExecResult] = Field(default_factory=list)
+    command: CommandResult | None = None

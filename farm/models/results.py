@@ -1,0 +1,218 @@
+"""What a run produces, as the caller holds it: ``ExecResult`` and its parts, the failure kinds,
+a session's box limits, and what a restore re-ran."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar, Literal
+
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
+
+from farm import kernel
+from farm.models.base import Model
+
+
+class ErrorKind(StrEnum):
+    """Why a run failed; decides retries (only ``infra`` and ``sandbox_lost``, before start).
+
+    The values are the kernel's (``farm.kernel.KINDS``), written there once."""
+
+    USER = kernel.KIND_USER
+    TIMEOUT = kernel.KIND_TIMEOUT
+    OOM = kernel.KIND_OOM
+    OUTPUT_LIMIT = kernel.KIND_OUTPUT_LIMIT
+    STATE_LOST = kernel.KIND_STATE_LOST
+    SANDBOX_LOST = kernel.KIND_SANDBOX_LOST
+    INFRA = kernel.KIND_INFRA
+    INPUT = kernel.KIND_INPUT
+
+
+class Value(Model):
+    """The value of a cell's last expression: ``text`` for people, ``data`` a MIME bundle."""
+
+    text: str
+    data: dict[str, Any] = Field(description="MIME bundle; 'text/plain' is always present")
+
+
+class ExecError(Model):
+    ename: str
+    evalue: str
+    traceback: list[str] = Field(default_factory=list)
+    kind: ErrorKind
+
+
+class SubCall(Model):
+    """One host callback a run made (``llm_query(...)`` in the sandbox, ``fn`` in the client)."""
+
+    name: str
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    batch: bool = Field(False, description="a <name>_batched call: args[0] is the list of inputs")
+    ok: bool
+    response: Any = Field(None, description="what the callback returned (a list when batched)")
+    error: str | None = None
+    duration_s: float = 0.0
+    depth: int = Field(0, description="1 for a call from a top-level session, 2 from a child...")
+
+
+class CallAnswer(Model):
+    """The client's answer to a host call, as it travels back to the worker."""
+
+    ok: bool
+    value: Any = None
+    error: dict[str, str] | None = Field(None, description="{'ename': ..., 'evalue': ...}")
+    depth: int = 0
+
+
+class ExecResult(Model):
+    """Everything about one run. ``epoch`` is the session's epoch *after* the call. The
+    kernel's part is ``farm.kernel.protocol.CellResult``; the host adds ``HOST_FIELDS``."""
+
+    HOST_FIELDS: ClassVar[frozenset[str]] = frozenset({"worker", "sub_calls"})
+
+    exec_id: str
+    session_id: str
+    epoch: int
+    status: Literal["ok", "error"]
+    stdout: str = ""
+    stderr: str = ""
+    value: Value | None = None
+    error: ExecError | None = None
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_s: float = 0.0
+    cpu_s: float = 0.0
+    max_rss_kb: int = 0
+    state_lost: bool = False
+    worker: str | None = None
+    sub_calls: list[SubCall] = Field(default_factory=list, description="host callbacks made")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def kind(self) -> ErrorKind | None:
+        return self.error.kind if self.error else None
+
+    @classmethod
+    def failure(
+        cls,
+        kind: ErrorKind,
+        ename: str,
+        evalue: str,
+        *,
+        exec_id: str,
+        session_id: str = "",
+        epoch: int = 0,
+        worker: str | None = None,
+        state_lost: bool = False,
+    ) -> ExecResult:
+        """A result for a run that failed around the code (lost sandbox, infrastructure)."""
+        return cls(
+            exec_id=exec_id,
+            session_id=session_id,
+            epoch=epoch,
+            status="error",
+            error=ExecError(ename=ename, evalue=evalue, kind=kind),
+            worker=worker,
+            state_lost=state_lost,
+        )
+
+    def raise_for_error(self) -> ExecResult:
+        """Raise the typed ``farm.errors`` exception for a failed run; return self when ok."""
+        if self.error is not None:
+            from farm.errors import error_for_result
+
+            raise error_for_result(self)
+        return self
+
+
+class BoxLimits(Model):
+    """Limits of one session's box, within its sandbox's caps; ``None``: the worker's default
+    (``FarmSettings.box``). ``memory_mb`` bounds each process's data (a bigger allocation
+    raises ``MemoryError``, kind ``oom``), ``pids`` the box's processes and threads,
+    ``fsize_mb`` the largest file, ``nofile`` open files."""
+
+    memory_mb: int | None = Field(None, ge=16)
+    pids: int | None = Field(None, ge=4)
+    fsize_mb: int | None = Field(None, ge=1)
+    nofile: int | None = Field(None, ge=16)
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """On the wire a limit left out is absent, not null (the kernel's ``BoxLimits``)."""
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ReplayedCell(Model):
+    exec_id: str = Field(description="the run this replays (in the journal)")
+    replay_exec_id: str = Field(description="the run that replayed it")
+    code: str
+
+
+class RestoreReport(Model):
+    """What ``on_state_lost="replay"`` did after a state loss: exactly which cells it re-ran.
+
+    Replaying re-runs code: effects outside the session's namespace (files written elsewhere,
+    network calls, anything the cells did to the world) may happen again.
+    """
+
+    session_id: str
+    lost_exec_id: str = Field(description="the run whose result reported the loss")
+    reason: str
+    replayed: list[ReplayedCell] = Field(default_factory=list)
+    reran_lost_call: bool = Field(
+        False, description="the lost call had run nothing, so it was run again after the replay"
+    )
+    warning: str = (
+        "replayed cells ran again: side effects outside the session (files, network, "
+        "external services) may have been repeated"
+    )
+
+
+class CommandResult(Model):
+    """Everything about one command (``session.exec``): its exit, its outputs (capped like a
+    cell's), and ``error`` when something around it failed (``timeout``, ``sandbox_lost``,
+    ``input``...). The kernel's part is ``farm.kernel.protocol.CommandOutcome``."""
+
+    HOST_FIELDS: ClassVar[frozenset[str]] = frozenset({"worker", "error"})
+
+    exec_id: str
+    session_id: str
+    returncode: int | None = Field(
+        None, description="the exit status, or 128 + N for a death by signal N (as shells say)"
+    )
+    signal: int | None = None
+    timed_out: bool = False
+    stdout: str = ""
+    stderr: str = ""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_s: float = 0.0
+    worker: str | None = None
+    error: ExecError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.returncode == 0
+
+    @classmethod
+    def from_kernel(cls, raw: dict[str, Any], worker: str, timeout_s: float) -> CommandResult:
+        """The kernel's outcome, completed: a command the timeout killed is kind ``timeout``."""
+        result = cls.model_validate({**raw, "worker": worker})
+        if result.timed_out:
+            why = f"the command ran past its {timeout_s:g}s timeout and was killed (group)"
+            result.error = ExecError(ename="TimeoutError", evalue=why, kind=ErrorKind.TIMEOUT)
+        return result
+
+    @property
+    def kind(self) -> ErrorKind | None:
+        """``error``'s kind; ``user`` for a command that exited with a non-zero status."""
+        if self.error is not None:
+            return self.error.kind
+        return ErrorKind.USER if self.returncode != 0 else None

@@ -1,0 +1,37 @@
+"""What a sandbox is and how it is doing, for ``farm status``, manifests and audits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import (
+    Field,
+)
+
+from farm.models.base import Model
+
+# --- sandboxes ------------------------------------------------------------------------------
+
+
+class SandboxInfo(Model):
+    """What a sandbox is, for ``farm status``, result manifests and audits."""
+
+    backend: str
+    isolated: bool
+    address: str
+    container_id: str | None = None
+    image: str | None = None
+    image_digest: str | None = None
+    image_spec: dict[str, Any] | None = Field(
+        None, description="the environment spec a farm image was built from (farm image build)"
+    )
+    limits: dict[str, Any] = Field(default_factory=dict)
+    kernel_version: str | None = None
+    started_at: float | None = None
+    restarts: int = 0
+
+
+class SandboxHealth(Model):
+    ok: bool
+    detail: str = ""
+    rtt_s: float | None = None

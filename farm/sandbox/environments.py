@@ -1,0 +1,263 @@
+# docker ships no type hints (see images.py).
+# mypy: disable-error-code="import-untyped"
+"""The one engine that builds farm environments: a spec in (``farm.sandbox.envspec``), the
+image ``farm-sandbox:NAME`` out. The built-in variants (``docs``, ``browser``) and the
+environments users build (``farm image build NAME --pip ... --apt ...``) all go through here.
+
+A container build may not reach a package index (no registry, or a TLS-intercepting proxy
+whose CA only the host trusts), so the host downloads the spec's wheels for the base image's
+own Python and machine (``farm.sandbox.wheels``) into ``build/sandbox-wheels/NAME/``. A build
+context of the image's own (``build/sandbox-context/NAME/``: ``images/sandbox/env.Dockerfile``,
+the kernel and the wheels) keeps them out of the repository's context. Debian packages are
+installed with apt inside the build, from the mirror the base was bootstrapped from. The base
+is the sandbox's (``images.ensure_base``), or the spec's ``from`` image: any local image with
+``python3`` >= 3.9. Only apt reaches a network in the build: a spec without Debian packages is
+built with ``--network none`` (its wheels are in the context), so it builds offline.
+
+Invariant: an image is reused while its labels match what it would be built from now: the
+kernel hash (the kernel and env.Dockerfile), the spec's hash (``farm.env_hash``) and, for a
+``from`` image, that image's id. Anything else rebuilds it; the heavy layers (apt, wheels) come
+before the kernel, so a kernel change rebuilds only the last layers. The image also records its
+spec (``farm.env_spec``) so it can be rebuilt, listed and reported without the spec's files.
+
+A failed build is an ``ImageBuildError`` whose ``package`` names the requirement or Debian
+package that failed and whose message says why, above the build's last lines.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import docker
+import docker.errors
+
+from farm.errors import ImageBuildError, InvalidRequest
+from farm.sandbox.envspec import EnvSpec
+from farm.sandbox.images import (
+    BASE_BUILD_TIMEOUT_S,
+    BUILD_TOTAL_TIMEOUT_S,
+    KERNEL_DIR,
+    SandboxImage,
+    connect,
+    default_repo_root,
+    ensure_sandbox_image,
+    image_exists,
+    try_pull,
+)
+from farm.sandbox.wheels import WheelError, download_closure, marker_env
+
+logger = logging.getLogger(__name__)
+
+ENV_DOCKERFILE = Path("images/sandbox/env.Dockerfile")
+WHEELS_DIR = Path("build/sandbox-wheels")
+CONTEXT_DIR = Path("build/sandbox-context")
+LOCK_TIMEOUT_S = BUILD_TOTAL_TIMEOUT_S + BASE_BUILD_TIMEOUT_S
+MIN_PYTHON = (3, 9)
+
+LABEL_ENV = "farm.env"
+LABEL_ENV_HASH = "farm.env_hash"
+LABEL_ENV_SPEC = "farm.env_spec"
+LABEL_FROM_ID = "farm.from_id"
+
+# Why a build failed, from its log: (pattern, group naming the package, what it means).
+# Whole lines only: the log also echoes each step's command, which holds these words too.
+FAILURES = (
+    (r"^E: Unable to locate package (\S+)$", 1, "apt: no such package in the base's mirror"),
+    (r"^E: Package '([^']+)' has no installation candidate$", 1, "apt: no installable version"),
+    (r"^E: Version '[^']+' for '([^']+)' was not found$", 1, "apt: no such version"),
+    (r"^E: Failed to fetch (\S+)", None, "apt: the base's mirror did not answer"),
+    (r"^farm: (.+)$", None, ""),
+    (r"^ERROR: (.+)$", None, "pip install"),
+)
+
+
+def ensure_env_image(
+    spec: EnvSpec,
+    client: docker.DockerClient | None = None,
+    *,
+    force: bool = False,
+    repo_root: Path | None = None,
+    tag: str | None = None,
+    buildargs: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> SandboxImage:
+    """Make ``tag`` (default ``spec.tag``) an image of ``spec`` and the current kernel,
+    building only when it is missing or stale (see the module's invariant).
+
+    ``spec`` must be resolved (:meth:`EnvSpec.resolve`): the image records exactly what it
+    holds. ``buildargs`` and ``labels`` are a variant's extras (the browser's allowlist).
+    """
+    if spec.requirements:
+        raise InvalidRequest(f"{spec.name}: read its requirements files first (EnvSpec.resolve)")
+    tag = tag or spec.tag
+    root = (repo_root or default_repo_root()).resolve()
+    client = client if client is not None else connect()
+    from_id = _from_image_id(client, spec.from_image, tag) if spec.from_image else ""
+
+    def prepare(base: str) -> Path:
+        env = _python_of(base, tag) if spec.pip or spec.from_image else {}
+        return _build_context(spec, _download_wheels(spec, base, env, client, root, tag), root)
+
+    # One builder at a time per name on this checkout: two would share the wheel and context
+    # directories. The second one then finds the image current.
+    lock_path = root / CONTEXT_DIR / f"{spec.name}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        _wait_for_lock(lock.fileno(), tag)
+        try:
+            return ensure_sandbox_image(
+                client,
+                tag=tag,
+                force=force,
+                repo_root=root,
+                dockerfile=ENV_DOCKERFILE,
+                buildargs={"APT_PACKAGES": " ".join(spec.apt), **(buildargs or {})},
+                labels={
+                    LABEL_ENV: spec.name,
+                    LABEL_ENV_HASH: spec.digest(),
+                    LABEL_ENV_SPEC: spec.canonical(),
+                    LABEL_FROM_ID: from_id,
+                    **(labels or {}),
+                },
+                prepare=prepare,
+                base=spec.from_image,
+                # Only apt fetches anything in the build; without it the build is offline.
+                network_mode=None if spec.apt else "none",
+            )
+        except ImageBuildError as exc:
+            raise explain(exc, tag) from exc
+
+
+def explain(exc: ImageBuildError, tag: str) -> ImageBuildError:
+    """``exc`` with a first line that says which package failed and why, when the build's
+    log says it, and ``image`` set to ``tag``."""
+    text = str(exc)
+    if exc.image is not None and text.startswith(f"{exc.image}: "):
+        return exc  # explained already
+    for pattern, group, meaning in FAILURES:
+        found = re.search(pattern, text, re.MULTILINE)
+        if found:
+            package = found[group] if group else exc.package
+            headline = f"{meaning}: {found[0]}" if meaning else found[1]
+            break
+    else:
+        package, headline = exc.package, "the build failed"
+    if package and package not in headline:
+        headline = f"{package}: {headline}"
+    return ImageBuildError(f"{tag}: {headline}\n{text}", image=tag, package=package)
+
+
+def _from_image_id(client: docker.DockerClient, ref: str, tag: str) -> str:
+    """The id of the local image ``ref`` (pulled if a registry answers in time): part of the
+    labels, so rebuilding the user's base rebuilds the environment."""
+    if not image_exists(client, ref) and not try_pull(client, ref):
+        raise ImageBuildError(
+            f"{tag}: the base image {ref} is neither local nor pullable "
+            "(`docker images` lists the local ones)",
+            image=tag,
+        )
+    return str(client.images.get(ref).id)
+
+
+def _python_of(base: str, tag: str) -> dict[str, str]:
+    """The marker environment of ``base``'s ``python3``, which must be >= 3.9: the kernel
+    and the wheels are for it."""
+    try:
+        env = marker_env(base)
+    except subprocess.CalledProcessError as exc:
+        lines = (exc.stderr or exc.stdout or "").strip().splitlines()
+        why = lines[-1] if lines else f"exit {exc.returncode}"
+        raise ImageBuildError(f"{tag}: {base} has no usable python3 ({why})", image=tag) from None
+    except (subprocess.TimeoutExpired, OSError, ValueError) as exc:
+        raise ImageBuildError(f"{tag}: cannot run python3 in {base}: {exc}", image=tag) from None
+    version = tuple(int(p) for p in env["python_version"].split("."))
+    if version < MIN_PYTHON:
+        raise ImageBuildError(
+            f"{tag}: {base} has Python {env['python_full_version']}; farm's kernel needs "
+            f">= {'.'.join(map(str, MIN_PYTHON))}",
+            image=tag,
+        )
+    return env
+
+
+def _download_wheels(
+    spec: EnvSpec,
+    base: str,
+    env: dict[str, str],
+    client: docker.DockerClient,
+    root: Path,
+    tag: str,
+) -> Path:
+    """Put ``spec``'s wheels (and pip's own, to install them) in build/sandbox-wheels/NAME;
+    an empty directory when it has none. Skipped when ``wheels.stamp`` says they were made
+    for this base image and these requirements."""
+    dest = root / WHEELS_DIR / spec.name
+    stamp = json.dumps({"base": str(client.images.get(base).id), "pip": spec.pip})
+    stamp_file = dest / "wheels.stamp"
+    if stamp_file.exists() and stamp_file.read_text() == stamp:
+        logger.info("wheels for %s are current", tag)
+        return dest
+    started = time.monotonic()
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    if spec.pip:
+        logger.info("downloading wheels for %s (Python %s)", tag, env["python_full_version"])
+        try:
+            download_closure(["pip", *spec.pip], dest, env)
+        except WheelError as exc:
+            raise ImageBuildError(f"{tag}: {exc}", image=tag, package=exc.package) from exc
+        except OSError as exc:
+            raise ImageBuildError(f"{tag}: downloading wheels: {exc}", image=tag) from exc
+    stamp_file.write_text(stamp)
+    count = len(list(dest.glob("*.whl")))
+    logger.info("%d wheels in %s (%.0fs)", count, dest, time.monotonic() - started)
+    return dest
+
+
+def _build_context(spec: EnvSpec, wheels: Path, root: Path) -> Path:
+    """build/sandbox-context/NAME: env.Dockerfile (at its repository path, which the kernel
+    hash names), the kernel and ``wheels/``, so the repository's own build context (the
+    default image's, the worker's) never carries an environment's wheels."""
+    context = root / CONTEXT_DIR / spec.name
+    shutil.rmtree(context, ignore_errors=True)
+    (context / ENV_DOCKERFILE).parent.mkdir(parents=True)
+    shutil.copy2(root / ENV_DOCKERFILE, context / ENV_DOCKERFILE)
+    shutil.copytree(
+        root / KERNEL_DIR, context / KERNEL_DIR, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(
+        wheels,
+        context / "wheels",
+        ignore=shutil.ignore_patterns("wheels.stamp"),
+        copy_function=_link_or_copy,
+    )
+    return context
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _wait_for_lock(fd: int, tag: str) -> None:
+    """Take the builder lock, waiting at most as long as another build may take."""
+    deadline = time.monotonic() + LOCK_TIMEOUT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise ImageBuildError(f"another build of {tag} held its lock too long") from None
+            time.sleep(0.5)  # poll interval of the deadline-bounded lock wait

@@ -1,0 +1,212 @@
+"""``BatchRunner``: a worker's side of ``Farm.map`` and sweeps — chunks of items, each in a box.
+
+A chunk (``farm.models.Chunk``) is one Celery task carrying many items. The worker runs its items
+at once (each in a box of its own: open, files, cells, close) on a pool as large as the
+sessions it may hold, and publishes each item's ``ItemDone`` to the map's result list the
+moment it ends, not at the end of the chunk. Per item that is two Redis commands (the claim and
+the push); the chunk's own costs (its message, its claim, a cancel check) are shared.
+
+Invariants:
+- a chunk is claimed before its items start (``SET NX``): a copy of its message (a redelivery,
+  or one the client abandoned and sent again) runs nothing;
+- an item's ``exec_id`` is claimed before it runs: an item never runs twice, whatever copies
+  of it travel; the client decides what an item claimed by a worker that died becomes;
+- a map the client cancelled (it stopped reading) starts no more items, and the items it runs
+  are stopped (their boxes closed: every process killed).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, Any
+
+from farm.kernel.client import KernelError, KernelRequestError
+from farm.models import CommandResult, ErrorKind, ExecResult
+from farm.models.batch import Chunk, ChunkItem, ItemDone
+from farm.registry import cancel_key
+from farm.worker.recorder import ExecRecorder
+
+if TYPE_CHECKING:
+    from farm.worker.worker import Worker
+
+log = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 0.5
+RESULTS_TTL_S = 3600
+REFUSED_INPUT = {"too_large", "bad_request", "bad_limits"}
+
+
+class _BadFile(Exception):
+    """An item's file could not be written (bad input: the item never runs)."""
+
+
+class BatchRunner:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.pool = ThreadPoolExecutor(worker.settings.max_sessions, thread_name_prefix="batch")
+        self._open: dict[str, set[str]] = {}  # map id -> kernel sessions of its running items
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def run_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
+        chunk = Chunk.model_validate(payload)
+        registry = self.worker.registry
+        if not registry.claim_chunk(chunk.chunk_id, self.worker.id, self.worker.generation):
+            return {"chunk": chunk.chunk_id, "skipped": "claimed already (or abandoned)"}
+        if registry.redis.exists(cancel_key(chunk.map_id)):
+            return {"chunk": chunk.chunk_id, "skipped": "the map was cancelled"}
+        expiry = threading.Event()  # the results list gets its TTL once per chunk
+        futures = {self.pool.submit(self._run, chunk, item, expiry): item for item in chunk.items}
+        ran = 0
+        while futures:
+            done, _ = wait(futures, timeout=CANCEL_POLL_S, return_when=FIRST_COMPLETED)
+            for future in done:
+                futures.pop(future)
+                ran += bool(future.result())
+            if futures and registry.redis.exists(cancel_key(chunk.map_id)):
+                self._cancel(chunk.map_id, futures)
+                break
+        return {"chunk": chunk.chunk_id, "ran": ran}
+
+    def _cancel(self, map_id: str, futures: dict[Future[bool], ChunkItem]) -> None:
+        for future in futures:
+            future.cancel()
+        with self._lock:
+            running = self._open.pop(map_id, set())
+        kernel = self.worker._kernel()
+        for session_id in running:  # its box is reset: every process it started dies
+            try:
+                kernel.close_session(session_id)
+            except KernelError:
+                self.worker._drop_kernel()
+        log.info(
+            "map %s cancelled on worker %s: %d items stopped", map_id, self.worker.id, len(running)
+        )
+
+    def _run(self, chunk: Chunk, item: ChunkItem, expiry: threading.Event) -> bool:
+        """Run one item if this worker is the first to claim it; publish what it did."""
+        worker = self.worker
+        claim = worker.registry.claim_exec(
+            item.exec_id, worker.id, worker.generation, item.timeout_s
+        )
+        if claim is not None:  # ran (or runs) elsewhere: this copy runs nothing
+            return False
+        done = self._cells(chunk, item)
+        body = done.model_dump_json()
+        with worker.registry.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(chunk.results, body)
+            if not expiry.is_set():
+                expiry.set()
+                pipe.expire(chunk.results, RESULTS_TTL_S)
+            pipe.execute()
+        return True
+
+    def _cells(self, chunk: Chunk, item: ChunkItem) -> ItemDone:
+        worker = self.worker
+        done = ItemDone(key=item.key, exec_id=item.exec_id, worker=worker.id)
+        limits = {**worker.settings.box.model_dump(exclude_none=True), **item.limits}
+        try:
+            kernel = worker._kernel()
+            opened = kernel.open_session(tools=True, limits=limits)
+        except KernelRequestError as exc:
+            kind = ErrorKind.INPUT if exc.code in REFUSED_INPUT else ErrorKind.INFRA
+            done.cells.append(self._failure(item, kind, "BadRequest", str(exc)))
+            return done
+        except KernelError as exc:
+            worker._drop_kernel()
+            why = f"worker {worker.id} could not open a box: {exc}"
+            done.cells.append(self._failure(item, ErrorKind.SANDBOX_LOST, "SessionLost", why))
+            return done
+        done.session_id, epoch = opened["session_id"], opened["epoch"]
+        with self._lock:
+            self._open.setdefault(chunk.map_id, set()).add(done.session_id)
+        try:
+            for path, content in item.files.items():
+                self._write(kernel, done.session_id, path, content)
+            for number, code in enumerate(item.cells):
+                exec_id = f"{item.exec_id}-{number}"
+                request = {"exec_id": exec_id, "session_id": done.session_id, "code": code}
+                recorder = (
+                    ExecRecorder(worker.journal, request, worker.id) if chunk.journal else None
+                )
+                raw = kernel.execute(
+                    done.session_id,
+                    code,
+                    epoch=epoch,
+                    timeout_s=item.timeout_s,
+                    exec_id=exec_id,
+                    grace_s=worker.settings.limits.grace_s,
+                    on_event=recorder.on_kernel_event if recorder is not None else None,
+                )
+                raw = {**raw, "worker": worker.id}
+                if recorder is not None:  # the item's journal, for sweeps that keep it
+                    recorder.finish(raw)
+                result = ExecResult.model_validate(raw)
+                done.cells.append(result)
+                epoch = result.epoch
+                if not result.ok:
+                    break
+            else:
+                if item.argv is not None:
+                    done.command = self._command(kernel, done.session_id, item)
+        except _BadFile as exc:
+            done.cells.append(self._failure(item, ErrorKind.INPUT, "FileOperationError", str(exc)))
+        except KernelRequestError as exc:
+            kind = ErrorKind.INPUT if exc.code in REFUSED_INPUT else ErrorKind.SANDBOX_LOST
+            worker._drop_kernel()
+            done.cells.append(self._failure(item, kind, "BadRequest", str(exc)))
+        except KernelError as exc:
+            worker._drop_kernel()
+            why = f"the sandbox of worker {worker.id} failed during the item: {exc}"
+            done.cells.append(self._failure(item, ErrorKind.SANDBOX_LOST, "SessionLost", why))
+        finally:
+            self._close(chunk.map_id, done.session_id)
+        return done
+
+    def _write(self, kernel: Any, session_id: str, path: str, text: str) -> None:
+        """Write one of the item's files into its workspace (confined like ``session.files``;
+        an item's files are text, small enough for one chunk of ``fileops``)."""
+        data = base64.b64encode(text.encode()).decode("ascii")
+        reply = kernel.file(session_id, "write", path, data=data, offset=0)
+        error = reply.get("error")
+        if error:
+            raise _BadFile(f"writing {path!r}: {error['ename']}: {error['evalue']}")
+
+    def _command(self, kernel: Any, session_id: str, item: ChunkItem) -> CommandResult:
+        assert item.argv is not None
+        raw = kernel.command(
+            session_id,
+            item.argv,
+            exec_id=f"{item.exec_id}-cmd",
+            timeout_s=item.timeout_s,
+            grace_s=self.worker.settings.limits.grace_s,
+        )
+        return CommandResult.from_kernel(raw, self.worker.id, item.timeout_s)
+
+    def _close(self, map_id: str, session_id: str) -> None:
+        with self._lock:
+            running = self._open.get(map_id, set())
+            if session_id not in running:
+                return  # cancelled: closed already
+            running.discard(session_id)
+            if not running:
+                self._open.pop(map_id, None)
+        try:
+            self.worker._kernel().close_session(session_id)
+        except KernelError:
+            self.worker._drop_kernel()
+
+    def _failure(self, item: ChunkItem, kind: ErrorKind, ename: str, evalue: str) -> ExecResult:
+        return ExecResult.failure(
+            kind,
+            ename,
+            evalue,
+            exec_id=item.exec_id,
+            worker=self.worker.id,
+            state_lost=kind == ErrorKind.SANDBOX_LOST,
+        )

@@ -1,0 +1,286 @@
+"""``SessionCalls``: a worker's calls on its sessions — cells, commands, files, one-shot runs.
+
+Each call is claimed before it runs (its ``exec_id``, in Redis), so a redelivered or duplicated
+message returns the first delivery's result instead of running twice; a call whose session is
+gone (closed, expired, its sandbox replaced) gets ``sandbox_lost``, never a run in a fresh one;
+bad input (a cell too large for a frame, limits over the sandbox's caps) gets ``input`` and the
+session lives on. Cells and commands are recorded (``ExecRecorder``: the session's journal and
+live stream); file operations are not (they carry data, not code).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from farm.kernel.client import KernelError, KernelRequestError
+from farm.kernel.framing import DEFAULT_MAX_FRAME
+from farm.models import CommandResult, ErrorKind, ExecError, ExecResult
+from farm.worker import metrics
+from farm.worker.recorder import ExecRecorder
+
+if TYPE_CHECKING:
+    from farm.worker.worker import HeldSession, Worker
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_POLL_S = 0.05
+# Kernel refusals of a request that was whole and valid but not acceptable: bad input.
+REFUSED_INPUT = {"too_large", "bad_request"}
+
+
+class SessionCalls:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def execute(self, request: dict[str, Any]) -> dict[str, Any]:
+        exec_id = request["exec_id"]
+        if request.get("generation", self.worker.generation) != self.worker.generation:
+            return self._lost(request, "the worker generation this call was sent to is gone")
+        timeout_s = float(request.get("timeout_s") or 0)
+        claim = self.worker.registry.claim_exec(
+            exec_id, self.worker.id, self.worker.generation, timeout_s
+        )
+        if claim is not None:
+            return self._recorded(exec_id, claim, request)
+        t0 = time.perf_counter()
+        recorder = ExecRecorder(self.worker.journal, request, self.worker.id)
+        result, held = self._execute_claimed(request, recorder)
+        recorder.finish(result)  # the record is complete before anyone sees the result
+        refresh = None
+        if held is not None:  # the kernel ran it: the session lives on, at this epoch
+            fields = self.worker._session_fields(held.epoch)
+            refresh = (request["session_id"], fields, self.worker.settings.idle_timeout_s)
+        self.worker.registry.finish_exec(exec_id, result, session=refresh)
+        metrics.observe_exec(
+            result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0
+        )
+        return result
+
+    def _execute_claimed(
+        self, request: dict[str, Any], recorder: ExecRecorder
+    ) -> tuple[dict[str, Any], HeldSession | None]:
+        """The result, and the session when its kernel ran the call (else ``None``)."""
+        session_id = request["session_id"]
+        held = self.worker.sessions.get(session_id)
+        if held is None:
+            why = f"worker {self.worker.id} holds no session {session_id} (closed or expired)"
+            return self._lost(request, why), None
+        if held.lost is not None:
+            return self._lost(request, held.lost), None
+        if held.sandbox_generation != self.worker.keeper.generation:
+            return self._lost(request, "its sandbox was replaced"), None
+        held.last_used = time.monotonic()
+        refused = _oversized(request["code"])
+        if refused is not None:
+            return self._failure(request, ErrorKind.INPUT, "InputTooLarge", refused), held
+        try:
+            raw = self.worker._kernel().execute(
+                session_id,
+                request["code"],
+                epoch=request["epoch"],
+                timeout_s=request["timeout_s"],
+                exec_id=request["exec_id"],
+                max_output_bytes=request.get("max_output_bytes"),
+                grace_s=self.worker.settings.limits.grace_s,
+                on_event=recorder.on_kernel_event,
+                calls=request.get("calls"),
+            )
+        except KernelRequestError as exc:
+            self.worker._drop_kernel()  # the kernel may close a connection after an error reply
+            if exc.code in REFUSED_INPUT:  # nothing ran; the session and its variables live on
+                return self._failure(request, ErrorKind.INPUT, "BadRequest", str(exc)), held
+            return self._lost(request, f"the sandbox no longer has it ({exc.code})"), None
+        except KernelError as exc:
+            self.worker._drop_kernel()
+            held.lost = f"its sandbox failed during a call ({exc})"
+            return self._lost(request, held.lost), None
+        held.epoch = raw["epoch"]
+        held.last_used = time.monotonic()
+        return {**raw, "worker": self.worker.id}, held
+
+    def command(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run a command in the session's box (``session.exec``), claimed like a cell."""
+        worker = self.worker
+        exec_id = request["exec_id"]
+        timeout_s = float(request.get("timeout_s") or 0)
+        claim = worker.registry.claim_exec(exec_id, worker.id, worker.generation, timeout_s)
+        if claim is not None:
+            return self._recorded(exec_id, claim, request)
+        held, why = self._held(request)
+        if held is None:
+            result = self._command_failure(request, ErrorKind.SANDBOX_LOST, "SessionLost", why)
+        else:
+            result = self._command(request, held)
+        refresh = None
+        if held is not None:
+            refresh = (
+                request["session_id"],
+                worker._session_fields(held.epoch),
+                worker.settings.idle_timeout_s,
+            )
+        worker.registry.finish_exec(exec_id, result, session=refresh)
+        return result
+
+    def _command(self, request: dict[str, Any], held: HeldSession) -> dict[str, Any]:
+        worker = self.worker
+        held.last_used = time.monotonic()
+        try:
+            raw = worker._kernel().command(
+                request["session_id"],
+                list(request["argv"]),
+                exec_id=request["exec_id"],
+                timeout_s=float(request["timeout_s"]),
+                stdin=base64.b64decode(request["stdin"]) if request.get("stdin") else None,
+                stdin_path=request.get("stdin_path"),
+                cwd=request.get("cwd"),
+                env=request.get("env"),
+                max_output_bytes=request.get("max_output_bytes"),
+                grace_s=worker.settings.limits.grace_s,
+            )
+        except KernelRequestError as exc:
+            worker._drop_kernel()
+            kind = ErrorKind.INPUT if exc.code in REFUSED_INPUT else ErrorKind.SANDBOX_LOST
+            return self._command_failure(request, kind, "BadRequest", str(exc))
+        except KernelError as exc:
+            worker._drop_kernel()
+            held.lost = f"its sandbox failed during a command ({exc})"
+            return self._command_failure(request, ErrorKind.SANDBOX_LOST, "SessionLost", held.lost)
+        held.last_used = time.monotonic()
+        result = CommandResult.from_kernel(raw, worker.id, float(request["timeout_s"]))
+        return result.model_dump(mode="json")
+
+    def file(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One chunk of a file operation (``session.files``): not claimed, not journaled; a
+        chunk that runs twice writes the same bytes at the same offset."""
+        held, why = self._held(request)
+        if held is None:
+            return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
+        fields = {
+            k: v for k, v in request.items() if k not in ("session_id", "op", "path", "generation")
+        }
+        try:
+            reply = self.worker._kernel().file(
+                request["session_id"], request["op"], request["path"], **fields
+            )
+        except KernelError as exc:
+            self.worker._drop_kernel()
+            why = f"its sandbox failed during a file operation ({exc})"
+            return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
+        held.last_used = time.monotonic()
+        return reply
+
+    def _held(self, request: dict[str, Any]) -> tuple[HeldSession | None, str]:
+        """The session a call names, if this worker generation still holds it live."""
+        worker = self.worker
+        session_id = request["session_id"]
+        if request.get("generation", worker.generation) != worker.generation:
+            return (
+                None,
+                f"session {session_id} on worker {worker.id}: its worker generation is gone",
+            )
+        held = worker.sessions.get(session_id)
+        if held is None:
+            return None, f"session {session_id} on worker {worker.id}: closed or expired"
+        if held.lost is not None:
+            return None, f"session {session_id} on worker {worker.id}: {held.lost}"
+        if held.sandbox_generation != worker.keeper.generation:
+            return None, f"session {session_id} on worker {worker.id}: its sandbox was replaced"
+        return held, ""
+
+    def _command_failure(
+        self, request: dict[str, Any], kind: ErrorKind, ename: str, evalue: str
+    ) -> dict[str, Any]:
+        error = ExecError(ename=ename, evalue=evalue, kind=kind)
+        return CommandResult(
+            exec_id=request["exec_id"],
+            session_id=request.get("session_id", ""),
+            worker=self.worker.id,
+            error=error,
+        ).model_dump(mode="json")
+
+    def run_once(self, request: dict[str, Any]) -> dict[str, Any]:
+        """A one-shot run: a fresh session for this code alone, closed afterwards."""
+        opened = self.worker.open_session(limits=request.get("limits"))
+        if opened.get("refused"):
+            return self._failure(request, ErrorKind.INPUT, "InvalidRequest", opened["reason"])
+        if opened.get("busy"):
+            return self._failure(
+                request,
+                ErrorKind.INFRA,
+                "FarmBusy",
+                f"worker {self.worker.id} could not open a session: {opened['reason']}",
+            )
+        try:
+            return self.execute(
+                {
+                    **request,
+                    "session_id": opened["session_id"],
+                    "epoch": opened["epoch"],
+                    "generation": self.worker.generation,
+                }
+            )
+        finally:
+            self.worker.close_session(opened["session_id"])
+
+    def _recorded(
+        self, exec_id: str, record: dict[str, Any], request: dict[str, Any]
+    ) -> dict[str, Any]:
+        """A duplicate delivery: return the first delivery's result, never run again."""
+        deadline = time.monotonic() + float(request["timeout_s"]) + 60
+        while record.get("state") != "done":
+            if time.monotonic() > deadline:
+                return self._failure(
+                    request,
+                    ErrorKind.INFRA,
+                    "DuplicateExec",
+                    f"exec {exec_id} is still running elsewhere",
+                )
+            if not self.worker.registry.worker_alive(
+                str(record.get("worker")), int(record.get("generation", 0))
+            ):
+                return self._lost(request, "the worker running this exec died")
+            time.sleep(DUPLICATE_POLL_S)  # poll interval of the deadline-bounded wait above
+            record = self.worker.registry.exec_record(exec_id) or record
+        log.info("exec %s was delivered again; returning its recorded result", exec_id)
+        result: dict[str, Any] = record["result"]
+        return result
+
+    def _failure(
+        self, request: dict[str, Any], kind: ErrorKind, ename: str, evalue: str
+    ) -> dict[str, Any]:
+        return ExecResult.failure(
+            kind,
+            ename,
+            evalue,
+            exec_id=request["exec_id"],
+            session_id=request.get("session_id", ""),
+            epoch=request.get("epoch", 0),
+            worker=self.worker.id,
+            state_lost=kind == ErrorKind.SANDBOX_LOST,
+        ).model_dump(mode="json")
+
+    def _lost(self, request: dict[str, Any], why: str) -> dict[str, Any]:
+        return self._failure(
+            request,
+            ErrorKind.SANDBOX_LOST,
+            "SessionLost",
+            f"session {request.get('session_id')} on worker {self.worker.id}: {why}",
+        )
+
+
+def _oversized(code: str, max_frame: int = DEFAULT_MAX_FRAME) -> str | None:
+    """Why ``code`` cannot travel to the kernel in one frame, or ``None``; exact when it might
+    not fit (JSON escapes can take six bytes a character), free for ordinary cells."""
+    if len(code) < max_frame // 8:
+        return None
+    size = len(json.dumps(code, ensure_ascii=False).encode()) + 1024
+    if size <= max_frame:
+        return None
+    return (
+        f"the cell is {size} bytes as a kernel frame, over the limit of {max_frame} bytes; "
+        "pass large data as files (session.files) instead; nothing was run"
+    )

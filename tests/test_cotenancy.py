@@ -1,0 +1,395 @@
+"""Co-tenancy: sessions that share a worker's sandbox are boxes, and no box can touch another.
+
+Every attack runs from a real session (B) against another (A) on the same real Docker worker;
+each test fails when the isolation it names breaks. The sweep tests show why it matters for
+batch evaluation: forty correct items that all write ``solution.py`` must all pass.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from farm.client import Farm, Session
+from farm.client.files import SessionFiles
+from farm.errors import FileOperationError, InvalidRequest
+from farm.local import LocalFarm
+from farm.sweep import Sweep, plan_sweep
+from tests.test_reliability_adversarial import record, session_on
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def one_worker(docker_env: Any) -> Iterator[Farm]:
+    """A farm of one worker: every session of a test shares its sandbox."""
+    local = LocalFarm(1).start()
+    with Farm(local.settings(), owned=local) as farm:
+        yield farm
+
+
+@pytest.fixture
+def pair(one_worker: Farm) -> Iterator[tuple[Session, Session]]:
+    a = one_worker.session()
+    b = session_on(one_worker, a.worker)
+    a.run("import os\nsecret = 'hunter2-' + 'a' * 10\nopen('mine.txt', 'w').write(secret)")
+    yield a, b
+    a.close()
+    b.close()
+
+
+def value(session: Session, code: str) -> Any:
+    result = session.run(code)
+    assert result.ok and result.value is not None, result.error
+    return eval(result.value.text)  # the repr of plain data
+
+
+def facts(session: Session) -> dict[str, Any]:
+    code = textwrap.dedent(
+        """
+        import os, tempfile
+        status = dict(line.split(':', 1) for line in open('/proc/self/status'))
+        old_umask = os.umask(0); os.umask(old_umask)
+        {'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(), 'pid': os.getpid(),
+         'caps': [status[k].strip() for k in ('CapEff', 'CapPrm', 'CapBnd', 'CapInh', 'CapAmb')],
+         'nnp': status['NoNewPrivs'].strip(), 'cwd': os.getcwd(), 'home': os.environ['HOME'],
+         'tmp': tempfile.gettempdir(), 'umask': old_umask,
+         'cwd_mode': oct(os.stat('.').st_mode & 0o7777), 'cwd_owner': os.stat('.').st_uid,
+         'tmp_mode': oct(os.stat(tempfile.gettempdir()).st_mode & 0o7777)}
+        """
+    )
+    facts: dict[str, Any] = value(session, code)
+    return facts
+
+
+def attempts(session: Session, tries: dict[str, str]) -> dict[str, str]:
+    """Run each expression in ``session``: what it returned (clipped), or its exception."""
+    body = "\n".join(
+        f"try:\n    out[{name!r}] = repr({expr})[:80]\nexcept BaseException as e:\n"
+        f"    out[{name!r}] = type(e).__name__"
+        for name, expr in tries.items()
+    )
+    found: dict[str, str] = value(session, f"import os, ctypes, signal\nout = {{}}\n{body}\nout")
+    return found
+
+
+def test_each_session_has_its_own_identity_and_no_privilege(
+    pair: tuple[Session, Session], record_property: Any
+) -> None:
+    a, b = (facts(s) for s in pair)
+    record(
+        record_property,
+        "distinct non-root uid/gid per session, no groups, CapEff/Prm/Bnd/Inh/Amb 0, "
+        "no_new_privs, private 0700 workspace (HOME) and TMPDIR, umask 077",
+        f"A {a}; B {b}",
+    )
+    assert a["uid"] != b["uid"] and a["gid"] != b["gid"]
+    for f in (a, b):
+        assert f["uid"] >= 100_000 and f["gid"] == f["uid"]  # never root, never the kernel's
+        assert f["groups"] == []
+        assert f["caps"] == ["0000000000000000"] * 5 and f["nnp"] == "1"
+        assert (f["cwd_mode"], f["cwd_owner"]) == ("0o700", f["uid"])
+        assert f["home"] == f["cwd"] and f["tmp_mode"] == "0o700" and f["umask"] == 0o077
+    assert len({a["cwd"], b["cwd"]}) == 2 and len({a["tmp"], b["tmp"]}) == 2
+
+
+PROBES = textwrap.dedent(
+    """
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class iovec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+    def vm_readv(pid, address):
+        buf = ctypes.create_string_buffer(16)
+        local, remote = iovec(ctypes.addressof(buf), 16), iovec(address, 16)
+        if libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) < 0:
+            raise PermissionError(os.strerror(ctypes.get_errno()))
+        return buf.raw
+
+    def ptrace_attach(pid):
+        if libc.ptrace(16, pid, 0, 0) != 0:  # PTRACE_ATTACH
+            raise PermissionError(os.strerror(ctypes.get_errno()))
+    """
+)
+
+
+def test_a_neighbours_files_memory_and_environment_are_out_of_reach(
+    pair: tuple[Session, Session], record_property: Any
+) -> None:
+    a, b = pair
+    mine = facts(a)
+    pid, cwd = mine["pid"], mine["cwd"]
+    name = Path(cwd).name
+    address = value(a, "id(secret)")
+    assert b.run(PROBES).ok
+    got = attempts(
+        b,
+        {
+            "list the workspaces": "os.listdir('/workspace')",
+            "relative path": f"open('../{name}/mine.txt').read()",
+            "absolute path": f"open('{cwd}/mine.txt').read()",
+            "its cwd link": f"os.listdir('/proc/{pid}/cwd/')",
+            "its root link": f"os.listdir('/proc/{pid}/root/workspace/{name}')",
+            "its memory": f"open('/proc/{pid}/mem', 'rb').read(1)",
+            "its environment": f"open('/proc/{pid}/environ').read()",
+            "its fds": f"os.listdir('/proc/{pid}/fd')",
+            "process_vm_readv": f"vm_readv({pid}, {address})",
+            "ptrace attach": f"ptrace_attach({pid})",
+            "the tools, absolute": f"read('{cwd}/mine.txt')",
+            "the tools, relative": f"read('../{name}/mine.txt')",
+        },
+    )
+    refused = {key: "PermissionError" for key in got}
+    for key in ("the tools, absolute", "the tools, relative"):
+        refused[key] = "WorkspaceError"  # the tools' confinement answers before the OS does
+    command = b.exec(["cat", f"{cwd}/mine.txt"])  # a command runs as B's box too
+    got["a command"] = "refused" if command.returncode and "ermission" in command.stderr else "read"
+    refused["a command"] = "refused"
+    for scope in ("workspace", "box"):  # the files API: confined, or left to the OS
+        try:
+            SessionFiles(b, scope=scope).read(f"{cwd}/mine.txt")
+            got[f"files API ({scope})"] = "read"
+        except FileOperationError as exc:
+            got[f"files API ({scope})"] = exc.ename
+    refused["files API (workspace)"] = "WorkspaceError"
+    refused["files API (box)"] = "PermissionError"
+    record(record_property, f"B refused everything: {refused}", f"B got {got}")
+    assert got == refused, got
+    assert value(a, "secret") == "hunter2-" + "a" * 10
+
+
+def test_no_signal_reaches_a_neighbour_the_zygote_or_the_kernel(
+    pair: tuple[Session, Session], record_property: Any
+) -> None:
+    a, b = pair
+    pid = facts(a)["pid"]
+    assert b.run(UID_PROCESSES).ok
+    roots = value(b, "uid_processes(0)")
+    zygote = value(b, "import os\nos.getppid()")
+    kernel = value(b, f"int(open('/proc/{zygote}/stat').read().rsplit(')', 1)[1].split()[1])")
+    assert {zygote, kernel} <= set(roots)
+    tries = {}
+    for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP, signal.SIGINT, signal.SIGUSR1):
+        tries[f"{sig.name} neighbour"] = f"os.kill({pid}, {sig.value})"
+        tries[f"{sig.name} neighbour's group"] = f"os.killpg({pid}, {sig.value})"
+        tries[f"{sig.name} zygote"] = f"os.kill({zygote}, {sig.value})"
+        tries[f"{sig.name} kernel"] = f"os.kill({kernel}, {sig.value})"
+        tries[f"{sig.name} kernel's group"] = f"os.killpg(os.getpgid({kernel}), {sig.value})"
+    got = attempts(b, tries)
+    record(
+        record_property,
+        "PermissionError for KILL/TERM/STOP/INT/USR1 to A, A's group, the zygote, the kernel "
+        "and the kernel's group; A's variables intact",
+        f"{sorted(set(got.values()))} for {len(got)} attempts; "
+        f"A's secret {value(a, 'secret')[:7]}...",
+    )
+    assert set(got.values()) == {"PermissionError"}, got
+    assert value(a, "secret") == "hunter2-" + "a" * 10
+    assert b.run("1 + 1").ok and a.run("1 + 1").ok
+
+
+def test_shared_absolute_paths_never_let_one_session_read_or_replace_anothers_file(
+    pair: tuple[Session, Session], record_property: Any
+) -> None:
+    a, b = pair
+    seen = {}
+    for path in ("/tmp/shared.txt", "/dev/shm/shared"):
+        assert a.run(f"open({path!r}, 'w').write('from A')").ok
+        got = attempts(
+            b,
+            {
+                "read": f"open({path!r}).read()",
+                "overwrite": f"open({path!r}, 'w').write('from B')",
+                "remove": f"os.remove({path!r})",
+                "list": f"os.listdir({str(Path(path).parent)!r})",
+            },
+        )
+        seen[path] = got
+        record(
+            record_property, "B cannot read, overwrite, remove or list: PermissionError", f"{seen}"
+        )
+        assert got == dict.fromkeys(got, "PermissionError"), (path, got)
+        assert value(a, f"open({path!r}).read()") == "from A"
+    assert value(b, "import tempfile\nopen(tempfile.mktemp(), 'w').write('own') and 'ok'") == "ok"
+
+
+def test_a_fork_bomb_and_a_memory_bomb_starve_only_their_own_box(
+    pair: tuple[Session, Session], record_property: Any
+) -> None:
+    a, b = pair
+    b.run("kept = list(range(1000))")
+    bomb = a.run(
+        "import os, time\npids = []\ntry:\n    while True:\n        pid = os.fork()\n"
+        "        if pid == 0:\n            time.sleep(30)\n            os._exit(0)\n"
+        "        pids.append(pid)\nexcept OSError as e:\n    stopped = e.errno\nlen(pids)",
+        timeout_s=20,
+    )
+    assert bomb.ok and bomb.value is not None and int(bomb.value.text) < 64, bomb
+    sandbox = value(
+        b,
+        "import os\nforked = os.fork()\nif forked == 0:\n    os._exit(0)\nos.waitpid(forked, 0)\n"
+        "[int(open(f).read()) for f in ('/sys/fs/cgroup/pids/pids.current', "
+        "'/sys/fs/cgroup/pids/pids.max')]",
+    )
+    assert sandbox[0] < sandbox[1] / 2, sandbox  # the sandbox's pids limit far from reached
+    memory = a.run("hog = bytearray(400 * 2**20)")
+    record(
+        record_property,
+        "A's fork bomb stops at its box's pids; B forks; the sandbox far from its pids limit; "
+        "A's 400 MB allocation is kind oom (MemoryError); B's variables kept",
+        f"A forked {bomb.value.text if bomb.value else bomb.kind}; sandbox pids {sandbox}; "
+        f"A's allocation {memory.kind} ({memory.error.ename if memory.error else None}); "
+        f"B's variables: {value(b, 'len(kept)')} items",
+    )
+    assert memory.kind == "oom" and memory.error is not None, memory
+    assert memory.error.ename == "MemoryError" and not memory.state_lost
+    assert value(b, "len(kept)") == 1000
+
+
+def test_limits_are_per_session_within_the_sandboxs_caps(
+    one_worker: Farm, record_property: Any
+) -> None:
+    record(
+        record_property,
+        "memory_mb 64: 100 MB is oom; memory_mb 400: 300 MB fits; fsize_mb 8: 16 MB file "
+        "fails; over the sandbox's caps: InvalidRequest (session) / kind input (run)",
+        "as expected when the test passes (each step asserts)",
+    )
+    with one_worker.session(limits={"memory_mb": 64}) as small:
+        result = small.run("hog = bytearray(100 * 2**20)")
+        assert result.kind == "oom" and result.error is not None
+    with one_worker.session(limits={"memory_mb": 400}) as large:
+        assert large.run("hog = bytearray(300 * 2**20)\nlen(hog)").ok
+    with one_worker.session(limits={"fsize_mb": 8}) as capped:
+        write = (
+            "with open('big', 'wb') as f:\n    for _ in range(16):\n        f.write(b'x' * 2**20)"
+        )
+        result = capped.run(write)
+        assert result.kind == "user" and "File too large" in str(result.error), result
+    with pytest.raises(InvalidRequest, match="over this sandbox's cap"):
+        one_worker.session(limits={"memory_mb": 4096})
+    with pytest.raises(InvalidRequest, match="pids"):
+        one_worker.session(limits={"pids": 1})
+    bad = one_worker.run("1", limits={"nofile": 10**9})
+    assert bad.kind == "input" and "cap" in (bad.error.evalue if bad.error else "")
+
+
+UID_PROCESSES = textwrap.dedent(
+    """
+    import os
+
+    def uid_processes(uid):
+        found = []
+        for pid in filter(str.isdigit, os.listdir('/proc')):
+            try:
+                status = open(f'/proc/{pid}/status').read()
+            except OSError:  # gone meanwhile
+                continue
+            if status.split('Uid:')[1].split()[0] == str(uid):
+                found.append(int(pid))
+        return found
+    """
+)
+
+
+def test_nothing_outlives_its_box(one_worker: Farm, record_property: Any) -> None:
+    """A session leaves a daemon (setsid, double fork), files in its workspace, in /tmp and in
+    /dev/shm, and System V shared memory; once it is closed, none of it exists, and the next
+    session given its uid finds nothing of it."""
+    a = one_worker.session()
+    leftovers = textwrap.dedent(
+        """
+        import os, time, ctypes
+        open('work.txt', 'w').write('w')
+        open('/tmp/left.txt', 'w').write('t')
+        open('/dev/shm/left', 'w').write('s')
+        shm = ctypes.CDLL(None).shmget(0x4641524d, 4096, 0o1600)
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                while True:
+                    time.sleep(0.05)
+            os._exit(0)
+        (os.getuid(), os.getcwd(), shm)
+        """
+    )
+    watcher = session_on(one_worker, a.worker)
+    assert watcher.run(UID_PROCESSES).ok
+    uid, cwd, shm = value(a, leftovers)
+    assert shm >= 0
+    uid_alive = f"uid_processes({uid})"
+    assert wait_for(lambda: len(value(watcher, uid_alive)) >= 2, 10), "no daemon to outlive it"
+    a.close()
+    assert wait_for(lambda: value(watcher, uid_alive) == [], 30), "a process of the box lives"
+    shm_left = f"[r for r in open('/proc/sysvipc/shm') if r.split()[7:8] == ['{uid}']]"
+    assert wait_for(lambda: value(watcher, shm_left) == [], 30), "its shared memory lives"
+    container = _container(one_worker)
+    left = container.exec_run(["sh", "-c", f"ls -A {cwd} /tmp /dev/shm 2>&1; true"])
+    assert "left" not in left.output.decode() and "work.txt" not in left.output.decode()
+    record(
+        record_property,
+        "no process of the uid, no files in its workspace, /tmp, /dev/shm, no SysV shm; the "
+        "next session with the uid finds an empty workspace",
+        f"processes of uid {uid}: {value(watcher, uid_alive)}; root's listing: "
+        f"{left.output.decode().split()[:12]}",
+    )
+    reused = []
+    try:
+        for _ in range(12):  # until a session gets the uid back (the lowest free box)
+            reused.append(one_worker.session())
+            if facts(reused[-1])["uid"] == uid:
+                break
+        else:
+            pytest.fail(f"no session got uid {uid} back")
+        assert value(reused[-1], "import os\nos.listdir('.')") == []
+    finally:
+        for s in reused:
+            s.close()
+        watcher.close()
+
+
+def _container(farm: Farm) -> Any:
+    import docker
+
+    (worker,) = farm.workers()
+    return docker.from_env().containers.get(worker["sandbox"]["container_id"])
+
+
+SOLUTION_ITEM = (
+    "import time\nopen('solution.py', 'w').write('ANSWER = {n}')\ntime.sleep(0.2)\n"
+    "ns = {{}}\nexec(open('solution.py').read(), ns)\nassert ns['ANSWER'] == {n}, ns['ANSWER']\n"
+    "ns['ANSWER']"
+)
+
+
+@pytest.fixture
+def two_workers(docker_env: Any) -> Iterator[Farm]:
+    with Farm.local(workers=2) as farm:
+        yield farm
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_forty_items_writing_the_same_file_all_pass(
+    workers: int, tmp_path: Path, request: pytest.FixtureRequest, record_property: Any
+) -> None:
+    farm: Farm = request.getfixturevalue("one_worker" if workers == 1 else "two_workers")
+    assert len(farm.workers()) == workers
+    source = tmp_path / "in.jsonl"
+    lines = [json.dumps({"id": n, "code": SOLUTION_ITEM.format(n=n)}) for n in range(40)]
+    source.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    Sweep(farm, concurrency=16).run(plan_sweep(source, out), out)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 40
+    failed = [(r["id"], r["message"]) for r in records if r["status"] != "ok"]
+    record(record_property, "40/40 ok", f"{40 - len(failed)}/40 ok; failed: {failed[:3]}")
+    assert not failed, failed

@@ -1,0 +1,118 @@
+"""``Farm.map`` against a real Redis and a real Celery worker in this process (process backend):
+records, order, laziness, cancellation, retries and the async twin. The Docker end-to-end
+cases (isolation per item, a worker killed mid-chunk) are in ``test_cotenancy.py`` and
+``test_reliability_chaos.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from farm.client import AsyncFarm, Farm
+from farm.client.mapping import MAX_CHUNK
+from farm.models.batch import BatchItem
+from farm.registry import results_key
+from tests.waiting import stays, wait_for
+
+
+def test_every_item_gets_one_record_in_the_items_order(inproc_farm: Farm) -> None:
+    items: list[Any] = [f"{i} * 3" for i in range(60)]
+    items.insert(7, {"id": "no-body"})  # malformed: a record of kind input, in its place
+    items.append(
+        {
+            "id": "cells",
+            "cells": ["x = int(open('n.txt').read())", "x + 1"],
+            "files": {"n.txt": "41"},
+            "setup": "import os",
+        }
+    )
+    items.append(BatchItem(id="raises", code="1 / 0"))
+    records = list(inproc_farm.map(items))
+    # a code string's id is its place in the items
+    assert [r.id for r in records] == [*range(7), "no-body", *range(8, 61), "cells", "raises"]
+    assert records[7].kind == "input" and "code" in (records[7].message or "")
+    assert all(r.ok and r.cells[0].value is not None for r in records[:7])
+    assert records[12].cells[0].value.text == str(11 * 3)  # type: ignore[union-attr]
+    cells = records[-2]
+    assert cells.ok and len(cells.cells) == 3 and cells.cells[-1].value.text == "42"  # type: ignore[union-attr]
+    assert (records[-1].status, records[-1].kind, records[-1].attempts) == ("error", "user", 1)
+    assert records[0].manifest["worker"] and records[0].manifest["image"] == "default"
+
+
+def test_unordered_records_come_as_items_finish(inproc_farm: Farm) -> None:
+    items = ["import time; time.sleep(1.5); 'slow'", *[f"{i}" for i in range(10)]]
+    first = next(iter(inproc_farm.map(items, ordered=False)))
+    assert first.id != 0
+
+
+def test_items_are_read_lazily_and_leaving_early_cancels_the_rest(inproc_farm: Farm) -> None:
+    read = itertools.count()
+
+    def million() -> Iterator[str]:
+        for i in range(1_000_000):
+            next(read)
+            yield f"import time; time.sleep(0.05); {i}"
+
+    run = inproc_farm.map(million(), concurrency=8)
+    taken = list(itertools.islice(run, 20))
+    assert [r.id for r in taken] == list(range(20))
+    run.close()
+    consumed = next(read)
+    assert consumed <= 20 + 8 + MAX_CHUNK  # only the window was ever read
+    redis, key = inproc_farm.registry.redis, results_key(run.map_id)
+    seen = [redis.llen(key)]
+
+    def unchanged() -> bool:
+        now = redis.llen(key)
+        same, seen[0] = now == seen[0], now
+        return same
+
+    assert wait_for(lambda: stays(unchanged, 0.5), 15)  # the items running at the cancel end
+    assert seen[0] <= 8  # at most those in flight ran after the cancel; the rest never will
+    assert stays(unchanged, 1.0)
+
+
+def test_only_infrastructure_failures_are_retried(inproc_farm: Farm) -> None:
+    records = list(
+        inproc_farm.map(
+            ["raise ValueError('user')", "import time; time.sleep(5)", "bytearray(2**40)"],
+            timeout_s=0.5,
+            retries=2,
+        )
+    )
+    assert [(r.kind, r.attempts) for r in records] == [("user", 1), ("timeout", 1), ("oom", 1)]
+
+
+def test_item_limits_reach_the_items_box(inproc_farm: Farm) -> None:
+    code = "import resource\nresource.getrlimit(resource.RLIMIT_NOFILE)[0]"
+    (small, default) = inproc_farm.map(
+        [{"id": "small", "code": code, "limits": {"nofile": 64}}, {"id": "default", "code": code}]
+    )
+    assert small.cells[0].value is not None and small.cells[0].value.text == "64"
+    assert default.cells[0].value is not None and default.cells[0].value.text == "512"
+
+
+def test_the_async_twin_yields_the_same_records(inproc_farm: Farm) -> None:
+    async def collect() -> list[Any]:
+        farm = AsyncFarm(inproc_farm)
+        return [record async for record in farm.map([f"{i} + 1" for i in range(20)])]
+
+    records = asyncio.run(collect())
+    assert [r.cells[0].value.text for r in records] == [str(i + 1) for i in range(20)]
+
+
+def test_the_first_record_does_not_wait_for_the_map_to_be_sent(inproc_farm: Farm) -> None:
+    """Chunks start at one item: the first record comes while most items are still unread."""
+    read = itertools.count()
+
+    def items() -> Iterator[str]:
+        for i in range(2000):
+            next(read)
+            yield f"{i}"
+
+    run = inproc_farm.map(items())
+    first = next(iter(run))
+    assert first.id == 0 and next(read) < 200
+    run.close()

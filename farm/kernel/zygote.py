@@ -54,6 +54,54 @@ def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = 
     socket.send_fds(sock, [json.dumps(message).encode()], fds or [])
 
 
+INLINE_MAX = 32 * 1024  # a request larger than this travels in a memfd (argv, env of a command)
+_RECV_MAX = 64 * 1024
+
+
+def send_request(sock: socket.socket, message: dict[str, Any]) -> None:
+    """The supervisor's side: one datagram, or, for a request too large for one (a command's
+    argv or env may be megabytes), a small datagram carrying a memfd that holds it."""
+    data = json.dumps(message).encode()
+    if len(data) <= INLINE_MAX:
+        sock.send(data)
+        return
+    fd = os.memfd_create("farm-request", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        socket.send_fds(sock, [json.dumps({"op": message["op"], "in_fd": True}).encode()], [fd])
+    finally:
+        os.close(fd)
+
+
+def read_request(sock: socket.socket) -> dict[str, Any] | None:
+    """The zygote's side: the next request, ``{}`` for one it cannot read (the supervisor
+    never sends those; the zygote must never die of one), ``None`` at the supervisor's end."""
+    data, fds, flags, _ = socket.recv_fds(sock, _RECV_MAX, 1)
+    if not data and not fds:
+        return None
+    try:
+        if flags & socket.MSG_TRUNC:
+            return {}
+        message = json.loads(data)
+        if message.get("in_fd") and fds:
+            os.lseek(fds[0], 0, os.SEEK_SET)
+            chunks = []
+            while True:
+                chunk = os.read(fds[0], 1 << 20)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            message = json.loads(b"".join(chunks))
+        return message if isinstance(message, dict) else {}
+    except (ValueError, OSError):
+        return {}
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _session_child(
     ctl: socket.socket, out_w: int, err_w: int, config: dict[str, Any], isolation: str
 ) -> NoReturn:
@@ -259,11 +307,10 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
                     os.read(wake_r, 4096)
                 zygote.reap()
                 continue
-            data = sock.recv(65536)
-            if not data:
+            message = read_request(sock)
+            if message is None:
                 os._exit(0)
-            message = json.loads(data)
-            handler = handlers.get(message.get("op"))
+            handler = handlers.get(str(message.get("op")))
             if handler is None:
                 continue
             try:

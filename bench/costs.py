@@ -175,7 +175,9 @@ class Cost:
             "net_out_bytes_per_1000": 1000 * self.net_out / n,
             "redis_cpu_s_per_1000": 1000 * self.redis_cpu_s / n,
             "redis_memory_bytes_per_item": self.redis_memory / n,
-            "cpu_ms_per_item": {k: None if v is None else 1e3 * v / n for k, v in self.cpu_s.items()},
+            "cpu_ms_per_item": {
+                k: None if v is None else 1e3 * v / n for k, v in self.cpu_s.items()
+            },
         }
         known = [v for v in self.cpu_s.values() if v is not None]
         out["cpu_ms_per_item"]["total"] = 1e3 * sum(known) / n

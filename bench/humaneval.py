@@ -36,7 +36,12 @@ def program(problem: dict[str, Any], completion: str | None = None) -> str:
     """The harness's check program for ``completion`` (default: the canonical solution)."""
     body = problem["canonical_solution"] if completion is None else completion
     return (
-        problem["prompt"] + body + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
+        problem["prompt"]
+        + body
+        + "\n"
+        + problem["test"]
+        + "\n"
+        + f"check({problem['entry_point']})"
     )
 
 

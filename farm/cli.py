@@ -268,10 +268,21 @@ def ui(
 
 
 @app.command()
-def worker() -> None:
+def worker(
+    image: str | None = typer.Option(
+        None,
+        "--image",
+        help="the image it serves: a farm image (default, docs, a built one) or any image "
+        "reference with python3 >= 3.9 (FARM_IMAGE)",
+    ),
+) -> None:
     """Start one worker (configured by FARM_* variables) in the foreground."""
+    import os
+
     from farm.worker.__main__ import main
 
+    if image:
+        os.environ["FARM_IMAGE"] = image  # read by FarmSettings like every FARM_* setting
     main([])
 
 

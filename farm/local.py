@@ -25,6 +25,7 @@ from farm.errors import LocalFarmError, SandboxUnavailable
 from farm.processes import die_with_parent, pid_alive
 from farm.redis_server import RedisServer, write_private
 from farm.registry import Registry
+from farm.sandbox.factory import is_reference
 from farm.settings import FarmSettings
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,9 @@ class LocalFarm:
 
     def _start_for(self, image: str) -> str:
         limits: dict[str, str] = {}
-        if self.backend != "process":
+        if self.backend != "process" and is_reference(image):
+            _require_local_image(image)  # any image with python3: served as it is
+        elif self.backend != "process":
             from farm.sandbox.catalog import prepare_served_image
             from farm.settings import SandboxLimits
 
@@ -227,6 +230,21 @@ class LocalFarm:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _require_local_image(image: str) -> None:
+    """Fail fast, saying so, when Docker does not have ``image`` (never a start that hangs)."""
+    import docker
+
+    client = docker.from_env()
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        raise SandboxUnavailable(
+            f"no worker serves image {image!r} and Docker has no such image; pull or build it"
+        ) from None
+    finally:
+        client.close()
 
 
 def serve(workers: int, backend: str, state_file: Path) -> None:

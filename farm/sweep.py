@@ -222,8 +222,9 @@ class Sweep:
         report it (digest and limits); a change to any of them misses the cache."""
         if self.cache_dir is None:
             return None
+        image = item.image or self.image
         served = [
-            (w.get("sandbox") or {}) for w in self._workers.values() if w.get("image") == self.image
+            (w.get("sandbox") or {}) for w in self._workers.values() if w.get("image") == image
         ]
         basis = {
             "cells": item.all_cells(),
@@ -231,7 +232,7 @@ class Sweep:
             "files": item.files or {},
             "timeout_s": item.timeout_s or self.timeout_s,
             "box": item.limits.model_dump() if item.limits else None,
-            "image": self.image,
+            "image": image,
             "digests": sorted({str(sandbox.get("image_digest")) for sandbox in served}),
             "limits": sorted(
                 {json.dumps(sandbox.get("limits"), sort_keys=True) for sandbox in served}

@@ -159,13 +159,18 @@ def inproc_worker(broker_url: str) -> Iterator[tuple[Any, Any]]:
     """``(farm, worker)``: a ``Farm`` over one real Celery worker running in this process
     (``celery.contrib.testing``, threads pool) whose sandbox is the ``process`` backend. The
     client's logic meets real Redis and Celery without Docker; everything stops at the end."""
+    from farm.client import Farm
+
+    with farm_worker(broker_url) as worker, consuming(worker), Farm(worker.settings) as farm:
+        yield farm, worker
+
+
+@contextmanager
+def farm_worker(broker_url: str) -> Iterator[Any]:
+    """A started ``Worker`` (registered, its process sandbox up) that consumes nothing yet."""
     import uuid
 
-    from celery.contrib.testing.worker import start_worker
-
-    from farm.client import Farm
     from farm.settings import FarmSettings
-    from farm.worker.tasks import make_worker_app
     from farm.worker.worker import Worker
 
     logging.getLogger("farm.sandbox.process").setLevel(logging.ERROR)
@@ -175,21 +180,32 @@ def inproc_worker(broker_url: str) -> Iterator[tuple[Any, Any]]:
     worker = Worker(settings)
     worker.start()
     try:
-        with (
-            start_worker(
-                make_worker_app(settings, worker=worker),
-                pool="threads",
-                concurrency=settings.worker_threads,
-                perform_ping_check=False,
-                queues=worker.queues,
-                loglevel="WARNING",
-                shutdown_timeout=30,
-            ),
-            Farm(settings) as farm,
-        ):
-            yield farm, worker
+        yield worker
     finally:
         worker.stop("the test is over")
+
+
+@contextmanager
+def consuming(worker: Any) -> Iterator[None]:
+    """``worker``'s Celery consumer, in this process, until the block ends."""
+    from celery.contrib.testing.worker import start_worker
+
+    from farm.worker.tasks import make_worker_app
+
+    app = make_worker_app(worker.settings, worker=worker)
+    try:
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=worker.settings.worker_threads,
+            perform_ping_check=False,
+            queues=worker.queues,
+            loglevel="WARNING",
+            shutdown_timeout=30,
+        ):
+            yield
+    finally:
+        app.close()  # its broker and backend connections, now rather than at some later gc
 
 
 @pytest.fixture(scope="module")

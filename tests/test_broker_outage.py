@@ -24,6 +24,7 @@ from farm.errors import BrokerUnavailable
 from farm.local import LocalFarm
 from farm.sweep import Sweep, SweepSummary, plan_sweep
 from tests.redis_outage import start_redis, stop_redis
+from tests.waiting import stays, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -51,8 +52,7 @@ def test_a_call_made_during_a_short_outage_runs_once_the_broker_is_back(
         s.run("x = 41\nruns = 0")
         stop_redis(local, save=True)  # a restart with persistence: nothing is lost
         call = pool.submit(s.run, "runs += 1\nx + 1")
-        time.sleep(1.0)  # the outage: the state under test
-        assert not call.done(), "the call returned while the broker was down"
+        assert stays(lambda: not call.done(), 1.0), "the call returned while the broker was down"
         start_redis(local)
         result = call.result(timeout=120)
         assert result.ok and result.value is not None and result.value.text == "42"
@@ -108,10 +108,13 @@ def test_a_sweep_stops_on_a_long_outage_and_a_resume_runs_every_item_once(
         errors: list[BaseException] = []
         runner = threading.Thread(target=run)
         runner.start()
-        deadline = time.monotonic() + 120
-        while not out.exists() or len(out.read_text().splitlines()) < 5:
-            assert time.monotonic() < deadline and runner.is_alive(), "the sweep made no progress"
-            time.sleep(0.05)  # poll interval of the deadline-bounded wait
+
+        def progressed() -> bool:
+            return not runner.is_alive() or (
+                out.exists() and len(out.read_text().splitlines()) >= 5
+            )
+
+        assert wait_for(progressed, 120) and runner.is_alive(), "the sweep made no progress"
         stop_redis(local, save=True)
         runner.join(120)
         start_redis(local)

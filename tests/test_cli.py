@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from farm.client import AsyncFarm, Farm
 from farm.errors import SandboxUnavailable
 from farm.sweep import Sweep, plan_sweep, read_items
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 FARM = [str(Path(sys.executable).parent / "farm")]
@@ -90,17 +90,11 @@ def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Pat
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if out.exists() and len(out.read_text().splitlines()) >= 5:
-            break
-        time.sleep(0.1)  # poll interval while the sweep makes progress
+    assert wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 5, 120, 0.1)
     os.killpg(sweep.pid, signal.SIGKILL)  # the harshest interruption: no cleanup at all
     sweep.wait(30)
-    deadline = time.monotonic() + 60
-    while _local_owners(docker_env) - before and time.monotonic() < deadline:
-        time.sleep(0.2)  # its orphaned workers shut down and remove their sandboxes
-    assert not _local_owners(docker_env) - before
+    # its orphaned workers shut down and remove their sandboxes
+    assert wait_for(lambda: not _local_owners(docker_env) - before, 60, 0.2)
     (left_behind,) = set(Path(tempfile.gettempdir()).glob("farm-local-*")) - dirs_before
     gc = cli("gc", env=env)
     assert gc.returncode == 0, gc.stderr

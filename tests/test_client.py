@@ -5,6 +5,9 @@ The Docker end-to-end versions of these paths live in ``test_worker.py`` and ``t
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import pytest
 
 from farm.client import Farm
@@ -97,3 +100,29 @@ def test_replay_restore_rebuilds_the_namespace(inproc_farm: Farm) -> None:
         assert lost.state_lost and len(s.restores) == 1
         assert [c.code for c in s.restores[0].replayed] == ["a = 2", "b = a * 21"]
         assert s.run("b").value.text == "42"  # type: ignore[union-attr]
+
+
+def test_every_session_a_worker_holds_can_have_a_call_in_flight(
+    inproc_farm: Farm, tmp_path: Path
+) -> None:
+    """A cell that waits (a sleep, a subprocess, a host callback) holds no scarce slot: 24
+    sessions of one worker wait at a barrier that only all 24 together pass. With fewer worker
+    threads than sessions, the cells that arrived first would wait there until their deadline."""
+    n = 24
+    barrier = str(tmp_path)
+    code = (
+        "import os, time\n"
+        f"open(os.path.join({barrier!r}, str(os.getpid())), 'w').close()\n"
+        "deadline = time.monotonic() + 30\n"
+        f"while len(os.listdir({barrier!r})) < {n} and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        f"len(os.listdir({barrier!r}))"
+    )
+    sessions = [inproc_farm.session() for _ in range(n)]
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            results = list(pool.map(lambda s: s.run(code, timeout_s=60), sessions))
+        assert [r.value.text if r.value else r.error for r in results] == [str(n)] * n
+    finally:
+        for s in sessions:
+            s.close()

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from farm.client import Farm, Session
-from farm.errors import InvalidRequest
+from farm.client.files import SessionFiles
+from farm.errors import FileOperationError, InvalidRequest
 from farm.local import LocalFarm
 from farm.sweep import Sweep, plan_sweep
 from tests.test_reliability_adversarial import record, session_on
@@ -145,12 +146,22 @@ def test_a_neighbours_files_memory_and_environment_are_out_of_reach(
             "ptrace attach": f"ptrace_attach({pid})",
             "the tools, absolute": f"read('{cwd}/mine.txt')",
             "the tools, relative": f"read('../{name}/mine.txt')",
-            "the files API": f"__farm_files__.read_file('{cwd}/mine.txt')",
         },
     )
     refused = {key: "PermissionError" for key in got}
-    for key in ("the tools, absolute", "the tools, relative", "the files API"):
+    for key in ("the tools, absolute", "the tools, relative"):
         refused[key] = "WorkspaceError"  # the tools' confinement answers before the OS does
+    command = b.exec(["cat", f"{cwd}/mine.txt"])  # a command runs as B's box too
+    got["a command"] = "refused" if command.returncode and "ermission" in command.stderr else "read"
+    refused["a command"] = "refused"
+    for scope in ("workspace", "box"):  # the files API: confined, or left to the OS
+        try:
+            SessionFiles(b, scope=scope).read(f"{cwd}/mine.txt")
+            got[f"files API ({scope})"] = "read"
+        except FileOperationError as exc:
+            got[f"files API ({scope})"] = exc.ename
+    refused["files API (workspace)"] = "WorkspaceError"
+    refused["files API (box)"] = "PermissionError"
     record(record_property, f"B refused everything: {refused}", f"B got {got}")
     assert got == refused, got
     assert value(a, "secret") == "hunter2-" + "a" * 10

@@ -22,6 +22,7 @@ from farm.sandbox.docker import DockerSandbox, remove_orphans
 from farm.sandbox.images import own_sandbox_tag
 from farm.sandbox.keeper import SandboxKeeper
 from tests.conftest import TEST_OWNER, Cells, make_docker_sandbox, remove_image_tags
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -190,10 +191,15 @@ def test_a_killed_container_fails_calls_fast_and_is_replaced(
         client = keeper.kernel()
         cells = Cells(client)
         outcome: dict[str, Any] = {}
+        started = threading.Event()
+
+        def on_event(event: dict[str, Any]) -> None:
+            if event["type"] == "started":
+                started.set()  # the kernel runs it: the state under test
 
         def run() -> None:
             try:
-                cells.run("import time\ntime.sleep(60)", timeout_s=120)
+                cells.run("import time\ntime.sleep(60)", timeout_s=120, on_event=on_event)
                 outcome["error"] = None
             except KernelConnectionError as exc:
                 outcome["error"] = exc
@@ -201,7 +207,7 @@ def test_a_killed_container_fails_calls_fast_and_is_replaced(
 
         thread = threading.Thread(target=run)
         thread.start()
-        time.sleep(1.0)  # let the call get under way: the state under test
+        assert started.wait(30), "the cell never started"
         docker_env.containers.get(first.container.id).kill()
         killed_at = time.monotonic()
         thread.join(timeout=30)
@@ -211,9 +217,7 @@ def test_a_killed_container_fails_calls_fast_and_is_replaced(
         assert outcome["failed_at"] - killed_at < 5.0
         client.close()
 
-        deadline = time.monotonic() + 60
-        while not (keeper.ready and keeper.sandbox is not first) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert wait_for(lambda: keeper.ready and keeper.sandbox is not first, 60)
         assert keeper.ready and keeper.sandbox is not first
         assert keeper.restarts == 1 and keeper.generation == 2
         assert lost and lost[0][0] == 1

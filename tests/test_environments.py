@@ -31,6 +31,7 @@ from farm.sandbox.catalog import build_image, list_images, prepare_served_image
 from farm.sandbox.environments import CONTEXT_DIR, WHEELS_DIR, ensure_env_image
 from farm.sandbox.envspec import EnvLimits, EnvSpec, load_spec, make_spec
 from farm.sandbox.images import default_repo_root
+from farm.sweep import Sweep, plan_sweep
 from tests.conftest import Cells, make_docker_sandbox, remove_image_tags
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -40,7 +41,7 @@ ENV = f"pytest-env-{RUN}"
 SPEC = f"""\
 name = "{ENV}"
 requirements = ["requirements.txt"]
-apt = ["nodejs"]
+apt = ["nodejs", "gcc", "libc6-dev"]
 
 [limits]
 memory_mb = 768
@@ -116,6 +117,51 @@ def test_an_environment_runs_numpy_and_node_on_a_worker_started_on_demand(
         assert worker["sandbox"]["limits"]["memory_mb"] == 768
 
 
+COMPILE_AND_RUN = "gcc -o six six.c && ./six 6"
+C_SOURCE = """#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv) { printf("%d\\n", atoi(argv[1]) * 7); return 0; }
+"""
+
+
+def test_one_sweep_runs_python_javascript_and_c_items_on_their_images(
+    env_image: EnvSpec, tmp_path: Path
+) -> None:
+    """Items name their image; a command item compiles and runs C, another runs node, in the
+    same sweep as Python items on the default image; each line's manifest names its image."""
+    items = [
+        {"id": "py", "code": "sum(range(10))"},
+        {"id": "js", "image": ENV, "cmd": ["node", "-e", NODE]},
+        {
+            "id": "c",
+            "image": ENV,
+            "files": {"six.c": C_SOURCE},
+            "cmd": "gcc -o six six.c && ./six 6",
+        },
+        {"id": "numpy", "image": ENV, "code": "import numpy\nint(numpy.arange(4).sum())"},
+        {"id": "fails", "image": ENV, "cmd": "exit 4"},
+    ]
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(item) + "\n" for item in items))
+    out = tmp_path / "out.jsonl"
+    with Farm.local(workers=1) as farm:
+        Sweep(farm, concurrency=4).run(plan_sweep(source, out), out)
+    records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["py"]["cells"][0]["value"]["text"] == "45"
+    js = records["js"]
+    assert js["status"] == "ok" and js["command"]["stdout"] == "7,14,21\n", js
+    c = records["c"]
+    assert c["status"] == "ok" and c["command"]["stdout"] == "42\n", c
+    assert records["numpy"]["cells"][0]["value"]["text"] == "6"
+    assert (records["fails"]["status"], records["fails"]["kind"]) == ("error", "user")
+    assert records["fails"]["command"]["returncode"] == 4
+    assert records["py"]["manifest"]["image"] == "default"
+    manifest = records["c"]["manifest"]
+    assert manifest["image"] == ENV and manifest["image_ref"].startswith(f"farm-sandbox:{ENV}")
+    assert manifest["image_spec"]["apt"] == ["nodejs", "gcc", "libc6-dev"]
+    assert manifest["image_digest"].startswith("sha256:")
+
+
 def test_explicit_sandbox_settings_win_over_a_specs_limits(
     env_image: EnvSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -149,7 +195,8 @@ def test_the_cli_builds_from_the_spec_file_and_lists_the_image_with_its_spec(
     assert listed.returncode == 0, listed.stderr
     (mine,) = [i for i in map(json.loads, listed.stdout.splitlines()) if i["name"] == ENV]
     assert mine["kind"] == "environment" and mine["tag"] == f"farm-sandbox:{ENV}"
-    assert mine["spec"]["pip"] == ["numpy>=1.26"] and mine["spec"]["apt"] == ["nodejs"]
+    assert mine["spec"]["pip"] == ["numpy>=1.26"]
+    assert mine["spec"]["apt"] == ["nodejs", "gcc", "libc6-dev"]
     assert mine["spec"]["limits"]["memory_mb"] == 768
     assert mine["env_hash"] == env_image.digest()
     assert mine["kernel_current"] is True and mine["pins"] == 1

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from farm.kernel.client import KernelClient
 from farm.kernel.streaming import TICK_S
 from farm.models import ExecResult, Value
 from tests.conftest import Cells
+from tests.waiting import wait_for
 
 
 def run_collect(
@@ -103,12 +105,19 @@ def test_display_shows_rich_bundles_and_is_bounded(client: KernelClient, cells: 
 
 
 def test_without_events_display_costs_nothing_and_the_protocol_stays_sound(
-    client: KernelClient, cells: Cells
+    client: KernelClient, cells: Cells, tmp_path: Path
 ) -> None:
     assert cells.value("display('x')\n1") == "1"
     # a thread that displays after its cell ended must not leave a frame for the next cell
-    cells.run("import threading, time\nthreading.Timer(0.2, display, ('late',)).start()")
-    time.sleep(0.5)  # let the timer fire between cells (what is tested is that nothing breaks)
+    fired = tmp_path / "fired"
+    cells.run(
+        "import threading\n"
+        "def late():\n"
+        "    display('late')\n"
+        f"    open({str(fired)!r}, 'w').close()\n"
+        "threading.Timer(0.2, late).start()"
+    )
+    assert wait_for(fired.exists, 10), "the timer never displayed"
     assert cells.value("2 + 2") == "4"
     result, events = run_collect(client, cells, "print('next')")
     assert streamed(events, "stdout") == "next\n"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from farm.models import ExecResult
 from farm.processes import pid_alive
 from farm.sandbox.process import ProcessSandbox
 from tests.conftest import Cells
+from tests.waiting import wait_for
 
 
 def rss_kb(pid: int) -> int:
@@ -25,12 +25,7 @@ def rss_kb(pid: int) -> int:
 
 def gone_or_reaped(pid: int, deadline_s: float = 10.0) -> bool:
     """True once ``pid`` has no process (a zombie still counts as present)."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if not os.path.exists(f"/proc/{pid}"):
-            return True
-        time.sleep(0.05)
-    return False
+    return wait_for(lambda: not os.path.exists(f"/proc/{pid}"), deadline_s)
 
 
 def test_timeout_interrupts_and_keeps_state(own_cells: Cells) -> None:
@@ -103,10 +98,7 @@ def test_death_between_calls_is_reported_on_the_next_call(own_cells: Cells, tmp_
         "os.getpid()"
     )
     go.touch()  # only now, after the call returned: the process dies between calls
-    deadline = time.monotonic() + 10
-    while pid_alive(int(pid)):
-        assert time.monotonic() < deadline, "the session process did not exit"
-        time.sleep(0.01)  # poll interval of the deadline-bounded wait
+    assert wait_for(lambda: not pid_alive(int(pid)), 10, 0.01), "the session process lived on"
     result = own_cells.run("print('should not run')")
     assert result.error is not None and result.error.kind == "state_lost"
     assert "between calls" in result.error.evalue and "code 5" in result.error.evalue

@@ -29,6 +29,7 @@ import pytest
 from farm.client import Farm, Session
 from farm.errors import FarmBusy, FarmError, SessionLost, StateLost
 from farm.models import ExecResult
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
 
@@ -286,11 +287,14 @@ def _check_stdout_comes_back(outcome: Outcome, session: Session) -> None:
 
 
 def _check_thread_still_harmless(outcome: Outcome, session: Session) -> None:
-    first = session.run("ticks[0]", timeout_s=10)
-    time.sleep(0.2)  # the leftover thread keeps ticking: the state under test
-    second = session.run("ticks[0]", timeout_s=10)
-    assert first.value is not None and second.value is not None
-    assert int(second.value.text) >= int(first.value.text)
+    first = session.run("ticks[0]", timeout_s=10).value
+    assert first is not None
+
+    def ticked() -> bool:
+        later = session.run("ticks[0]", timeout_s=10).value
+        return later is not None and int(later.text) > int(first.text)
+
+    assert wait_for(ticked, 10), "the leftover thread stopped (or the session stopped answering)"
 
 
 def _remove_fill(path: str) -> Callable[[Outcome, Session], None]:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from farm.client import Farm
-from farm.local import free_port
+from farm.redis_server import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -221,17 +221,12 @@ def test_a_full_farm_raises_farm_busy_after_the_deadline(own_farm: Farm) -> None
 def test_idle_sessions_expire(own_farm: Farm) -> None:
     s = own_farm.session()
     s.run("x = 1")
-    deadline = time.monotonic() + 20
-    while own_farm.registry.session(s.id) is not None and time.monotonic() < deadline:
-        time.sleep(0.2)  # poll interval of the deadline-bounded wait for the expiry
+    assert wait_for(lambda: own_farm.registry.session(s.id) is None, 20, 0.2)
     with pytest.raises(SessionLost, match="expired"):
         s.run("x")
-    log = own_farm.local_farm.log_tail(s.worker, 200)
-    deadline = time.monotonic() + 20
-    while f"session {s.id} expired" not in log and time.monotonic() < deadline:
-        time.sleep(0.2)  # the worker's reaper closes the kernel session too
-        log = own_farm.local_farm.log_tail(s.worker, 200)
-    assert f"session {s.id} expired" in log
+    # the worker's reaper closes the kernel session too
+    expired = f"session {s.id} expired"
+    assert wait_for(lambda: expired in own_farm.local_farm.log_tail(s.worker, 200), 20, 0.2)
 
 
 def test_sigterm_finishes_the_call_in_flight_then_deregisters(own_farm: Farm) -> None:
@@ -269,9 +264,7 @@ def test_a_restarted_worker_never_runs_its_predecessors_messages(own_farm: Farm)
     old_queue, old_worker = s.queue, s.worker
     local.kill_worker(old_worker)
     local.workers[old_worker].wait(30)
-    deadline = time.monotonic() + 30
-    while own_farm.registry.worker(old_worker) is not None and time.monotonic() < deadline:
-        time.sleep(0.1)  # the dead worker's heartbeat expires
+    assert wait_for(lambda: own_farm.registry.worker(old_worker) is None, 30)  # heartbeat expired
     # a message left for the dead generation, e.g. sent just before it died
     request = exec_request("open('/workspace/ran', 'w').write('ran')", 30, None)
     request.update(session_id=s.id, epoch=s.epoch, generation=s.generation)
@@ -315,12 +308,12 @@ def test_a_one_shot_run_that_started_is_not_retried_behind_the_callers_back(
 
     thread = threading.Thread(target=run)
     thread.start()
-    deadline = time.monotonic() + 30
-    record = None
-    while record is None and time.monotonic() < deadline:
+
+    def claimed() -> dict[str, Any] | None:
         keys = list(own_farm.registry.redis.scan_iter("farm:exec:*"))
-        record = own_farm.registry.exec_record(keys[0].split(":")[-1]) if keys else None
-        time.sleep(0.05)  # poll until a worker has claimed (started) the run
+        return own_farm.registry.exec_record(keys[0].split(":")[-1]) if keys else None
+
+    record = wait_for(claimed, 30)  # a worker has claimed (started) the run
     assert record is not None and record["state"] == "running"
     killed_at = time.monotonic()
     local.kill_worker(str(record["worker"]))

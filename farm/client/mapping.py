@@ -8,9 +8,12 @@ being read and being yielded, so mapping over a generator of a million items kee
 and ``ordered=True`` holds back only what that window allows.
 
 What happens to an item, whatever happens to the farm (checked once a second, one round trip):
-- a chunk that no live worker claimed within ``CLAIM_WAIT_S`` (a message a killed worker took
-  without a trace, or a flooded queue) is abandoned (claimed for nobody, so a late copy runs
-  nothing) and its items are sent again: noticed in seconds, not at a deadline;
+- a chunk that no worker claimed is abandoned (claimed for nobody, so a late copy runs
+  nothing) and its items are sent again: after ``TAKEN_WAIT_S`` when its queue is empty (so a
+  consumer took the message: a killed worker that took it without a trace), else after
+  ``CLAIM_WAIT_S``; both double at each resend (a queue that other maps keep long, or a
+  worker slow to claim, is waited out, never turned into a resend loop): noticed in seconds,
+  not at a deadline;
 - a chunk whose worker died: its items that never started are sent again with the same exec
   ids (the claim makes a second copy harmless); those that had started are infrastructure
   failures (``sandbox_lost``), retried up to ``retries`` times with a new exec id, like every
@@ -33,11 +36,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from farm.celeryconf import TASK_BATCH, shared_queue
-from farm.errors import BrokerLost, BrokerUnavailable
-from farm.models import ErrorKind, ExecResult
+from farm.client.map_records import Item, failed, manifest, outcome, parse_item
+from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
+from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
 from farm.registry import BROKER_MARK, PREFIX, cancel_key, results_key
 
@@ -45,14 +47,13 @@ if TYPE_CHECKING:
     from farm.client.farm import Farm
 
 MAX_CHUNK = 64
-CLAIM_WAIT_S = 10.0
+TAKEN_WAIT_S = 2.0  # unclaimed this long with its queue empty: a consumer took it and died
+CLAIM_WAIT_S = 10.0  # unclaimed this long in a queue that holds messages: sent again
 CHECK_EVERY_S = 1.0
 BLOCK_S = 0.25
 DRAIN = 256
 CANCEL_TTL_S = 3600
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
-
-Item = BatchItem | dict[str, Any] | str
 
 
 @dataclass
@@ -69,8 +70,9 @@ class _Attempt:
 class _Chunk:
     chunk_id: str
     keys: set[int]
+    queue: str
     sent_at: float
-    worker: tuple[str, int] | None = None
+    resends: int = 0  # each doubles the waits: a slow farm is waited out, not resent in a loop
 
 
 class MapRun:
@@ -101,6 +103,7 @@ class MapRun:
         self._source = enumerate(items)
         self._exhausted = False
         farm._require_image(image)
+        self._images: dict[str, str | None] = {image: None}  # image -> why it is not served
         self.workers = {str(w["id"]): w for w in farm.broker.call(farm.workers, sent=False)}
         serving = [w for w in self.workers.values() if w.get("image") == image]
         capacity = sum(int(w.get("capacity") or 1) for w in serving) or 8
@@ -171,26 +174,43 @@ class MapRun:
                 if item is not None:
                     batch.append(_Attempt(key, item, uuid.uuid4().hex))
             self._exhausted = taken < size
-            if batch:
-                self._send(batch)
+            for image in dict.fromkeys(self._image(a) for a in batch):  # each image's chunk
+                self._send([a for a in batch if self._image(a) == image])
+
+    def _image(self, attempt: _Attempt) -> str:
+        return attempt.item.image or self.image
+
+    def _served(self, attempt: _Attempt) -> bool:
+        """Whether a worker serves the item's image (a local farm starts one); if not, the
+        item's record says so (kind ``infra``) and it is not sent."""
+        image = self._image(attempt)
+        if image not in self._images:
+            try:
+                self.farm._require_image(image)
+            except SandboxUnavailable as exc:
+                self._images[image] = str(exc)
+            else:
+                self._images[image] = None
+        why = self._images[image]
+        if why is not None:
+            self._ready[attempt.key] = BatchRecord(
+                id=attempt.item.id, status="error", kind=ErrorKind.INFRA.value, message=why
+            )
+        return why is None
 
     def _parse(self, key: int, raw: Item) -> BatchItem | None:
-        try:
-            if isinstance(raw, BatchItem):
-                return raw
-            if isinstance(raw, str):
-                return BatchItem(id=key, code=raw)
-            return BatchItem.model_validate(raw)
-        except ValidationError as exc:
-            given = raw.get("id") if isinstance(raw, dict) else None
-            item_id = given if isinstance(given, str | int) else key
-            message = f"item {key}: {exc}"[:2000]
-            self._ready[key] = BatchRecord(
-                id=item_id, status="error", kind="input", message=message
-            )
+        parsed = parse_item(key, raw)
+        if isinstance(parsed, BatchRecord):
+            self._ready[key] = parsed
             return None
+        return parsed
 
-    def _send(self, batch: list[_Attempt]) -> None:
+    def _send(self, batch: list[_Attempt], resends: int = 0) -> None:
+        """Send ``batch`` (items of one image) as one chunk to that image's workers."""
+        batch = [attempt for attempt in batch if self._served(attempt)]
+        if not batch:
+            return
+        queue = shared_queue(self._image(batch[0]))
         chunk_id = uuid.uuid4().hex
         payload = Chunk(
             map_id=self.map_id,
@@ -201,11 +221,12 @@ class MapRun:
         )
         self.farm.broker.send(
             TASK_BATCH,
-            shared_queue(self.image),
+            queue,
             args=[payload.model_dump(mode="json")],
             options={"ignore_result": True},
         )
-        self._chunks[chunk_id] = _Chunk(chunk_id, {a.key for a in batch}, time.monotonic())
+        keys = {a.key for a in batch}
+        self._chunks[chunk_id] = _Chunk(chunk_id, keys, queue, time.monotonic(), resends)
         for attempt in batch:
             attempt.chunk_id = chunk_id
             self._pending[attempt.key] = attempt
@@ -250,7 +271,7 @@ class MapRun:
             chunk.keys.discard(done.key)
             if not chunk.keys:
                 del self._chunks[attempt.chunk_id]
-        _, kind, _ = _outcome(done)
+        _, kind, _ = outcome(done)
         if kind in RETRYABLE and attempt.attempts <= self.retries:
             self._retry(attempt)
             return
@@ -264,17 +285,17 @@ class MapRun:
         self._send([again])
 
     def _record(self, attempt: _Attempt, done: ItemDone) -> BatchRecord:
-        failed, kind, message = _outcome(done)
+        is_failure, kind, message = outcome(done)
         record = BatchRecord(
             id=attempt.item.id,
-            status="error" if failed else "ok",
+            status="error" if is_failure else "ok",
             kind=kind,
             message=message,
             cells=done.cells,
             command=done.command,
             attempts=attempt.attempts,
             duration_s=time.perf_counter() - attempt.started,
-            manifest=self._manifest(done.worker),
+            manifest=self._manifest(done.worker, self._image(attempt)),
         )
         if self.journal and done.session_id:
             from farm.streams import mime_stream
@@ -284,23 +305,13 @@ class MapRun:
             )
         return record
 
-    def _manifest(self, worker_id: str) -> dict[str, Any]:
-        import farm
-
+    def _manifest(self, worker_id: str, image: str) -> dict[str, Any]:
         worker = self.workers.get(worker_id)
         if worker is None:  # started after the map did
             registry = self.farm.registry
             worker = self.farm.broker.quietly(lambda: registry.worker(worker_id)) or {}
             self.workers[worker_id] = worker
-        sandbox = worker.get("sandbox") or {}
-        return {
-            "farm_version": farm.__version__,
-            "worker": worker_id,
-            "image": self.image,
-            "image_digest": sandbox.get("image_digest"),
-            "backend": sandbox.get("backend"),
-            "limits": sandbox.get("limits"),
-        }
+        return manifest(worker_id, worker, image)
 
     def _yieldable(self, flush: bool = False) -> Iterator[BatchRecord]:
         """Records ready to go: in any order, or in the items' order (every key ends in
@@ -316,30 +327,36 @@ class MapRun:
     # --- watching ------------------------------------------------------------------------
 
     def _check(self) -> None:
-        """One round trip: the broker's mark, each open chunk's claim, its worker's pulse."""
+        """One round trip: the broker's mark, each open chunk's claim and queue's length, the
+        pulse of each claiming worker."""
         self._checked = time.monotonic()
         registry = self.farm.registry
         chunks = list(self._chunks.values())
+        queues = sorted({chunk.queue for chunk in chunks})
 
         def read() -> list[Any]:
             with registry.redis.pipeline(transaction=False) as pipe:
                 pipe.get(BROKER_MARK)
+                for queue in queues:
+                    pipe.llen(queue)
                 for chunk in chunks:
                     pipe.get(f"{PREFIX}exec:{chunk.chunk_id}")
                 return list(pipe.execute())
 
-        mark, *claims = self.farm.broker.call(read, sent=True)
+        mark, *rest = self.farm.broker.call(read, sent=True)
         if mark != self._mark:
             why = "the broker lost its data while the map waited: the items may or may not have run"
             self._end_pending(ErrorKind.INFRA, BrokerLost.__name__, why)
             return
+        queued = dict(zip(queues, rest[: len(queues)], strict=True))
         alive: dict[tuple[str, int], bool] = {}
-        for chunk, raw in zip(chunks, claims, strict=True):
+        for chunk, raw in zip(chunks, rest[len(queues) :], strict=True):
             claim = json.loads(raw) if raw else None
             if claim is None:
                 waited = time.monotonic() - chunk.sent_at
-                if waited > CLAIM_WAIT_S and registry.abandon(chunk.chunk_id):
-                    self._resend(chunk, started=set())
+                patience = TAKEN_WAIT_S if not queued[chunk.queue] else CLAIM_WAIT_S
+                if waited > patience * 2**chunk.resends and registry.abandon(chunk.chunk_id):
+                    self._resend(chunk, started=set(), resends=chunk.resends + 1)
             elif claim.get("state") == "running":
                 owner = (str(claim["worker"]), int(claim["generation"]))
                 if owner not in alive:
@@ -351,12 +368,12 @@ class MapRun:
         registry = self.farm.registry
         return self.farm.broker.after_outage(lambda: registry.worker_alive(*owner), bool)
 
-    def _resend(self, chunk: _Chunk, started: set[int]) -> None:
+    def _resend(self, chunk: _Chunk, started: set[int], resends: int = 0) -> None:
         """Send a chunk's items again (same exec ids: those that never ran)."""
         del self._chunks[chunk.chunk_id]
         again = [self._pending[key] for key in sorted(chunk.keys) if key not in started]
         if again:
-            self._send(again)
+            self._send(again, resends)
 
     def _lost_worker(self, chunk: _Chunk, owner: tuple[str, int]) -> None:
         registry = self.farm.registry
@@ -367,47 +384,18 @@ class MapRun:
         started = {key for key, record in zip(keys, records, strict=True) if record}
         why = f"worker {owner[0]} (generation {owner[1]}) died while the item ran"
         for key in started:
-            attempt = self._pending[key]
-            done = ItemDone(key=key, exec_id=attempt.exec_id, worker=owner[0])
-            done.cells.append(
-                ExecResult.failure(
-                    ErrorKind.SANDBOX_LOST,
-                    "SessionLost",
-                    why,
-                    exec_id=attempt.exec_id,
-                    worker=owner[0],
-                    state_lost=True,
-                )
-            )
+            exec_id = self._pending[key].exec_id
             chunk.keys.discard(key)
-            self._finished(done)
+            self._finished(
+                failed(key, exec_id, owner[0], ErrorKind.SANDBOX_LOST, "SessionLost", why)
+            )
         if chunk.chunk_id in self._chunks:
             self._resend(chunk, started)
 
     def _end_pending(self, kind: ErrorKind, ename: str, why: str) -> None:
         for key, attempt in sorted(self._pending.items()):
-            done = ItemDone(key=key, exec_id=attempt.exec_id, worker="")
-            done.cells.append(ExecResult.failure(kind, ename, why, exec_id=attempt.exec_id))
+            done = failed(key, attempt.exec_id, "", kind, ename, why)
             self._ready[key] = self._record(attempt, done)
         self._pending.clear()
         self._chunks.clear()
         self._exhausted = True
-
-
-def _outcome(done: ItemDone) -> tuple[bool, str | None, str | None]:
-    """(failed, kind, message) of an item: its command's when it has one, else its last
-    cell's (a failed cell stops the item before its command)."""
-    command = done.command
-    if command is not None:
-        if command.ok:
-            return False, None, None
-        kind = command.kind.value if command.kind else None
-        if command.error is not None:
-            return True, kind, f"{command.error.ename}: {command.error.evalue}"[:2000]
-        tail = command.stderr.strip()[-1500:]
-        return True, kind, f"exit status {command.returncode}: {tail}"[:2000]
-    last = done.cells[-1] if done.cells else None
-    if last is None or last.ok:
-        return False, None, None
-    message = f"{last.error.ename}: {last.error.evalue}"[:2000] if last.error else None
-    return True, last.kind.value if last.kind else None, message

@@ -18,8 +18,14 @@ outside this package. Layout, from the wire inwards:
 - ``client``     ``KernelClient``, the stdlib client every host-side layer reuses
 """
 
-from .protocol import KINDS as KINDS
-from .protocol import Kind
+import sys
+
+MIN_PYTHON = (3, 9)
+if sys.version_info < MIN_PYTHON:  # any image's python3 may start it: say why it cannot run
+    raise SystemExit(f"farm's kernel needs Python >= 3.9; this is {sys.version.split()[0]}")
+
+from .protocol import KINDS as KINDS  # noqa: E402 - after the version check
+from .protocol import Kind  # noqa: E402
 
 KERNEL_VERSION = "0.1.0"
 

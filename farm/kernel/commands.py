@@ -27,7 +27,7 @@ import signal
 import time
 from typing import Any
 
-from .output import CappedBuffer
+from .output import CappedBuffer, drain_into
 
 DRAIN_S = 0.2  # after the command exits, how long output still held by its children is read
 KILL_WAIT_S = 5.0
@@ -87,11 +87,11 @@ class CommandRun:
         timed_out = False
         try:
             await asyncio.wait_for(self.exited.wait(), timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             timed_out = True
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)  # the whole tree it started in its group
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.exited.wait(), KILL_WAIT_S)
         finally:
             feeding.cancel()
@@ -137,19 +137,9 @@ class CommandRun:
                 os.close(fd)
 
     def _drain(self, fd: int) -> None:
-        buf = self.fds[fd]
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                return
-            except OSError:
-                data = b""
-            if not data:
-                asyncio.get_running_loop().remove_reader(fd)
-                self.open.discard(fd)
-                return
-            buf.write(data)
+        if not drain_into(fd, self.fds[fd]):
+            asyncio.get_running_loop().remove_reader(fd)
+            self.open.discard(fd)
 
     def close(self) -> None:
         loop = asyncio.get_running_loop()

@@ -85,7 +85,7 @@ def _classic_prompts(lines: list[str]) -> list[str]:
     if not lines:
         return lines
     mask = _triple_quote_mask(lines)
-    pairs = list(zip(lines, mask, strict=True))
+    pairs = list(zip(lines, mask))  # equal lengths by construction
     if not any(not inside and _DOCTEST_INITIAL.match(line) for line, inside in pairs):
         return lines
     out: list[str] = []

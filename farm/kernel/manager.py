@@ -83,7 +83,6 @@ class SessionManager:
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
         self.loop = asyncio.get_running_loop()
-        self.oom_baseline = oom_kills()
 
     async def open(
         self, tools: bool = True, limits: dict[str, Any] | None = None
@@ -139,14 +138,12 @@ class SessionManager:
         for session_id in list(self.sessions):
             self.close(session_id)
 
-    def _oom_since(self) -> bool:
-        """Did the cgroup OOM-kill anything since the last death we looked at?
-
-        Read only after a death (it costs a file read), against the baseline of the previous
-        one, so the hot path never touches cgroup files.
-        """
+    @staticmethod
+    def _oom_since(before: int | None) -> bool:
+        """Did the sandbox's cgroup OOM-kill anything since ``before`` (read as the cell was
+        sent)? Counted per cell, so an OOM kill in another box earlier (a neighbour's fork bomb
+        children) is never blamed on a cell that killed itself; one file read per cell."""
         now = oom_kills()
-        before, self.oom_baseline = self.oom_baseline, now
         return before is not None and now is not None and now > before
 
     async def _replace(self, session: Session) -> None:
@@ -168,7 +165,7 @@ class SessionManager:
             frame = {"type": "file", **{k: v for k, v in request.items() if k != "type"}}
             try:
                 reply = await session.proc.exchange(frame, FILE_TIMEOUT_S)
-            except (TimeoutError, FrameError, ConnectionError, OSError):
+            except (asyncio.TimeoutError, FrameError, ConnectionError, OSError):
                 reply = None
             if reply is None:
                 raise RequestError(
@@ -213,6 +210,7 @@ class SessionManager:
                 f"{session.epoch}): its variables were lost; {NOT_RUN}"
             )
         proc = session.proc
+        ooms_before = oom_kills()
         if proc.exit is None:
             proc.start_cell(request["max_output_bytes"], emit, request.get("calls"))
             try:
@@ -247,7 +245,7 @@ class SessionManager:
         if killed and reason is not None:
             return cell.killed(reason, self.grace_s)
         sigkill = proc.exit is not None and proc.exit.get("signal") == signal.SIGKILL
-        if sigkill and self._oom_since():
+        if sigkill and self._oom_since(ooms_before):
             return cell.lost(f"{what}: out of memory; its variables are gone", kind=KIND_OOM)
         return cell.lost(f"{what} during this call; its variables are gone")
 

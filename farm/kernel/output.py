@@ -6,6 +6,8 @@ invalid UTF-8): bytes past the head go to a tail window that drops its oldest by
 
 from __future__ import annotations
 
+import os
+
 MARKER = "\n[... farm cut {cut} bytes of output ...]\n"
 
 
@@ -48,3 +50,18 @@ class CappedBuffer:
         tail = self.tail.decode("utf-8", errors="replace")
         cut = self.total - len(self.head) - len(self.tail)
         return head + MARKER.format(cut=cut) + tail
+
+
+def drain_into(fd: int, buf: CappedBuffer) -> bool:
+    """Move what the non-blocking pipe ``fd`` holds into ``buf``; False once it reached its
+    end (or broke), when the caller stops watching it."""
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        if not data:
+            return False
+        buf.write(data)

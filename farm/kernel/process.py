@@ -1,6 +1,6 @@
 """``SessionProcess``: one forked session process as the supervisor sees it.
 
-Its control socket carries frames (``protocol.SESSION_FRAMES``): the cell out, then the cell's
+Its control socket carries frames (``box_protocol.SESSION_FRAMES``): the cell out, then the cell's
 ``display`` and host ``call`` frames, answered as they come, and its ``cell_done``. Its
 stdout/stderr are pipes read into head+tail capped buffers as they fill, so output is captured
 at the file-descriptor level and a flood is noticed while the cell runs.
@@ -17,7 +17,7 @@ import socket
 from typing import Any
 
 from .framing import encode, read_frame
-from .output import CappedBuffer
+from .output import CappedBuffer, drain_into
 from .streaming import CellEvents, Emit
 
 log = logging.getLogger("farm.kernel")
@@ -58,17 +58,8 @@ class SessionProcess:
         if self.closed:
             return
         buf = self.fds[fd]
-        while True:
-            try:
-                data = os.read(fd, 65536)
-            except BlockingIOError:
-                break
-            except OSError:
-                data = b""
-            if not data:
-                asyncio.get_running_loop().remove_reader(fd)
-                break
-            buf.write(data)
+        if not drain_into(fd, buf):
+            asyncio.get_running_loop().remove_reader(fd)
         if self.events is not None:
             self.events.output(buf)
         if buf.total > self.flood_limit:

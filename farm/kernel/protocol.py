@@ -11,14 +11,13 @@ Three conversations, from the outside in:
   final frame (``pong``, ``session_opened``, ``exec_result``, ``session_closed`` or ``error``).
   While an ``execute`` with ``events`` runs, ``event`` frames come first, and the host answers
   a host call (an ``event`` of type ``call``) with an ``answer``;
-- supervisor <-> session process (``SESSION_FRAMES``): ``cell`` in, ``cell_done`` out, and on
-  the way ``display`` (acked with ``ack``) and ``call`` (answered with ``answer``);
-- supervisor <-> zygote: JSON datagrams (``ZygoteRequest``, ``ZygoteReport``).
+- supervisor <-> session process and supervisor <-> zygote, which never leave the sandbox:
+  ``farm.kernel.box_protocol``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 # Why a run failed: the one place the kinds are written (``farm.models.ErrorKind`` mirrors them).
 Kind = Literal[
@@ -157,10 +156,13 @@ class Pong(TypedDict):
     box_limits: BoxLimits
 
 
-class OpenSession(TypedDict):
+class _OpenSessionRequired(TypedDict):
     type: Literal["open_session"]
-    tools: NotRequired[bool]
-    limits: NotRequired[BoxLimits]
+
+
+class OpenSession(_OpenSessionRequired, total=False):
+    tools: bool
+    limits: BoxLimits
 
 
 class SessionOpened(TypedDict):
@@ -169,16 +171,19 @@ class SessionOpened(TypedDict):
     epoch: int
 
 
-class Execute(TypedDict):
+class _ExecuteRequired(TypedDict):
     type: Literal["execute"]
     session_id: str
     epoch: int
     code: str
     timeout_s: float
     exec_id: str
-    max_output_bytes: NotRequired[int]
-    events: NotRequired[bool]
-    calls: NotRequired[list[str]]
+
+
+class Execute(_ExecuteRequired, total=False):
+    max_output_bytes: int
+    events: bool
+    calls: list[str]
 
 
 class EventFrame(TypedDict):
@@ -187,15 +192,18 @@ class EventFrame(TypedDict):
     event: CellEvent
 
 
-class Answer(TypedDict):
-    """The host's answer to a ``call`` event (``ok`` with ``value``, or ``error``)."""
-
+class _AnswerRequired(TypedDict):
     type: Literal["answer"]
     session_id: str
     id: int
     ok: bool
-    value: NotRequired[Any]
-    error: NotRequired[CallError]
+
+
+class Answer(_AnswerRequired, total=False):
+    """The host's answer to a ``call`` event (``ok`` with ``value``, or ``error``)."""
+
+    value: Any
+    error: CallError
 
 
 class ExecReply(TypedDict):
@@ -213,19 +221,22 @@ class SessionClosed(TypedDict):
     session_id: str
 
 
-class Command(TypedDict):
-    """Run ``argv`` in the session's box (``commands``); stdin inline (base64) or staged."""
-
+class _CommandRequired(TypedDict):
     type: Literal["command"]
     session_id: str
     exec_id: str
     argv: list[str]
     timeout_s: float
-    stdin: NotRequired[str]
-    stdin_path: NotRequired[str]
-    cwd: NotRequired[str]
-    env: NotRequired[dict[str, str]]
-    max_output_bytes: NotRequired[int]
+
+
+class Command(_CommandRequired, total=False):
+    """Run ``argv`` in the session's box (``commands``); stdin inline (base64) or staged."""
+
+    stdin: str
+    stdin_path: str
+    cwd: str
+    env: dict[str, str]
+    max_output_bytes: int
 
 
 class CommandOutcome(TypedDict):
@@ -258,19 +269,22 @@ class FileError(TypedDict):
     path: str
 
 
-class FileRequest(TypedDict):
-    """One file operation (``fileops``): chunks of ``data`` (base64) written at ``offset``,
-    ``length`` bytes read from ``offset``; ``scope`` "workspace" (confined) or "box"."""
-
+class _FileRequestRequired(TypedDict):
     type: Literal["file"]
     session_id: str
     op: FileOp
     path: str
-    scope: NotRequired[Literal["workspace", "box"]]
-    offset: NotRequired[int]
-    length: NotRequired[int]
-    data: NotRequired[str]
-    source: NotRequired[str]
+
+
+class FileRequest(_FileRequestRequired, total=False):
+    """One file operation (``fileops``): chunks of ``data`` (base64) written at ``offset``,
+    ``length`` bytes read from ``offset``; ``scope`` "workspace" (confined) or "box"."""
+
+    scope: Literal["workspace", "box"]
+    offset: int
+    length: int
+    data: str
+    source: str
 
 
 class FileReply(TypedDict):
@@ -299,117 +313,3 @@ HOST_FRAMES: dict[str, type] = {
     "file": FileRequest,
     "file_result": FileReply,
 }
-
-# --- supervisor <-> session process -----------------------------------------------------------
-
-
-class Ready(TypedDict):
-    """The session process's first frame: it entered its box and waits for cells."""
-
-    type: Literal["ready"]
-
-
-class CellFrame(TypedDict):
-    type: Literal["cell"]
-    code: str
-    calls: list[str]
-
-
-class CellDone(TypedDict):
-    type: Literal["cell_done"]
-    value: ValueBundle | None
-    error: CellError | None
-    duration_s: float
-    cpu_s: float
-    max_rss_kb: int
-
-
-class DisplayFrame(TypedDict):
-    type: Literal["display"]
-    value: ValueBundle
-
-
-class Ack(TypedDict):
-    type: Literal["ack"]
-
-
-class CallFrame(TypedDict):
-    type: Literal["call"]
-    name: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    batch: NotRequired[bool]
-
-
-class CallAnswer(TypedDict):
-    """The supervisor's answer to a ``call``; ``interrupt``: the cell timed out meanwhile."""
-
-    type: Literal["answer"]
-    ok: bool
-    value: NotRequired[Any]
-    error: NotRequired[CallError]
-    interrupt: NotRequired[bool]
-
-
-class FileDone(TypedDict):
-    type: Literal["file_done"]
-    result: NotRequired[Any]
-    error: NotRequired[FileError]
-
-
-SESSION_FRAMES: dict[str, type] = {
-    "ready": Ready,
-    "cell": CellFrame,
-    "cell_done": CellDone,
-    "display": DisplayFrame,
-    "ack": Ack,
-    "call": CallFrame,
-    "answer": CallAnswer,
-    "file": FileRequest,
-    "file_done": FileDone,
-}
-
-# --- supervisor <-> zygote (datagrams) ---------------------------------------------------------
-
-
-class BoxInfo(TypedDict):
-    """A box as the zygote's children need it (``boxes.Box``)."""
-
-    number: int
-    uid: int
-    gid: int
-    workspace: str
-    tmp: str
-    limits: BoxLimits
-
-
-class SessionConfig(TypedDict):
-    """What a new session process is told: its box and its tools."""
-
-    tools: bool
-    tool_limit: int
-    box: BoxInfo
-
-
-class ZygoteRequest(TypedDict):
-    """``spawn`` (``session``) or ``reset`` (``id``, ``box``, ``remove``: also its files,
-    ``pgid``)."""
-
-    op: Literal["spawn", "reset"]
-    session: NotRequired[SessionConfig]
-    box: NotRequired[BoxInfo]
-    id: NotRequired[int]
-    remove: NotRequired[bool]
-    pgid: NotRequired[int | None]
-
-
-class ZygoteReport(TypedDict):
-    """``spawned`` (its fds travel with it), ``exited`` (``code`` or ``signal``) or
-    ``reset_done`` (``id``, ``ok``)."""
-
-    op: Literal["spawned", "exited", "reset_done"]
-    pid: NotRequired[int]
-    code: NotRequired[int | None]
-    signal: NotRequired[int]
-    id: NotRequired[int]
-    ok: NotRequired[bool]

@@ -102,7 +102,7 @@ class KernelServer:
                 await self._requests(reader, writer)
         except FrameError as exc:
             await _reply(writer, {"type": "error", "code": "bad_frame", "message": str(exc)})
-        except (TimeoutError, ConnectionError, OSError):
+        except (asyncio.TimeoutError, ConnectionError, OSError):
             pass
         except asyncio.CancelledError:  # the kernel is shutting down
             pass

@@ -58,6 +58,7 @@ class Spawner:
         self.caps = caps
         self.tool_limit = tool_limit
         self.by_pid: dict[int, SessionProcess | CommandRun] = {}
+        self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
         self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
         self.resets: dict[int, asyncio.Future[bool]] = {}
         self.spares: list[tuple[Box, SessionProcess]] = []  # ready processes, no session yet
@@ -117,7 +118,7 @@ class Spawner:
         await proc.attach(self.loop)
         try:
             ready = await asyncio.wait_for(read_frame(proc.reader), SPAWN_TIMEOUT_S)
-        except (TimeoutError, FrameError, ConnectionError, OSError):
+        except (asyncio.TimeoutError, FrameError, ConnectionError, OSError):
             ready = None
         if ready is None or ready.get("type") != "ready":
             for fd in proc.fds:
@@ -135,6 +136,7 @@ class Spawner:
         pid, fds = await self._forked(message)
         run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
         self.by_pid[pid] = run
+        self.groups.setdefault(box.number, set()).add(pid)  # its own group, for dirs resets
         return run
 
     async def _forked(self, message: dict[str, Any]) -> tuple[int, list[int]]:
@@ -175,9 +177,13 @@ class Spawner:
         it, then whatever else its uid runs (daemons that left the group)."""
         if proc is not None and proc.exit is None:
             proc.signal(signal.SIGKILL, group=True)
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(proc.exited.wait(), KILL_S)
-        if self.pool.isolation == "dirs":  # one uid for all: only the session's group can go
+        groups = self.groups.pop(box.number, set())
+        if self.pool.isolation == "dirs":  # one uid for all: the box's own groups go, no more
+            for group in groups:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
             return True
         deadline = self.loop.time() + KILL_S
         while (left := uids.kill_uid(box.uid)) and self.loop.time() < deadline:
@@ -192,7 +198,7 @@ class Spawner:
         self._to_zygote({**message, "pgid": pgid})
         try:
             ok = await asyncio.wait_for(future, RESET_TIMEOUT_S)
-        except (TimeoutError, RequestError):
+        except (asyncio.TimeoutError, RequestError):
             ok = False
         if not ok:
             log.error("box %d (uid %d) could not be reset; it is not reused", box.number, box.uid)
@@ -226,7 +232,7 @@ class Spawner:
     async def _make_spare(self, box: Box) -> None:
         try:
             proc = await self.spawn(box, True)
-        except (RequestError, TimeoutError) as exc:
+        except (RequestError, asyncio.TimeoutError) as exc:
             log.warning("a spare session process could not start: %s", exc)
             self.end_box(box, None)
             return

@@ -16,7 +16,7 @@ every privileged step in a child of its own, never in itself:
 
 It is a child subreaper: it reaps every session, every orphan they leave and every helper, and
 reports each session's exit status to the supervisor. Supervisor <-> zygote messages are JSON
-datagrams on a SOCK_SEQPACKET pair (``protocol.ZygoteRequest`` / ``ZygoteReport``); a spawn
+datagrams on a SOCK_SEQPACKET pair (``box_protocol.ZygoteRequest`` / ``ZygoteReport``); a spawn
 answer carries the new session's control socket and stdout/stderr pipes as fds.
 """
 

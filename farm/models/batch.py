@@ -15,7 +15,7 @@ class BatchItem(Model):
     """One item: a ``code`` string, ``cells`` run in order in one session (stopping at the
     first failure), or a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
     program of the image), with an optional ``setup`` cell first, ``files`` written to the
-    workspace before, its own ``timeout_s`` and box ``limits``."""
+    workspace before, its own ``timeout_s``, box ``limits`` and ``image``."""
 
     id: str | int
     code: str | None = None
@@ -25,6 +25,7 @@ class BatchItem(Model):
     timeout_s: float | None = Field(None, gt=0)
     files: dict[str, str] | None = Field(None, description="workspace path -> text content")
     limits: BoxLimits | None = None
+    image: str | None = Field(None, description="the image it runs on (default: the map's)")
 
     @model_validator(mode="after")
     def _one_body(self) -> BatchItem:

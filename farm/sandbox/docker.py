@@ -22,6 +22,7 @@ owner left.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -43,7 +44,11 @@ from farm.kernel.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
 from farm.processes import pid_alive
 from farm.sandbox.base import Sandbox
-from farm.sandbox.images import own_sandbox_tag
+from farm.sandbox.bundle import MOUNT as BUNDLE
+from farm.sandbox.bundle import kernel_bundle
+from farm.sandbox.environments import LABEL_ENV_SPEC
+from farm.sandbox.factory import is_reference
+from farm.sandbox.images import LABEL_KERNEL_HASH, own_sandbox_tag
 from farm.settings import SandboxLimits
 
 log = logging.getLogger(__name__)
@@ -86,6 +91,7 @@ class DockerSandbox(Sandbox):
         self.container: Container | None = None
         self.kernel_version: str | None = None
         self._digest: str | None = None  # of the image this container runs (info())
+        self._spec: dict[str, Any] | None = None  # the environment spec it was built from
 
     @property
     def token(self) -> str:
@@ -142,9 +148,11 @@ class DockerSandbox(Sandbox):
             "cap_drop": ["ALL"],
             "cap_add": BOX_CAPS,
             "security_opt": ["no-new-privileges"],
+            # exec: a compiled program runs where it was built (noexec, Docker's default for a
+            # tmpfs, would stop no code that Python itself can run)
             "tmpfs": {
-                "/tmp": f"size={lim.tmp_mb}m,mode=1733,nosuid,nodev",
-                "/workspace": f"size={lim.workspace_mb}m,mode=0711,nosuid,nodev",
+                "/tmp": f"size={lim.tmp_mb}m,mode=1733,exec,nosuid,nodev",
+                "/workspace": f"size={lim.workspace_mb}m,mode=0711,exec,nosuid,nodev",
             },
             "pids_limit": lim.pids,
             "mem_limit": lim.memory_mb * mb,
@@ -182,13 +190,14 @@ class DockerSandbox(Sandbox):
         try:
             self._prepare_dir()
             kwargs = self._run_kwargs(self._uid_base())
+            if LABEL_KERNEL_HASH not in (self.docker.images.get(self.image).labels or {}):
+                self._mount_kernel(kwargs)  # any image with python3: bring the kernel
             self.container = self.docker.containers.run(self.image, **kwargs)
             self._wait_ready()
         except docker.errors.ImageNotFound as exc:
             self.stop()
-            raise SandboxStartError(
-                f"sandbox image {self.image!r} is missing: run `farm image build`"
-            ) from exc
+            how = "pull or build it" if is_reference(self.image) else "run `farm image build`"
+            raise SandboxStartError(f"sandbox image {self.image!r} is missing: {how}") from exc
         except docker.errors.DockerException as exc:
             self.stop()
             raise SandboxStartError(f"docker could not start the sandbox: {exc}") from exc
@@ -202,6 +211,18 @@ class DockerSandbox(Sandbox):
             self.container.short_id,
             self.owner,
         )
+
+    def _mount_kernel(self, kwargs: dict[str, Any]) -> None:
+        """Run an image without farm's kernel: the kernel bundle read-only at ``/opt/farm``,
+        started with the image's own ``python3`` (whatever its entrypoint and user)."""
+        kwargs["volumes"][str(kernel_bundle(self.dir.parent))] = {"bind": BUNDLE, "mode": "ro"}
+        kwargs["entrypoint"] = ["python3", "-m", "farm.kernel"]
+        kwargs["working_dir"] = "/workspace"
+        kwargs["environment"] = {
+            "PYTHONPATH": BUNDLE,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def _wait_ready(self) -> None:
         assert self.container is not None
@@ -263,7 +284,9 @@ class DockerSandbox(Sandbox):
             try:
                 image = self.docker.images.get(self.image)
                 self._digest = (image.attrs.get("RepoDigests") or [None])[0] or image.id
-            except docker.errors.DockerException:
+                spec = (image.labels or {}).get(LABEL_ENV_SPEC)
+                self._spec = json.loads(spec) if spec else None
+            except (docker.errors.DockerException, ValueError):
                 pass
         digest = self._digest
         return SandboxInfo(
@@ -273,6 +296,7 @@ class DockerSandbox(Sandbox):
             container_id=self.container.id if self.container else None,
             image=self.image,
             image_digest=digest,
+            image_spec=self._spec,
             limits=self.limits.model_dump(),
             kernel_version=self.kernel_version,
             started_at=self.started_at,

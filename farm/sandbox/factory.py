@@ -39,11 +39,20 @@ def resolve_backend(backend: str) -> str:
     return "process"
 
 
+def is_reference(image: str) -> bool:
+    """A name with ``/`` or ``:`` is any image of the user's (run with farm's kernel mounted
+    in); a bare name is a farm image (``default``, ``docs``, ``browser``, built ones)."""
+    return "/" in image or ":" in image
+
+
 def docker_image(settings: FarmSettings) -> str:
-    """``FARM_SANDBOX_IMAGE``, else ``farm-sandbox:IMAGE``; for the default image, the build of
-    this checkout's own kernel when Docker has it (``images.own_sandbox_tag``)."""
+    """``FARM_SANDBOX_IMAGE``, else the reference ``FARM_IMAGE`` names, else
+    ``farm-sandbox:IMAGE``; for the default image, the build of this checkout's own kernel when
+    Docker has it (``images.own_sandbox_tag``)."""
     if settings.sandbox_image:
         return settings.sandbox_image
+    if is_reference(settings.image):
+        return settings.image
     if settings.image == "default":
         from farm.sandbox.images import own_sandbox_tag
 

@@ -67,7 +67,11 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
                     "one process must own the sandbox and every session on it"
                 )
             started = Worker(settings)
-            started.start()
+            try:
+                started.start()
+            except FarmError as exc:  # no sandbox at all (a bad image): say so and stop, now
+                log.error("farm worker %s cannot start: %s", started.id, exc)
+                raise SystemExit(f"farm worker cannot start its sandbox: {exc}") from exc
             state["worker"] = started
             for queue in started.queues:
                 instance.app.amqp.queues.select_add(queue)
@@ -78,37 +82,39 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
             if held is not None:
                 held.stop("graceful shutdown")
 
-    @app.task(name=TASK_OPEN)
+    # shared=False: Celery otherwise lends a decorated task to every app of the process, so a
+    # second worker in one process (the in-process tests) would answer with the first's tasks.
+    @app.task(name=TASK_OPEN, shared=False)
     def open_session(
         tools: bool = True, open_id: str | None = None, limits: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         return current().open_session(tools, open_id, limits)
 
-    @app.task(name=TASK_EXEC)
+    @app.task(name=TASK_EXEC, shared=False)
     def exec_code(request: dict[str, Any]) -> dict[str, Any]:
         return current().calls.execute(request)
 
-    @app.task(name=TASK_CLOSE)
+    @app.task(name=TASK_CLOSE, shared=False)
     def close_session(session_id: str) -> dict[str, Any]:
         return current().close_session(session_id)
 
-    @app.task(name=TASK_RUN)
+    @app.task(name=TASK_RUN, shared=False)
     def run_once(request: dict[str, Any]) -> dict[str, Any]:
         return current().calls.run_once(request)
 
-    @app.task(name=TASK_COMMAND)
+    @app.task(name=TASK_COMMAND, shared=False)
     def run_command(request: dict[str, Any]) -> dict[str, Any]:
         return current().calls.command(request)
 
-    @app.task(name=TASK_FILE)
+    @app.task(name=TASK_FILE, shared=False)
     def file_operation(request: dict[str, Any]) -> dict[str, Any]:
         return current().calls.file(request)
 
-    @app.task(name=TASK_BATCH, ignore_result=True)
+    @app.task(name=TASK_BATCH, ignore_result=True, shared=False)
     def run_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
         return current().batch.run_chunk(chunk)
 
-    @app.task(name=TASK_ECHO)
+    @app.task(name=TASK_ECHO, shared=False)
     def echo(payload: Any) -> Any:
         """A bare round trip through broker and worker: the baseline of ``bench/farm_e2e.py``."""
         return payload

@@ -108,6 +108,7 @@ class Worker:
         self.keeper.stop()
         if self._http is not None:
             self._http.shutdown()
+            self._http.server_close()  # its listening socket: a stopped worker frees the port
         try:
             for session_id in held:
                 self.registry.drop_session(session_id)

@@ -1,0 +1,81 @@
+"""What a map makes of an item at both ends: the item parsed from what the caller gave, and
+the record built from what a worker (or the map itself, for a dead worker or a lost broker)
+says of it. Pure functions, so ``farm.client.mapping`` holds only the engine's state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from farm.models import ErrorKind, ExecResult
+from farm.models.batch import BatchItem, BatchRecord, ItemDone
+
+Item = BatchItem | dict[str, Any] | str
+
+
+def parse_item(key: int, raw: Item) -> BatchItem | BatchRecord:
+    """The item at position ``key``, or the record of why it is not one (kind ``input``): a bad
+    item ends as a record of its own, never as the map's exception."""
+    try:
+        if isinstance(raw, BatchItem):
+            return raw
+        if isinstance(raw, str):
+            return BatchItem(id=key, code=raw)
+        return BatchItem.model_validate(raw)
+    except ValidationError as exc:
+        given = raw.get("id") if isinstance(raw, dict) else None
+        item_id = given if isinstance(given, str | int) else key
+        return BatchRecord(
+            id=item_id, status="error", kind="input", message=f"item {key}: {exc}"[:2000]
+        )
+
+
+def failed(key: int, exec_id: str, worker: str, kind: ErrorKind, ename: str, why: str) -> ItemDone:
+    """What a worker would have pushed for an item that it could not finish (it died, or the
+    broker lost the map's data): one failed cell, its state lost."""
+    done = ItemDone(key=key, exec_id=exec_id, worker=worker)
+    done.cells.append(
+        ExecResult.failure(
+            kind, ename, why, exec_id=exec_id, worker=worker or None, state_lost=True
+        )
+    )
+    return done
+
+
+def outcome(done: ItemDone) -> tuple[bool, str | None, str | None]:
+    """(failed, kind, message) of an item: its command's when it has one, else its last
+    cell's (a failed cell stops the item before its command)."""
+    command = done.command
+    if command is not None:
+        if command.ok:
+            return False, None, None
+        kind = command.kind.value if command.kind else None
+        if command.error is not None:
+            return True, kind, f"{command.error.ename}: {command.error.evalue}"[:2000]
+        tail = command.stderr.strip()[-1500:]
+        return True, kind, f"exit status {command.returncode}: {tail}"[:2000]
+    last = done.cells[-1] if done.cells else None
+    if last is None or last.ok:
+        return False, None, None
+    message = f"{last.error.ename}: {last.error.evalue}"[:2000] if last.error else None
+    return True, last.kind.value if last.kind else None, message
+
+
+def manifest(worker_id: str, worker: dict[str, Any], image: str) -> dict[str, Any]:
+    """Where a record was produced: enough to rerun it the same way (the image's digest and
+    spec, the sandbox's limits) or to tell two runs apart."""
+    import farm
+
+    sandbox = worker.get("sandbox") or {}
+    return {
+        "farm_version": farm.__version__,
+        "worker": worker_id,
+        "image": image,
+        "image_ref": sandbox.get("image"),
+        "image_digest": sandbox.get("image_digest"),
+        "image_spec": sandbox.get("image_spec"),
+        "backend": sandbox.get("backend"),
+        "limits": sandbox.get("limits"),
+    }

@@ -1,0 +1,53 @@
+"""``Farm.map`` when a part fails under it, against a real Redis and a real Celery worker in
+this process (process backend). Apart from ``test_map.py`` because each case owns its Redis and
+its worker: two Celery workers running at once in one process share Celery's process-wide
+worker state. The Docker case of a worker killed mid-chunk is in ``test_reliability_chaos.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from typing import Any
+
+from farm.celeryconf import shared_queue
+from farm.client import Farm
+from farm.client.mapping import CLAIM_WAIT_S
+from farm.redis_server import RedisServer
+from tests.conftest import consuming, farm_worker
+from tests.waiting import wait_for
+
+
+def test_a_chunk_a_dying_consumer_took_is_sent_again_within_seconds(tmp_path: Any) -> None:
+    """A message taken off the queue by a consumer that died before claiming it leaves no
+    trace but an empty queue: the map abandons that chunk (a late copy runs nothing) and sends
+    its items again after ``TAKEN_WAIT_S``, long before the ``CLAIM_WAIT_S`` a full queue gets."""
+    server = RedisServer(tmp_path).start()
+    try:
+        with farm_worker(server.url) as worker, Farm(worker.settings) as farm:
+            outcome: dict[str, Any] = {}
+            started = time.monotonic()
+            mapping = threading.Thread(
+                target=lambda: outcome.update(records=list(farm.map(["1 + 1", "2 + 2", "3 + 3"])))
+            )
+            mapping.start()
+            # the first chunk, taken by a consumer that dies with it (nothing consumes yet)
+            raw = wait_for(lambda: farm.registry.redis.rpop(shared_queue("default")), 10)
+            assert raw, "the map sent nothing"
+            stolen = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
+            with consuming(worker):
+                mapping.join(60)
+            took = time.monotonic() - started
+            records = outcome["records"]
+            assert [(r.id, r.cells[-1].value.text) for r in records] == [  # type: ignore[union-attr]
+                (0, "2"),
+                (1, "4"),
+                (2, "6"),
+            ]
+            assert all(r.attempts == 1 for r in records)  # resent, not retried
+            assert farm.registry.exec_record(stolen["chunk_id"]) == {"state": "abandoned"}
+            assert took < CLAIM_WAIT_S, f"noticed only after {took:.1f}s: the long wait fired"
+    finally:
+        server.stop()

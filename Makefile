@@ -46,10 +46,12 @@ run: setup
 images: setup
 	scripts/build-images
 
-# docker-compose.yml on this host with WORKERS workers; Debian's docker-compose if missing.
+# docker-compose.yml on this host with WORKERS workers; Debian's docker-compose if missing. The
+# broker's password is made on first use (scripts/compose-secret: .farm/compose.env, 0600).
 WORKERS ?= 2
 compose-up: images
 	scripts/ensure-compose
+	scripts/compose-secret
 	docker-compose up -d --no-build --scale worker=$(WORKERS)
 
 compose-down:

@@ -2,7 +2,8 @@
 
 The client reaches workers only through these task names and queue names, never by import.
 JSON only (no pickle: a broker message must never be able to run code), prefetch 1 so a busy
-worker does not hoard messages another could run.
+worker does not hoard messages another could run. Celery's transport and result backend get the
+same password and TLS options as the registry (``FarmSettings.redis_url``, ``redis_tls``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ def direct_queue(worker_id: str, generation: int) -> str:
 
 def make_app(settings: FarmSettings | None = None) -> Celery:
     settings = settings or FarmSettings()
-    app = Celery("farm", broker=settings.broker_url, backend=settings.broker_url)
+    url, tls = settings.redis_url, settings.redis_tls
+    app = Celery("farm", broker=url, backend=url)
+    if tls is not None:
+        app.conf.update(broker_use_ssl=tls, redis_backend_use_ssl=tls)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -16,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from farm.client import Farm
-from farm.errors import FarmError, LocalFarmError
+from farm.errors import BrokerUnavailable, FarmError, LocalFarmError
 from farm.image_commands import image_app
 from farm.models import ExecResult
 from farm.settings import FarmSettings
@@ -172,8 +174,7 @@ def sweep(
     except (OSError, ValueError) as exc:
         _fail(str(exc), 2)
 
-    farm = Farm.local(local, backend=backend) if local else _farm()
-    with farm:
+    with _farm(Farm.local(local, backend=backend) if local else None) as farm:
         progress = Progress(
             TextColumn("[bold]sweep"),
             BarColumn(),
@@ -323,28 +324,35 @@ def doctor() -> None:
     ok = True
     for check in run_checks(FarmSettings()):
         ok &= check.ok
-        mark = "[green]ok[/]" if check.ok else "[red]FAIL[/]"
-        console.print(f"{mark}  {check.name}: {check.detail}")
-        if not check.ok and check.fix:
+        mark = "[yellow]WARN[/]" if check.warn else "[green]ok[/]" if check.ok else "[red]FAIL[/]"
+        console.print(f"{mark}  {check.name}: {escape(check.detail)}", highlight=False)
+        if (check.warn or not check.ok) and check.fix:
             console.print(f"      fix: {check.fix}")
     raise typer.Exit(0 if ok else 1)
 
 
-def _farm() -> Farm:
-    return Farm.default()
+@contextlib.contextmanager
+def _farm(farm: Farm | None = None) -> Iterator[Farm]:
+    """``farm`` (default: ``Farm.default()``), closed at the end; what its broker's clients
+    raise comes out as a farm error (``BrokerAuthFailed``, ``BrokerUnavailable``)."""
+    from farm.client.broker import REFUSED
+
+    with farm or Farm.default() as held:
+        try:
+            yield held
+        except REFUSED as exc:
+            raise held.broker.error(exc, sent=False) from exc
 
 
 def main() -> None:
     """The console entry point: typed farm errors and an unreachable broker end in one line."""
-    import redis
-
     logging.basicConfig(level=logging.WARNING)
     try:
         app()
-    except redis.ConnectionError as exc:
+    except BrokerUnavailable as exc:
         err.print(
-            f"[bold red]error:[/] cannot reach the broker ({exc}); start a farm with "
-            "`farm up`, set FARM_BROKER_URL, or use `farm sweep --local N`"
+            f"[bold red]error:[/] {escape(str(exc))}; start a farm with `farm up`, set "
+            "FARM_BROKER_URL, or use `farm sweep --local N`"
         )
         sys.exit(1)
     except FarmError as exc:

@@ -145,6 +145,18 @@ class BrokerUnavailable(FarmError):
         self.sent = sent
 
 
+class BrokerAuthFailed(FarmError):
+    """The broker and this client could not authenticate each other: the broker refused the
+    client's credentials (no password, a wrong one, an ACL user without the rights farm
+    needs) or the client does not trust the broker's TLS certificate. It fails at once, never
+    waited out like an outage: it does not end by itself. Nothing was sent."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"the broker at {url} {reason}")
+        self.url = url
+        self.reason = reason
+
+
 class InfraError(ExecFailed):
     """The farm failed around the code (kind ``infra``); safe to retry if it never started."""
 

@@ -20,10 +20,11 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from farm.errors import LocalFarmError, SandboxUnavailable
 from farm.processes import die_with_parent, pid_alive
-from farm.redis_server import RedisServer, write_private
+from farm.redis_server import RedisServer, ServerTLS, write_private
 from farm.registry import Registry
 from farm.sandbox.factory import is_reference
 from farm.settings import FarmSettings
@@ -58,6 +59,7 @@ class LocalFarm:
         *,
         backend: str = "docker",
         env: dict[str, str] | None = None,
+        tls: ServerTLS | None = None,
     ) -> None:
         self.images = workers if isinstance(workers, dict) else {"default": workers}
         self.backend = backend
@@ -65,7 +67,8 @@ class LocalFarm:
         self.tag = uuid.uuid4().hex[:8]
         self.dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
         (self.dir / OWNER_FILE).write_text(str(os.getpid()))
-        self.redis = RedisServer(self.dir)
+        self.tls = tls
+        self.redis = RedisServer(self.dir, tls=tls)
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.worker_images: dict[str, str] = {}
         self._count = 0
@@ -77,7 +80,19 @@ class LocalFarm:
         return self.redis.url
 
     def settings(self) -> FarmSettings:
-        return FarmSettings(broker_url=self.broker_url)
+        """This farm's broker, whatever FARM_BROKER_* the caller's environment names."""
+        return FarmSettings(broker_url=self.broker_url, **self._tls_files())
+
+    def _tls_files(self) -> dict[str, Any]:
+        """The ``FarmSettings`` TLS files of this farm's broker: its CA and the client
+        certificate it demands, if any; none for a plain broker (files meant for another
+        broker, in the caller's FARM_BROKER_TLS_*, must not reach its clients)."""
+        tls = self.tls
+        return {
+            "broker_tls_ca_file": tls.ca_file if tls else None,
+            "broker_tls_cert_file": tls.client_cert_file if tls else None,
+            "broker_tls_key_file": tls.client_key_file if tls else None,
+        }
 
     def start(self) -> LocalFarm:
         try:
@@ -92,15 +107,18 @@ class LocalFarm:
         return self
 
     def _start_redis(self) -> None:
-        self.redis = RedisServer(self.dir).start()
+        self.redis = RedisServer(self.dir, tls=self.tls).start()
 
     def add_worker(self, image: str = "default", **env: str) -> str:
         """Start one more worker process; returns its worker id."""
         self._count += 1
         worker_id = f"local-{self.tag}-{self._count}"
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
+        tls = {f"FARM_{k.upper()}": str(v) for k, v in self._tls_files().items() if v}
         worker_env = {
-            **os.environ,
+            **inherited,
             **self.extra_env,
+            **tls,
             "FARM_BROKER_URL": self.broker_url,
             "FARM_WORKER_ID": worker_id,
             "FARM_BACKEND": self.backend,
@@ -126,7 +144,7 @@ class LocalFarm:
         self, worker_ids: list[str] | None = None, timeout_s: float = READY_TIMEOUT_S
     ) -> None:
         wanted = set(worker_ids or self.workers)
-        registry = Registry(self.broker_url)
+        registry = Registry.connect(self.settings())
         deadline = time.monotonic() + timeout_s
         try:
             while True:

@@ -6,6 +6,9 @@ starts is open to anonymous clients, not even on a shared host. The password tra
 files readable by their owner (the server's config, mode 0600) and in the environment of the
 processes that need it (``FARM_BROKER_URL``), never on a command line (``/proc/*/cmdline`` is
 world-readable) or in a log line. Persistence is off: a local farm's broker is ephemeral.
+
+With ``tls`` it serves TLS only (``port 0``, ``tls-port``): what the tests use to show that a
+farm works end to end over ``rediss://`` and that a plain-TCP client gets nowhere.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +47,27 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
+@dataclass(frozen=True)
+class ServerTLS:
+    """The server's certificate and key and the CA of its clients' certificates; with a client
+    certificate, the server demands one (signed by ``ca_file``) and its clients present it."""
+
+    cert_file: Path
+    key_file: Path
+    ca_file: Path
+    client_cert_file: Path | None = None
+    client_key_file: Path | None = None
+
+
 class RedisServer:
     """One ``redis-server`` in ``directory`` (its config, data and log live there)."""
 
-    def __init__(self, directory: Path, *, password: str | None = None) -> None:
+    def __init__(
+        self, directory: Path, *, password: str | None = None, tls: ServerTLS | None = None
+    ) -> None:
         self.dir = directory
         self.password = password or secrets.token_urlsafe(32)
+        self.tls = tls
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.config = directory / "redis.conf"
@@ -56,10 +75,29 @@ class RedisServer:
     @property
     def url(self) -> str:
         """The broker URL, password included: give it to processes, never print it."""
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        scheme = "rediss" if self.tls else "redis"
+        return f"{scheme}://:{self.password}@127.0.0.1:{self.port}/0"
 
     def client(self, **kwargs: Any) -> redis.Redis:
+        tls = self.tls
+        if tls is not None:
+            kwargs = {"ssl": True, "ssl_ca_certs": str(tls.ca_file), **kwargs}
+            if tls.client_cert_file is not None:
+                kwargs.setdefault("ssl_certfile", str(tls.client_cert_file))
+                kwargs.setdefault("ssl_keyfile", str(tls.client_key_file))
         return redis.Redis(port=self.port, password=self.password, **kwargs)
+
+    def _listen(self) -> list[str]:
+        if self.tls is None:
+            return [f"port {self.port}"]
+        return [
+            "port 0",
+            f"tls-port {self.port}",
+            f'tls-cert-file "{self.tls.cert_file}"',
+            f'tls-key-file "{self.tls.key_file}"',
+            f'tls-ca-cert-file "{self.tls.ca_file}"',
+            f"tls-auth-clients {'no' if self.tls.client_cert_file is None else 'yes'}",
+        ]
 
     def start(self) -> RedisServer:
         if shutil.which("redis-server") is None:
@@ -70,7 +108,7 @@ class RedisServer:
                 self.config,
                 "\n".join(
                     [
-                        f"port {self.port}",
+                        *self._listen(),
                         "bind 127.0.0.1",
                         "protected-mode yes",
                         f'requirepass "{self.password}"',

@@ -18,9 +18,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import redis
+
+if TYPE_CHECKING:
+    from farm.settings import FarmSettings
 
 PREFIX = "farm:"
 # An exec record (claim, then the result) only has to outlive redeliveries of its message
@@ -31,9 +35,21 @@ BROKER_MARK = f"{PREFIX}broker"
 
 
 class Registry:
-    def __init__(self, url: str, *, heartbeat_ttl_s: float = 3.0) -> None:
-        self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10)
+    def __init__(
+        self, url: str, *, heartbeat_ttl_s: float = 3.0, tls: Mapping[str, Any] | None = None
+    ) -> None:
+        self.redis = redis.Redis.from_url(
+            url, decode_responses=True, socket_timeout=10, **(tls or {})
+        )
         self.heartbeat_ttl_s = heartbeat_ttl_s
+
+    @classmethod
+    def connect(cls, settings: FarmSettings) -> Registry:
+        """The registry of the broker ``settings`` name, with its password and TLS options
+        (the same ones Celery's app gets: ``farm.celeryconf.make_app``)."""
+        return cls(
+            settings.redis_url, heartbeat_ttl_s=settings.heartbeat_ttl_s, tls=settings.redis_tls
+        )
 
     def close(self) -> None:
         self.redis.close()

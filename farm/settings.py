@@ -5,11 +5,15 @@ Nothing else in farm reads ``os.environ`` (the kernel, being stdlib-only, reads 
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from farm.errors import InvalidRequest
 
 
 class SandboxLimits(BaseSettings):
@@ -62,7 +66,19 @@ IMAGE_BOX_LIMITS: dict[str, dict[str, Any]] = {
 class FarmSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
 
-    broker_url: str = "redis://127.0.0.1:6379/0"
+    broker_url: str = Field(
+        "redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS); may hold the password"
+    )
+    broker_password: SecretStr | None = Field(
+        None, description="the broker's password when broker_url holds none (a Secret, an env file)"
+    )
+    broker_tls_ca_file: Path | None = Field(
+        None, description="CA bundle that signed a rediss:// broker's certificate (default: system)"
+    )
+    broker_tls_cert_file: Path | None = Field(
+        None, description="client certificate for a broker that asks for one (with its key file)"
+    )
+    broker_tls_key_file: Path | None = None
     backend: str = Field("docker", description="sandbox backend: docker, process or auto")
     image: str = Field("default", description="short name of the sandbox image a worker serves")
     sandbox_image: str | None = Field(None, description="docker image (default farm-sandbox:IMAGE)")
@@ -106,6 +122,44 @@ class FarmSettings(BaseSettings):
     )
     event_stream_max_events: int = Field(10000, ge=10, description="events one streamed run keeps")
     event_stream_ttl_s: float = Field(600.0, gt=0, description="a streamed run's events expire")
+
+    @property
+    def redis_url(self) -> str:
+        """The URL every Redis client of farm connects with: ``broker_url``, with
+        ``broker_password`` in it when the URL holds none (a password written in the URL wins:
+        a local farm's workers inherit the caller's environment). Never print it."""
+        if self.broker_password is None:
+            return self.broker_url
+        parts = urlsplit(self.broker_url)
+        if parts.password is not None:
+            return self.broker_url
+        user, _, host = parts.netloc.rpartition("@")
+        password = quote(self.broker_password.get_secret_value(), safe="")
+        return urlunsplit(parts._replace(netloc=f"{user}:{password}@{host}"))
+
+    @property
+    def redis_tls(self) -> dict[str, Any] | None:
+        """redis-py's ``ssl_*`` options for a ``rediss://`` broker, ``None`` for ``redis://``.
+
+        Celery's transport and result backend and the registry all connect with these, so all
+        of them verify the broker's certificate and host name (kombu alone would not: a bare
+        ``rediss://`` URL means no verification there). TLS files with a ``redis://`` URL are
+        refused rather than silently ignored: the operator asked for TLS.
+        """
+        files = {
+            "ssl_ca_certs": self.broker_tls_ca_file,
+            "ssl_certfile": self.broker_tls_cert_file,
+            "ssl_keyfile": self.broker_tls_key_file,
+        }
+        if urlsplit(self.broker_url).scheme != "rediss":
+            if any(files.values()):
+                raise InvalidRequest(
+                    "FARM_BROKER_TLS_* files are set but the broker URL is not rediss://"
+                )
+            return None
+        options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}
+        options.update({key: str(path) for key, path in files.items() if path is not None})
+        return options
 
     @property
     def worker_threads(self) -> int:

@@ -1,6 +1,9 @@
 """docker-compose.yml end to end: the images build FROM the same base as the sandbox, the stack
-comes up under a project name of its own, a client on the host runs code through it,
-Prometheus scrapes every worker, scaling adds workers, and teardown leaves nothing behind.
+comes up under a project name of its own, a client on the host runs code through it with the
+broker's password (made by scripts/compose-secret, as `make compose-up` does) while a client
+without it is refused and the password shows in no `ps` line or log, Prometheus scrapes every
+worker, scaling adds workers, a pool (the compose profile `pool`) serves another image with the
+same password, and teardown leaves nothing behind.
 
 It uses Debian's docker-compose (v1), installed by scripts/ensure-compose when missing; it
 skips only when that cannot install it. The images come from scripts/build-images (what
@@ -35,6 +38,7 @@ READY_TIMEOUT_S = 90
 SCRAPE_TIMEOUT_S = 60
 DOWN_TIMEOUT_S = 60
 POLL_S = 0.5
+IMAGES = ("worker", "redis", "prometheus")
 
 T = TypeVar("T")
 
@@ -77,10 +81,13 @@ def run(cmd: list[str], timeout_s: float, env: dict[str, str] | None = None) -> 
 
 @dataclass
 class Stack:
-    """One docker-compose project: its name, environment and the client-side addresses."""
+    """One docker-compose project: its name, environment, images' tag, the broker's password
+    and the client-side addresses."""
 
     project: str
     env: dict[str, str]
+    tag: str
+    password: str
     redis_url: str
     prometheus_url: str
     socket_dir: Path
@@ -171,6 +178,8 @@ def tear_down(stack: Stack) -> None:
     project_label = {"label": f"com.docker.compose.project={stack.project}"}
     for network in stack.docker.networks.list(filters=project_label):
         network.remove()
+    for name in IMAGES:  # this run's tag only: the layers stay cached for the next build
+        stack.docker.images.remove(f"farm-{name}:{stack.tag}")
     left = [c.name for c in [*stack.sandboxes(), *stack.containers()]]
     left += [n.name for n in stack.docker.networks.list(filters=project_label)]
     assert not left, f"teardown left {left}"
@@ -178,18 +187,24 @@ def tear_down(stack: Stack) -> None:
 
 @pytest.fixture(scope="module")
 def stack(docker_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The compose stack with one worker, built from this checkout; removed afterwards."""
+    """The compose stack with one worker, built from this checkout under a tag of this run (a
+    concurrent run of another checkout keeps its own images); removed afterwards."""
     ensure_compose()
+    tag = f"pytest-{os.getpid()}"
     run(
         [str(ROOT / "scripts" / "build-images")],
         BUILD_TIMEOUT_S,
-        {**os.environ, "VPY": sys.executable, "FARM_TAG": "latest"},
+        {**os.environ, "VPY": sys.executable, "FARM_TAG": tag},
     )
     redis_port, prometheus_port = free_port(), free_port()
     socket_dir = tmp_path_factory.mktemp("compose-sockets")
+    env_file = tmp_path_factory.mktemp("compose-secret") / "compose.env"
+    run([str(ROOT / "scripts" / "compose-secret"), str(env_file)], 30)
+    password = env_file.read_text().strip().removeprefix("FARM_BROKER_PASSWORD=")
     env = {
-        **os.environ,
-        "FARM_TAG": "latest",
+        **{k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")},
+        "FARM_TAG": tag,
+        "FARM_COMPOSE_ENV_FILE": str(env_file),
         "FARM_REDIS_PORT": str(redis_port),
         "FARM_PROMETHEUS_PORT": str(prometheus_port),
         "FARM_SOCKET_DIR": str(socket_dir),
@@ -197,6 +212,8 @@ def stack(docker_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     built = Stack(
         project=f"farmtest{os.getpid()}",
         env=env,
+        tag=tag,
+        password=password,
         redis_url=f"redis://127.0.0.1:{redis_port}/0",
         prometheus_url=f"http://127.0.0.1:{prometheus_port}",
         socket_dir=socket_dir,
@@ -213,8 +230,10 @@ def stack(docker_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 @pytest.fixture(scope="module")
 def farm(stack: Stack) -> Iterator[Any]:
     from farm.client import Farm
+    from farm.settings import FarmSettings
 
-    client = Farm.connect(stack.redis_url)
+    # as a client on the host does: the URL, and the password from the stack's env file
+    client = Farm(FarmSettings(broker_url=stack.redis_url, broker_password=stack.password))
     try:
         yield client
     finally:
@@ -228,6 +247,18 @@ def ready_workers(farm: Any, n: int) -> Callable[[], list[dict[str, Any]] | None
         except Exception:
             return None
         return ready if len(ready) == n else None
+
+    return probe
+
+
+def some_ready_worker(farm: Any) -> Callable[[], bool]:
+    """Whether any worker is ready (the scaling test may have added one)."""
+
+    def probe() -> bool:
+        try:
+            return any(w.get("ready") for w in farm.workers())
+        except Exception:
+            return False
 
     return probe
 
@@ -338,6 +369,56 @@ def test_a_pool_profile_serves_another_image_with_its_own_limits(stack: Stack, f
         wait_for(
             "Prometheus did not scrape the pool's worker", scraped, SCRAPE_TIMEOUT_S, stack.logs
         )
+        # the pool's workers read the broker's password from the same env file, never print it
+        pool_logs = stack.compose("--profile", "pool", "logs", "--no-color", "pool", env=pool_env)
+        assert "redis://:**@redis:6379/0" in pool_logs and stack.password not in pool_logs
         stack.compose("--profile", "pool", "rm", "--stop", "--force", "pool", env=pool_env)
     finally:
         stack.docker.images.remove(f"farm-sandbox:{image}")
+
+
+# --- the control plane ------------------------------------------------------------------------
+
+
+def test_the_env_file_holding_the_broker_password_is_private(stack: Stack) -> None:
+    env_file = Path(stack.env["FARM_COMPOSE_ENV_FILE"])
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert env_file.parent.stat().st_mode & 0o077 == 0
+    assert len(stack.password) == 64
+    before = env_file.read_text()
+    run([str(ROOT / "scripts" / "compose-secret"), str(env_file)], 30)
+    assert env_file.read_text() == before, "an existing secret is kept"
+
+
+def test_the_compose_broker_refuses_clients_without_the_password(stack: Stack, farm: Any) -> None:
+    from farm.client import Farm
+    from farm.errors import BrokerAuthFailed
+
+    wait_for("no compose worker was ready", some_ready_worker(farm), READY_TIMEOUT_S, stack.logs)
+    port = int(stack.env["FARM_REDIS_PORT"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"PING\r\n")
+        assert conn.recv(256).startswith(b"-NOAUTH")
+    with Farm.connect(stack.redis_url) as anonymous, pytest.raises(BrokerAuthFailed):
+        anonymous.run("6 * 7")
+    assert farm.run("6 * 7").value.text == "42"
+
+
+def test_the_broker_password_is_in_no_ps_line_and_no_log(stack: Stack, farm: Any) -> None:
+    wait_for("no compose worker was ready", some_ready_worker(farm), READY_TIMEOUT_S, stack.logs)
+    assert farm.run("1 + 1").value.text == "2"
+    ps = run(["ps", "axww", "-o", "pid,args"], 30)
+    assert "redis-server" in ps and "farm.worker" in ps  # the stack's processes are listed
+    assert stack.password not in ps
+    logs = stack.compose("logs", "--no-color", timeout_s=60)
+    assert "redis://:**@redis:6379/0" in logs, "the worker's Celery banner names the broker"
+    assert stack.password not in logs
+
+
+def test_farm_redis_refuses_to_start_without_a_password(stack: Stack) -> None:
+    import docker.errors
+
+    with pytest.raises(docker.errors.ContainerError) as failed:
+        stack.docker.containers.run(f"farm-redis:{stack.tag}", remove=True, stderr=True)
+    assert failed.value.exit_status == 1
+    assert b"refusing to serve an open broker" in (failed.value.stderr or b"")

@@ -168,7 +168,7 @@ def test_explicit_sandbox_settings_win_over_a_specs_limits(
     monkeypatch.setenv("FARM_SANDBOX_MEMORY_MB", "640")
     with LocalFarm(0) as local:
         worker_id = local.serve_image(ENV)
-        registry = Registry(local.broker_url)
+        registry = Registry.connect(local.settings())
         try:
             (worker,) = [w for w in registry.workers() if w["id"] == worker_id]
         finally:

@@ -3,7 +3,8 @@ is a valid Kubernetes object, and the parts that keep user code contained are re
 
 Rendering uses Helm's own Go engine through helm-python-sdk (libhelm_c, no helm binary, no
 cluster); objects are checked with kubernetes-validate's bundled OpenAPI schemas (strict: an
-unknown or misspelt field fails). Neither needs Docker or a network.
+unknown or misspelt field fails). Neither needs Docker or a network. The bundled Redis'
+password and TLS are checked in ``test_helm_redis_auth.py``.
 """
 
 from __future__ import annotations
@@ -52,10 +53,33 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "worker": {"env": {"FARM_HEARTBEAT_TTL_S": "5"}, "nodeSelector": {"farm": "yes"}},
     },
     "external-redis": {
-        "redis": {"enabled": False, "externalUrl": "redis://redis.example:6379/3"},
+        "redis": {
+            "enabled": False,
+            "externalUrl": "redis://redis.example:6379/3",
+            "auth": {"existingSecret": "broker-auth"},
+        },
         "podDisruptionBudget": {"enabled": False},
         "metrics": {"prometheusAnnotations": False},
         "networkPolicy": {"externalRedisTo": [{"ipBlock": {"cidr": "10.1.2.3/32"}}]},
+    },
+    "tls-client-certs-keda": {
+        "redis": {
+            "tls": {
+                "enabled": True,
+                "certSecret": "farm-redis-tls",
+                "clientCertSecret": "farm-client-tls",
+            },
+            "auth": {"existingSecret": "broker-auth", "secretKey": "redis-password"},
+        },
+        "autoscaling": {"enabled": True, "engine": "keda"},
+    },
+    "external-redis-tls": {
+        "redis": {
+            "enabled": False,
+            "externalUrl": "rediss://farm@redis.example:6380/0",
+            "auth": {"existingSecret": "broker-auth"},
+            "tls": {"enabled": True},
+        },
     },
 }
 # Worker pools: the default image, an environment (`farm image build ds ...`) that needs more
@@ -149,6 +173,40 @@ SCALED_OBJECT_SCHEMA: dict[str, Any] = {
             },
         },
     },
+}
+
+# The part of KEDA's TriggerAuthentication CRD the chart uses: Secret references.
+TRIGGER_AUTHENTICATION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "TriggerAuthentication"},
+        "metadata": {"type": "object", "required": ["name"]},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["parameter", "name", "key"],
+                        "properties": {
+                            "parameter": {"type": "string"},
+                            "name": {"type": "string"},
+                            "key": {"type": "string"},
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+KEDA_SCHEMAS = {
+    "ScaledObject": SCALED_OBJECT_SCHEMA,
+    "TriggerAuthentication": TRIGGER_AUTHENTICATION_SCHEMA,
 }
 
 
@@ -268,7 +326,7 @@ def test_every_rendered_object_is_valid_kubernetes(values: dict[str, Any]) -> No
     for obj in objects:
         where = f"{obj['kind']}/{obj['metadata']['name']}"
         if obj["apiVersion"].startswith("keda.sh/"):
-            jsonschema.validate(obj, SCALED_OBJECT_SCHEMA)
+            jsonschema.validate(obj, KEDA_SCHEMAS[obj["kind"]])
             continue
         for version in KUBE_VERSIONS:
             try:
@@ -286,6 +344,7 @@ def test_default_values_render_the_whole_farm(default: list[dict[str, Any]]) -> 
         "NetworkPolicy",
         "PodDisruptionBudget",
         "ServiceAccount",
+        "Secret",
     }
     find(default, "StatefulSet", f"{FULLNAME}-redis")
     assert find(default, "Deployment", f"{FULLNAME}-worker-default")["spec"]["replicas"] == 2
@@ -298,8 +357,8 @@ def test_values_that_make_no_sense_are_refused() -> None:
     report = helm.lint(CHART, {"autoscaling": {"engine": "cpu"}}, strict=True)
     assert any("/autoscaling/engine" in e for e in report["errors"]), report
     # cross-field rules in the templates
-    with pytest.raises(helm.HelmError, match="redis.externalUrl"):
-        render({"redis": {"enabled": False}})
+    with pytest.raises(helm.HelmError, match="redis.externalUrl is required"):
+        render({"redis": {"enabled": False, "auth": {"existingSecret": "broker-auth"}}})
     with pytest.raises(helm.HelmError, match="redisAddress"):
         render({**VALUE_SETS["external-redis"], "autoscaling": {"enabled": True}})
 

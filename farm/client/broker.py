@@ -10,11 +10,17 @@ after all, the worker's first-writer-wins claim of that id runs it once.
 
 While a call waits, its worker's heartbeat is watched (fencing on the client), so a dead worker
 turns into ``SessionLost`` within seconds instead of a hang.
+
+This module is also where what Redis, kombu and Celery raise becomes a farm error
+(``broker_error``): a broker that refuses the client's credentials, or whose TLS certificate
+the client does not trust, is ``BrokerAuthFailed`` at once. redis-py's ``AuthenticationError``
+is a ``ConnectionError``, so without this a wrong password would be waited out as an outage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +33,15 @@ from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
 from farm.backoff import delays
-from farm.errors import BrokerLost, BrokerUnavailable, FarmBusy, SessionLost, WorkerFailed
+from farm.errors import (
+    BrokerAuthFailed,
+    BrokerLost,
+    BrokerUnavailable,
+    FarmBusy,
+    FarmError,
+    SessionLost,
+    WorkerFailed,
+)
 from farm.registry import Registry
 
 T = TypeVar("T")
@@ -39,9 +53,54 @@ BROKER_DOWN: tuple[type[BaseException], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
 )
+# What the broker's clients raise when the broker refuses this client (``refusal`` says which):
+# redis-py's AuthenticationError (NOAUTH, WRONGPASS) is among BROKER_DOWN, an ACL's NOPERM is not.
+REFUSED: tuple[type[BaseException], ...] = (*BROKER_DOWN, redis.exceptions.NoPermissionError)
 # What makes a skippable broker call skip (``Broker.quietly``).
 SKIPPABLE: tuple[type[BaseException], ...] = (*BROKER_DOWN, BrokerUnavailable, BrokerLost)
 WAIT_SLICE_S = 0.5
+
+
+def refusal(
+    exc: BaseException, url: str, *, password: bool | None = None
+) -> BrokerAuthFailed | None:
+    """``BrokerAuthFailed`` when ``exc``, or an error it wraps (kombu and Celery wrap
+    redis-py's), says that the broker refused this client or this client the broker's TLS
+    certificate; ``None`` for anything else. ``password``: whether the client gave one
+    (``None``: unknown), to say which of the two to fix."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, redis.AuthenticationError):
+            hint = "set FARM_BROKER_PASSWORD, or put the password in FARM_BROKER_URL"
+            if password is False:
+                return BrokerAuthFailed(
+                    url, f"requires a password and this client gave none; {hint}"
+                )
+            return BrokerAuthFailed(
+                url, f"refused this client's password (or user): {cause}; {hint}"
+            )
+        if isinstance(cause, redis.exceptions.NoPermissionError):
+            return BrokerAuthFailed(
+                url, f"does not allow this client's user what farm needs: {cause}"
+            )
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return BrokerAuthFailed(
+                url,
+                f"presented a TLS certificate this client does not trust ({cause.verify_message}); "
+                "set FARM_BROKER_TLS_CA_FILE to the CA that signed it",
+            )
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
+def broker_error(
+    exc: BaseException, url: str, *, sent: bool, password: bool | None = None
+) -> FarmError:
+    """The farm error for a failure of the broker's clients: ``BrokerAuthFailed`` when the
+    broker refused this client, else ``BrokerUnavailable`` (``sent``: see there)."""
+    return refusal(exc, url, password=password) or BrokerUnavailable(url, exc, sent=sent)
 
 
 @dataclass(frozen=True)
@@ -99,7 +158,12 @@ class Broker:
         while True:
             try:
                 return fn()
-            except BROKER_DOWN as exc:
+            except REFUSED as exc:
+                refused = self._refusal(exc)
+                if refused is not None:
+                    raise refused from exc
+                if not isinstance(exc, BROKER_DOWN):
+                    raise
                 if until is None:
                     until = time.monotonic() + self.wait_s
                     if deadline is not None:
@@ -107,6 +171,15 @@ class Broker:
                 self._down_at = time.monotonic()
                 if not self._back_by(until):
                     raise BrokerUnavailable(self.url, exc, sent=sent) from exc
+
+    def error(self, exc: BaseException, *, sent: bool) -> FarmError:
+        """``broker_error`` for what this client's broker clients raised outside ``call``."""
+        return self._refusal(exc) or BrokerUnavailable(self.url, exc, sent=sent)
+
+    def _refusal(self, exc: BaseException) -> BrokerAuthFailed | None:
+        """``refusal`` for this client's broker (which knows whether it gave a password)."""
+        given = self.registry.redis.connection_pool.connection_kwargs.get("password")
+        return refusal(exc, self.url, password=given is not None)
 
     def quietly(self, fn: Callable[[], T]) -> T | None:
         """``fn()`` for cleanup and extras that may be skipped (closing a session, deleting a
@@ -144,8 +217,10 @@ class Broker:
             try:
                 if self.registry.redis.ping():
                     return True
-            except BROKER_DOWN:
-                pass
+            except REFUSED as exc:  # back, but no longer taking this client's credentials
+                refused = self._refusal(exc)
+                if refused is not None:
+                    raise refused from exc
             left = until - time.monotonic()
             if left <= 0:
                 return False

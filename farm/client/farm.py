@@ -50,9 +50,7 @@ class Farm:
     def __init__(self, settings: FarmSettings | None = None, *, owned: Any = None) -> None:
         self.settings = settings or FarmSettings()
         self.app = make_app(self.settings)
-        self.registry = Registry(
-            self.settings.broker_url, heartbeat_ttl_s=self.settings.heartbeat_ttl_s
-        )
+        self.registry = Registry.connect(self.settings)
         self.journal = Journal(self.registry.redis, self.settings)
         self.broker = Broker(
             self.app,

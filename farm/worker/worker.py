@@ -58,7 +58,7 @@ class Worker:
         self.generation = 0
         self.queue = ""
         self._observed: SandboxHealth | None = None  # the last probe whose RTT was recorded
-        self.registry = Registry(settings.broker_url, heartbeat_ttl_s=settings.heartbeat_ttl_s)
+        self.registry = Registry.connect(settings)
         self.journal = Journal(self.registry.redis, settings)
         self.keeper = SandboxKeeper(
             lambda: make_sandbox(settings, owner=self.id),

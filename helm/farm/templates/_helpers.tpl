@@ -52,12 +52,41 @@ app.kubernetes.io/part-of: farm
 {{- printf "%s-redis" (include "farm.fullname" .) -}}
 {{- end -}}
 
+{{/* The broker's URL, never with the password in it (that comes from the Secret). */}}
 {{- define "farm.brokerUrl" -}}
 {{- if .Values.redis.enabled -}}
-{{- printf "redis://%s:6379/0" (include "farm.redisName" .) -}}
+{{- printf "%s://%s:6379/0" (ternary "rediss" "redis" .Values.redis.tls.enabled) (include "farm.redisName" .) -}}
 {{- else -}}
 {{- required "redis.externalUrl is required when redis.enabled is false" .Values.redis.externalUrl -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret holding the broker's password: yours, or the one the chart makes. */}}
+{{- define "farm.redisAuthSecret" -}}
+{{- default (printf "%s-redis-auth" (include "farm.fullname" .)) .Values.redis.auth.existingSecret -}}
+{{- end -}}
+
+{{/* FARM_BROKER_PASSWORD for a container, from the Secret: never a literal in a pod spec. */}}
+{{- define "farm.brokerPasswordEnv" -}}
+- name: FARM_BROKER_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "farm.redisAuthSecret" . }}
+      key: {{ .Values.redis.auth.secretKey }}
+{{- end -}}
+
+{{/* A PING that succeeds only with the password (redis-cli reads it from REDISCLI_AUTH, not
+     its command line; a NOAUTH reply would exit 0, hence the grep), over TLS when on. */}}
+{{- define "farm.redisPing" -}}
+{{- $tls := .Values.redis.tls -}}
+{{- $flags := "" -}}
+{{- if $tls.enabled -}}
+{{- $flags = " --tls --cacert /etc/redis/tls/ca.crt" -}}
+{{- if $tls.clientCertSecret -}}
+{{- $flags = printf "%s --cert /etc/redis/client/tls.crt --key /etc/redis/client/tls.key" $flags -}}
+{{- end -}}
+{{- end -}}
+{{- printf "REDISCLI_AUTH=\"$FARM_BROKER_PASSWORD\" redis-cli%s ping | grep -q PONG" $flags -}}
 {{- end -}}
 
 {{/*
@@ -143,6 +172,22 @@ seccompProfile:
 {{- fail (printf "pools: the name %q is given twice" .name) -}}
 {{- end -}}
 {{- $names = append $names .name -}}
+{{- end -}}
+{{- $r := .Values.redis -}}
+{{- if and (not $r.enabled) (not $r.auth.existingSecret) -}}
+{{- fail "redis.auth.existingSecret is required with an external Redis: farm's clients must authenticate (a Secret holding its password)" -}}
+{{- end -}}
+{{- if regexMatch "^rediss?://[^/@]*:[^/@]*@" (default "" $r.externalUrl) -}}
+{{- fail "redis.externalUrl must not hold the password: put it in the Secret redis.auth.existingSecret" -}}
+{{- end -}}
+{{- if and (not $r.enabled) $r.externalUrl (ne (hasPrefix "rediss://" $r.externalUrl) (eq $r.tls.enabled true)) -}}
+{{- fail "redis.tls.enabled must match redis.externalUrl: rediss:// with TLS, redis:// without" -}}
+{{- end -}}
+{{- if and $r.enabled $r.tls.enabled (not $r.tls.certSecret) -}}
+{{- fail "redis.tls.certSecret is required for the bundled Redis over TLS (tls.crt, tls.key, ca.crt)" -}}
+{{- end -}}
+{{- if and $r.tls.clientCertSecret (not $r.tls.enabled) -}}
+{{- fail "redis.tls.clientCertSecret needs redis.tls.enabled" -}}
 {{- end -}}
 {{- if not (has .Values.sandbox.mode (list "dind" "pod")) -}}
 {{- fail (printf "sandbox.mode must be dind or pod, not %q" .Values.sandbox.mode) -}}

@@ -213,3 +213,38 @@ def inproc_farm(redis_server: Any) -> Iterator[Any]:
     """A farm of one in-process Celery worker over the process backend (``inproc_worker``)."""
     with inproc_worker(redis_server.url) as (farm, _):
         yield farm
+
+
+# --- Inspect AI provider -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def inspect_image(docker_env: Any) -> Iterator[str]:
+    """The Inspect provider's default image, ``farm-sandbox:inspect`` (the sandbox image plus
+    procps), which the provider's ``task_init`` builds when it is missing or stale. The tags
+    this run added are removed at the end (the image too, and its build directories, when it
+    did not exist before)."""
+    import shutil
+
+    from farm.integrations.inspect.config import INSPECT_IMAGE
+    from farm.sandbox.environments import CONTEXT_DIR, WHEELS_DIR
+    from farm.sandbox.images import default_repo_root
+
+    def tags() -> set[str]:
+        return {
+            ref
+            for image in docker_env.images.list(name="farm-sandbox")
+            for ref in image.tags
+            if ref == f"farm-sandbox:{INSPECT_IMAGE}"
+            or ref.startswith(f"farm-sandbox:{INSPECT_IMAGE}-k")
+        }
+
+    before = tags()
+    yield INSPECT_IMAGE
+    for ref in tags() - before:
+        docker_env.images.remove(ref)
+    if f"farm-sandbox:{INSPECT_IMAGE}" not in before:
+        root = default_repo_root()
+        for directory in (WHEELS_DIR, CONTEXT_DIR):
+            shutil.rmtree(root / directory / INSPECT_IMAGE, ignore_errors=True)
+        (root / CONTEXT_DIR / f"{INSPECT_IMAGE}.lock").unlink(missing_ok=True)

@@ -1,0 +1,256 @@
+"""The farms Inspect evals use in this process: one per broker, shared by every task that names
+it, with the sample boxes open on each.
+
+A farm is acquired by each ``task_init`` and released by each ``task_cleanup``; the last release
+closes it (an embedded farm stops, removing its containers). Sample boxes are farm sessions
+opened by ``sample_init`` and closed by ``sample_cleanup``; what an interrupted eval left open is
+closed at ``task_cleanup`` or by ``inspect sandbox cleanup farm``.
+
+Why a keeper thread: an embedded farm's redis-server and workers are started with
+``PR_SET_PDEATHSIG`` (``farm.processes.die_with_parent``), which Linux ties to the *thread*
+that started them, not to the process. Started from one of anyio's worker threads (which end
+after ten idle seconds), the farm would be killed in the middle of an eval. So everything that
+starts or stops a process of the embedded farm runs on one thread of its own, which lives
+exactly as long as the farm.
+
+Why a ledger: ``inspect sandbox cleanup farm`` runs in another process than the eval it cleans
+up after. Every sample box open on a farm is recorded in that farm's broker (``LEDGER``: session
+id -> task) until its sample ends, so the command can close what an interrupted eval left on a
+running farm. An embedded farm's boxes end with its process anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import redis
+
+from farm.client import Farm, Session
+from farm.errors import SandboxUnavailable, SessionLost
+from farm.integrations.inspect.config import INSPECT_IMAGE, FarmSandboxConfig
+from farm.settings import FarmSettings
+
+log = logging.getLogger(__name__)
+
+LEDGER = "farm:inspect:sessions"
+EMBEDDED = "embedded"
+INSPECT_APT = ("procps",)  # `ps`, so that Inspect's process-killing checks prove something
+T = TypeVar("T")
+
+
+class FarmHandle:
+    """One farm this process uses: its client, its keeper thread (embedded farms only), how
+    many tasks use it and the sample boxes open on it."""
+
+    def __init__(self, key: str, farm: Farm, keeper: ThreadPoolExecutor | None) -> None:
+        self.key = key
+        self.farm = farm
+        self.keeper = keeper
+        self.users = 0
+        self.sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def _on_keeper(self, fn: Callable[[], T]) -> T:
+        return self.keeper.submit(fn).result() if self.keeper is not None else fn()
+
+    def serve(self, image: str) -> None:
+        """Make sure a worker serves ``image``: an embedded farm starts one (building the image
+        when missing or stale); a farm of yours must have one already."""
+        if any(w.get("image") == image for w in self.farm.workers()):
+            return
+        local = self.farm.local_farm
+        if local is None:
+            hint = ""
+            if image == INSPECT_IMAGE:
+                hint = f" (`farm image build {image} --apt procps` first)"
+            raise SandboxUnavailable(
+                f"no worker of this farm serves image {image!r}: start one with "
+                f"FARM_IMAGE={image}{hint}, or name another image in the sandbox config"
+            )
+        self._on_keeper(lambda: _serve_embedded(local, image))
+
+    def open(self, config: FarmSandboxConfig, task: str) -> Session:
+        """A box for one sample environment, recorded in the ledger until it is closed."""
+        session = self.farm.session(
+            config.image,
+            timeout_s=config.timeout_s,
+            open_wait_s=config.open_wait_s,
+            tools=False,
+            limits=config.limits,
+        )
+        with self._lock:
+            self.sessions[session.id] = session
+        entry = json.dumps({"task": task, "opened_at": time.time()})
+        with contextlib.suppress(redis.RedisError):  # the box works; only cleanup would miss it
+            self.farm.registry.redis.hset(LEDGER, session.id, entry)
+        return session
+
+    def close_session(self, session: Session) -> None:
+        with self._lock:
+            self.sessions.pop(session.id, None)
+        session.close()
+        with contextlib.suppress(redis.RedisError):
+            self.farm.registry.redis.hdel(LEDGER, session.id)
+
+    def close_recorded(self, session_id: str | None) -> int:
+        """Close the box ``session_id`` (every box in the ledger when None), held by this
+        process or not; returns how many were closed."""
+        ids = (
+            [session_id] if session_id else [str(k) for k in self.farm.registry.redis.hkeys(LEDGER)]
+        )
+        closed = 0
+        for sid in ids:
+            with self._lock:
+                session = self.sessions.get(sid)
+            try:
+                session = session or self.farm.attach(sid)
+            except SessionLost:  # gone already (closed, expired, its worker died)
+                self.farm.registry.redis.hdel(LEDGER, sid)
+                continue
+            self.close_session(session)
+            closed += 1
+        return closed
+
+    def close(self, *, sessions: bool = True) -> None:
+        """Close the boxes still open (on a farm of yours, only if ``sessions``: False is
+        ``--no-sandbox-cleanup``), then the client; an embedded farm stops and removes its
+        containers, boxes included."""
+        with self._lock:
+            left = list(self.sessions.values())
+        if sessions or self.keeper is not None:
+            for session in left:
+                self.close_session(session)
+        elif left:
+            log.warning(
+                "left %d farm sandbox(es) open (%s); `inspect sandbox cleanup farm` closes them",
+                len(left),
+                ", ".join(s.id for s in left),
+            )
+        try:
+            self._on_keeper(self.farm.close)
+        finally:
+            if self.keeper is not None:
+                self.keeper.shutdown(wait=True)
+
+
+class Farms:
+    """This process's farms by broker (``EMBEDDED`` for the one it starts itself)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._handles: dict[str, FarmHandle] = {}
+
+    def acquire(self, config: FarmSandboxConfig) -> FarmHandle:
+        """For ``task_init``: the config's farm (started or connected on first use), serving
+        its image."""
+        key = farm_key(config)
+        with self._lock:
+            handle = self._handles.get(key)
+            if handle is None:
+                handle = _start(key, config)
+                self._handles[key] = handle
+            handle.users += 1
+        try:
+            handle.serve(config.image)
+        except BaseException:
+            self.release(config)
+            raise
+        return handle
+
+    def get(self, config: FarmSandboxConfig) -> FarmHandle:
+        """For ``sample_init``: the farm ``task_init`` acquired (acquired now if it did not)."""
+        with self._lock:
+            handle = self._handles.get(farm_key(config))
+        return handle if handle is not None else self.acquire(config)
+
+    def release(self, config: FarmSandboxConfig, *, cleanup: bool = True) -> None:
+        """For ``task_cleanup``: the last task using a farm closes it."""
+        key = farm_key(config)
+        with self._lock:
+            handle = self._handles.get(key)
+            if handle is None:
+                return
+            handle.users -= 1
+            if handle.users > 0:
+                return
+            del self._handles[key]
+        handle.close(sessions=cleanup)
+
+    def cleanup(self, session_id: str | None) -> int:
+        """For ``inspect sandbox cleanup farm [ID]``: close that box (every recorded box when
+        None, and then this process's farms) on this process's farms and on the farm
+        ``FARM_BROKER_URL`` names; returns how many boxes were closed."""
+        with self._lock:
+            handles = list(self._handles.values())
+        closed = sum(h.close_recorded(session_id) for h in handles)
+        settings = FarmSettings()
+        if "broker_url" in settings.model_fields_set and settings.broker_url not in {
+            h.key for h in handles
+        }:
+            other = FarmHandle(settings.broker_url, Farm(settings), None)
+            try:
+                closed += other.close_recorded(session_id)
+            finally:
+                other.close()
+        if session_id is None:
+            with self._lock:
+                handles, self._handles = list(self._handles.values()), {}
+            for handle in handles:
+                handle.close()
+        return closed
+
+
+def farm_key(config: FarmSandboxConfig) -> str:
+    """The broker a config names: its own, else ``FARM_BROKER_URL``, else the embedded farm."""
+    if config.broker_url:
+        return config.broker_url
+    settings = FarmSettings()
+    return settings.broker_url if "broker_url" in settings.model_fields_set else EMBEDDED
+
+
+def _start(key: str, config: FarmSandboxConfig) -> FarmHandle:
+    if key != EMBEDDED:
+        return FarmHandle(key, Farm.connect(key), None)
+    keeper = ThreadPoolExecutor(1, thread_name_prefix="farm-inspect-keeper")
+    try:
+        farm = keeper.submit(_local_farm, config).result()
+    except BaseException:
+        keeper.shutdown(wait=True)
+        raise
+    return FarmHandle(key, farm, keeper)
+
+
+def _local_farm(config: FarmSandboxConfig) -> Farm:
+    """On the keeper thread: an embedded farm whose first workers serve the config's image."""
+    _prepare(config.image)
+    return Farm.local(images={config.image: config.workers})
+
+
+def _serve_embedded(local: object, image: str) -> None:
+    """On the keeper thread: one more worker, for another image."""
+    from farm.local import LocalFarm
+
+    assert isinstance(local, LocalFarm)
+    _prepare(image)
+    local.serve_image(image)
+
+
+def _prepare(image: str) -> None:
+    """Build ``image`` when missing or stale: the provider's own ``inspect`` environment from
+    its spec, any other farm image as ``farm image build`` recorded it."""
+    from farm.sandbox.catalog import build_image, prepare_served_image
+    from farm.sandbox.envspec import make_spec
+
+    if image == INSPECT_IMAGE:
+        built = build_image(spec=make_spec(name=INSPECT_IMAGE, apt=list(INSPECT_APT)))
+        if built.built:
+            log.info("built farm-sandbox:%s for Inspect (%s)", image, built.image_id)
+    else:
+        prepare_served_image(image)

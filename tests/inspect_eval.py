@@ -1,0 +1,76 @@
+"""An Inspect eval, offline, with ``sandbox="farm"``: run by ``tests/test_inspect.py`` as a
+program, in a fresh interpreter, so that Inspect must find the farm provider through the
+``inspect_ai`` entry point (this file imports nothing of farm's).
+
+Inspect's mock model is scripted to call ``bash`` (reading a file ``Sample.files`` placed in the
+sample's box), ``python``, then ``bash`` with a command that outlives the tool's timeout, and
+to answer. Every scripted output carries its ``usage``: otherwise mockllm counts tokens with
+tiktoken, which downloads its encoding from the internet. Prints the log's location and whether
+farm was imported before Inspect looked anything up (as JSON).
+
+Usage: python tests/inspect_eval.py LOG_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from inspect_ai import Task, eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ModelOutput, ModelUsage, get_model
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate, use_tools
+from inspect_ai.tool import bash, python
+
+MODEL = "mockllm/model"
+BASH_TIMEOUT_S = 3
+
+
+def scripted(*outputs: ModelOutput) -> list[ModelOutput]:
+    for output in outputs:
+        output.usage = ModelUsage(input_tokens=1, output_tokens=1, total_tokens=2)
+    return list(outputs)
+
+
+def main(log_dir: str) -> None:
+    imported = any(name.startswith("farm") for name in sys.modules)  # Inspect's lookups load it
+    model = get_model(
+        MODEL,
+        custom_outputs=scripted(
+            ModelOutput.for_tool_call(
+                model=MODEL,
+                tool_name="bash",
+                tool_arguments={"command": "echo hello from farm; id -u; cat data/hello.txt"},
+            ),
+            ModelOutput.for_tool_call(
+                model=MODEL,
+                tool_name="python",
+                tool_arguments={"code": "import os\nx = 6 * 7\nprint(f'x={x} in {os.getcwd()}')"},
+            ),
+            ModelOutput.for_tool_call(
+                model=MODEL,
+                tool_name="bash",
+                tool_arguments={"command": "echo started; sleep 60; echo never"},
+            ),
+            ModelOutput.from_content(model=MODEL, content="The answer is 42."),
+        ),
+    )
+    task = Task(
+        dataset=[
+            Sample(
+                input="What is 6 * 7? Use the tools.",
+                target="42",
+                files={"data/hello.txt": "placed by Sample.files\n"},
+            )
+        ],
+        solver=[use_tools([bash(timeout=BASH_TIMEOUT_S), python(timeout=60)]), generate()],
+        scorer=includes(),
+        sandbox="farm",
+    )
+    [log] = eval(task, model=model, log_dir=log_dir, display="none")
+    print(json.dumps({"location": log.location, "farm_imported_by_the_task": imported}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

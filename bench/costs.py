@@ -5,8 +5,9 @@ holds, at one instant:
 
 - the farm's redis-server, for every client at once: ``INFO commandstats`` (calls by command
   name), ``INFO stats`` (``total_net_input_bytes``, ``total_net_output_bytes``), ``INFO cpu``
-  (``used_cpu_sys + used_cpu_user``, its main thread and background threads) and ``INFO
-  memory`` (``used_memory``);
+  (``used_cpu_sys + used_cpu_user``, its main thread and background threads), ``INFO
+  memory`` (``used_memory``) and ``INFO keyspace`` (keys: what an item leaves behind until
+  its keys expire);
 - CPU seconds (user + system, all threads) of the client (this process, ``getrusage``), of each
   worker process (``/proc/PID/stat``) and of each sandbox container (its cgroup's CPU
   accounting: v1 ``cpuacct.usage`` or v2 ``cpu.stat``; what runs inside, kernel and boxes);
@@ -125,6 +126,7 @@ class Snapshot:
     net_out: int
     redis_cpu_s: float
     redis_memory: int
+    redis_keys: int
     client_cpu_s: float
     worker_cpu_s: float
     sandbox_cpu_s: float | None
@@ -136,6 +138,7 @@ class Snapshot:
         try:
             stats = redis.info("commandstats")
             info = {**redis.info("stats"), **redis.info("cpu"), **redis.info("memory")}
+            keys = sum(int(db.get("keys", 0)) for db in redis.info("keyspace").values())
         finally:
             redis.close()
         own = resource.getrusage(resource.RUSAGE_SELF)
@@ -153,6 +156,7 @@ class Snapshot:
             net_out=int(info["total_net_output_bytes"]),
             redis_cpu_s=float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
             redis_memory=int(info["used_memory"]),
+            redis_keys=keys,
             client_cpu_s=own.ru_utime + own.ru_stime,
             worker_cpu_s=sum(process_cpu_s(p.pid) for p in farm.local_farm.workers.values()),
             sandbox_cpu_s=sandbox,
@@ -189,6 +193,7 @@ class Snapshot:
             net_out=self.net_out - earlier.net_out,
             redis_cpu_s=self.redis_cpu_s - earlier.redis_cpu_s,
             redis_memory=self.redis_memory - earlier.redis_memory,
+            redis_keys=self.redis_keys - earlier.redis_keys,
             cpu_s={
                 "client": self.client_cpu_s - earlier.client_cpu_s,
                 "workers": self.worker_cpu_s - earlier.worker_cpu_s,
@@ -210,6 +215,7 @@ class Cost:
     net_out: int = 0
     redis_cpu_s: float = 0.0
     redis_memory: int = 0
+    redis_keys: int = 0
     cpu_s: dict[str, float | None] = field(default_factory=dict)
 
     def per(self, n: int, idle: Cost | None = None) -> dict[str, Any]:
@@ -226,6 +232,7 @@ class Cost:
             "net_out_bytes_per_1000": 1000 * self.net_out / n,
             "redis_cpu_s_per_1000": 1000 * self.redis_cpu_s / n,
             "redis_memory_bytes_per_item": self.redis_memory / n,
+            "redis_keys_per_item": self.redis_keys / n,
             "cpu_ms_per_item": {
                 k: None if v is None else 1e3 * v / n for k, v in self.cpu_s.items()
             },

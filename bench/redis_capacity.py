@@ -206,7 +206,8 @@ def render(info: dict[str, Any], out: dict[str, Any]) -> str:
             f"{c['commands_per_item']:.2f} commands/item, "
             f"{(c['net_in_bytes_per_1000'] + c['net_out_bytes_per_1000']) / 1e6:.2f} MB and "
             f"{c['redis_cpu_s_per_1000']:.3f} redis CPU s per 1,000 items, "
-            f"{c['redis_memory_bytes_per_item']:.0f} B of memory left per item",
+            f"{c['redis_keys_per_item']:.2f} keys and {c['redis_memory_bytes_per_item']:.0f} B "
+            "of memory left per item",
             "    " + ", ".join(f"{k} {v:.2f}" for k, v in list(c["by_command"].items())[:16]),
             "    CPU ms/item: "
             + ", ".join(f"{k} {'n/a' if v is None else f'{v:.2f}'}" for k, v in cpu.items()),

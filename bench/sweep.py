@@ -465,7 +465,8 @@ def render(info: dict[str, Any], out: dict[str, Any]) -> str:
             f"{c['net_in_bytes_per_1000'] / 1e6:.2f} MB in + "
             f"{c['net_out_bytes_per_1000'] / 1e6:.2f} MB out and "
             f"{c['redis_cpu_s_per_1000']:.2f} redis CPU s per 1,000 items, "
-            f"{c['redis_memory_bytes_per_item']:.0f} B of Redis memory left per item"
+            f"{c['redis_keys_per_item']:.2f} keys and {c['redis_memory_bytes_per_item']:.0f} B of "
+            "Redis memory left per item (until they expire)"
         )
         lines.append(
             "    by command per item: "

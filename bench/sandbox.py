@@ -43,7 +43,7 @@ from docker.models.containers import Container
 
 from farm.kernel.client import KernelClient
 from farm.kernel.framing import encode, recv_frame, send_frame
-from farm.sandbox.docker import LABEL_MANAGED, LABEL_OWNER, SANDBOX_UID, DockerSandbox
+from farm.sandbox.docker import LABEL_MANAGED, LABEL_OWNER, DockerSandbox
 from farm.settings import SandboxLimits
 
 IMAGE = "farm-sandbox:default"
@@ -144,13 +144,16 @@ def time_open_session(kernel: KernelClient, runs: int, warmup: int) -> list[int]
     return samples
 
 
+ECHO_UID = 10001  # the echo server's own unprivileged uid (the kernel's sessions use box uids)
+
+
 @contextmanager
 def echo_container(client: docker.DockerClient, host_dir: Path) -> Iterator[socket.socket]:
     """A running echo container and a connected socket to it; both removed on exit."""
     lim = SandboxLimits()
     mb = 1024 * 1024
     host_dir.mkdir(mode=0o700)
-    os.chown(host_dir, SANDBOX_UID, SANDBOX_UID)
+    os.chown(host_dir, ECHO_UID, ECHO_UID)
     container: Container | None = None
     sock: socket.socket | None = None
     try:
@@ -162,7 +165,7 @@ def echo_container(client: docker.DockerClient, host_dir: Path) -> Iterator[sock
             detach=True,
             labels=LABELS,
             network_mode="none",
-            user=f"{SANDBOX_UID}:{SANDBOX_UID}",
+            user=f"{ECHO_UID}:{ECHO_UID}",
             read_only=True,
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],

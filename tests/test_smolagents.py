@@ -137,4 +137,6 @@ def test_a_session_that_loses_its_variables_goes_on_with_its_tools(farm: Farm) -
 def test_missing_packages_are_named_not_installed(farm: Farm) -> None:
     with pytest.raises(InvalidRequest, match="no_such_package_xyz"):
         FarmExecutor(farm, additional_imports=["json", "no_such_package_xyz"]).cleanup()
+    with pytest.raises(InvalidRequest, match="no_such_package_xyz"):  # an iterator: read once
+        FarmExecutor(farm, additional_imports=iter(["no_such_package_xyz"])).cleanup()
     FarmExecutor(farm, additional_imports=["json", "collections.*"]).cleanup()

@@ -101,9 +101,8 @@ class FarmExecutor(RemotePythonExecutor):
     ) -> None:
         # CodeAgent hands neither its logger nor its authorized imports to an executor given
         # with executor=: they are this one's own.
-        super().__init__(
-            list(additional_imports), logger or AgentLogger(LogLevel.INFO), allow_pickle
-        )
+        imports = list(additional_imports)  # read once: it may be an iterator
+        super().__init__(imports, logger or AgentLogger(LogLevel.INFO), allow_pickle)
         self.farm = farm
         self.image = image
         self.timeout_s = timeout_s
@@ -113,14 +112,14 @@ class FarmExecutor(RemotePythonExecutor):
         self._variables: dict[str, Any] = {}
         self._reported: set[str] = set()  # missing packages logged already
         try:
-            missing = self._missing(additional_imports)
+            missing = self._missing(imports)
         except BaseException:
             self.session.close()
             raise
         if missing:
             self.session.close()
             raise InvalidRequest(f"farm image {image!r} lacks {missing}; {BUILD_HINT}")
-        self.installed_packages = list(additional_imports)
+        self.installed_packages = list(imports)
 
     def _open(self) -> Session:
         return self.farm.session(self.image, timeout_s=self.timeout_s, **self.session_kwargs)

@@ -19,7 +19,7 @@ from farm.models import BoxLimits
 
 INSPECT_IMAGE = "inspect"  # the provider's own environment: the sandbox image plus procps
 CONFIG_FILES = ("farm.yaml", "farm.yml")
-MAX_TIMEOUT_S = 24 * 3600.0  # the longest a farm command may run (the kernel's bound)
+MAX_TIMEOUT_S = 24 * 3600.0  # the longest a farm command may run (farm.kernel.server's bound)
 
 
 class FarmSandboxLimits(BoxLimits):

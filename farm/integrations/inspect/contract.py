@@ -6,7 +6,7 @@ read when each call is made (they are context variables a task may override).
 Why one module: the farm client reports facts (an exit status, a timeout, an errno and a path);
 Inspect wants particular exception classes and messages, which its tool loop turns into typed
 tool errors the model sees (``timeout``, ``permission``, ``file_not_found``, ``limit``...).
-Inspect's own conformance suite (``tests/test_inspect_conformance.py``) checks this mapping.
+Inspect's own conformance suite (run by ``tests/test_inspect.py``) checks this mapping.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from inspect_ai.util import (
 )
 
 from farm.errors import FileOperationError
+from farm.kernel.framing import DEFAULT_MAX_FRAME
 from farm.models import CommandResult, ErrorKind
 
-# farm's largest output cap per stream (a kernel frame holds two of them); Inspect's default
-# is 10 MiB, which fits.
-FARM_MAX_OUTPUT = 16 * 1024 * 1024
-FARM_MAX_OUTPUT_STR = "16 MiB"
+# The output caps per stream farm's kernel accepts (farm/kernel/server.py: a frame holds both
+# streams and more); Inspect's default, 10 MiB, fits.
+FARM_MAX_OUTPUT = DEFAULT_MAX_FRAME // 4
+FARM_MAX_OUTPUT_STR = f"{FARM_MAX_OUTPUT // (1024 * 1024)} MiB"
 FARM_MIN_OUTPUT = 1024
 # What farm's kernel writes when execve refuses a program as not executable (EACCES), with exit
 # status 126 (farm/kernel/commands.py, exec_in_box); Inspect wants a PermissionError for it.

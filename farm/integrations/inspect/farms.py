@@ -6,12 +6,9 @@ closes it (an embedded farm stops, removing its containers). Sample boxes are fa
 opened by ``sample_init`` and closed by ``sample_cleanup``; what an interrupted eval left open is
 closed at ``task_cleanup`` or by ``inspect sandbox cleanup farm``.
 
-Why a keeper thread: an embedded farm's redis-server and workers are started with
-``PR_SET_PDEATHSIG`` (``farm.processes.die_with_parent``), which Linux ties to the *thread*
-that started them, not to the process. Started from one of anyio's worker threads (which end
-after ten idle seconds), the farm would be killed in the middle of an eval. So everything that
-starts or stops a process of the embedded farm runs on one thread of its own, which lives
-exactly as long as the farm.
+An embedded farm is started, grown and stopped from whichever of anyio's worker threads runs
+the call: ``farm.processes.popen_tied`` forks its redis-server and workers from one long-lived
+thread, so they do not die with the (short-lived) thread that asked for them.
 
 Why a ledger: ``inspect sandbox cleanup farm`` runs in another process than the eval it cleans
 up after. Every sample box open on a farm is recorded in that farm's broker (``LEDGER``: session
@@ -26,9 +23,6 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
 
 import redis
 
@@ -42,23 +36,18 @@ log = logging.getLogger(__name__)
 LEDGER = "farm:inspect:sessions"
 EMBEDDED = "embedded"
 INSPECT_APT = ("procps",)  # `ps`, so that Inspect's process-killing checks prove something
-T = TypeVar("T")
 
 
 class FarmHandle:
-    """One farm this process uses: its client, its keeper thread (embedded farms only), how
-    many tasks use it and the sample boxes open on it."""
+    """One farm this process uses: its client, how many tasks use it and the sample boxes
+    open on it."""
 
-    def __init__(self, key: str, farm: Farm, keeper: ThreadPoolExecutor | None) -> None:
+    def __init__(self, key: str, farm: Farm) -> None:
         self.key = key
         self.farm = farm
-        self.keeper = keeper
         self.users = 0
         self.sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-
-    def _on_keeper(self, fn: Callable[[], T]) -> T:
-        return self.keeper.submit(fn).result() if self.keeper is not None else fn()
 
     def serve(self, image: str) -> None:
         """Make sure a worker serves ``image``: an embedded farm starts one (building the image
@@ -74,7 +63,9 @@ class FarmHandle:
                 f"no worker of this farm serves image {image!r}: start one with "
                 f"FARM_IMAGE={image}{hint}, or name another image in the sandbox config"
             )
-        self._on_keeper(lambda: _serve_embedded(local, image))
+        if image == INSPECT_IMAGE:  # serve_image prepares every other image itself
+            _prepare(image)
+        local.serve_image(image)
 
     def open(self, config: FarmSandboxConfig, task: str) -> Session:
         """A box for one sample environment, recorded in the ledger until it is closed."""
@@ -124,7 +115,7 @@ class FarmHandle:
         containers, boxes included."""
         with self._lock:
             left = list(self.sessions.values())
-        if sessions or self.keeper is not None:
+        if sessions or self.farm.local_farm is not None:
             for session in left:
                 self.close_session(session)
         elif left:
@@ -133,11 +124,7 @@ class FarmHandle:
                 len(left),
                 ", ".join(s.id for s in left),
             )
-        try:
-            self._on_keeper(self.farm.close)
-        finally:
-            if self.keeper is not None:
-                self.keeper.shutdown(wait=True)
+        self.farm.close()
 
 
 class Farms:
@@ -194,7 +181,7 @@ class Farms:
         if "broker_url" in settings.model_fields_set and settings.broker_url not in {
             h.key for h in handles
         }:
-            other = FarmHandle(settings.broker_url, Farm(settings), None)
+            other = FarmHandle(settings.broker_url, Farm(settings))
             try:
                 closed += other.close_recorded(session_id)
             finally:
@@ -216,30 +203,12 @@ def farm_key(config: FarmSandboxConfig) -> str:
 
 
 def _start(key: str, config: FarmSandboxConfig) -> FarmHandle:
+    """A client of the farm ``key`` names; for ``EMBEDDED``, a local farm started now whose
+    first workers serve the config's image."""
     if key != EMBEDDED:
-        return FarmHandle(key, Farm.connect(key), None)
-    keeper = ThreadPoolExecutor(1, thread_name_prefix="farm-inspect-keeper")
-    try:
-        farm = keeper.submit(_local_farm, config).result()
-    except BaseException:
-        keeper.shutdown(wait=True)
-        raise
-    return FarmHandle(key, farm, keeper)
-
-
-def _local_farm(config: FarmSandboxConfig) -> Farm:
-    """On the keeper thread: an embedded farm whose first workers serve the config's image."""
+        return FarmHandle(key, Farm.connect(key))
     _prepare(config.image)
-    return Farm.local(images={config.image: config.workers})
-
-
-def _serve_embedded(local: object, image: str) -> None:
-    """On the keeper thread: one more worker, for another image."""
-    from farm.local import LocalFarm
-
-    assert isinstance(local, LocalFarm)
-    _prepare(image)
-    local.serve_image(image)
+    return FarmHandle(key, Farm.local(images={config.image: config.workers}))
 
 
 def _prepare(image: str) -> None:

@@ -7,8 +7,12 @@ size, cwd relative to the workspace, which is the sample's working directory, en
 that kills the whole process group); files move through ``session.files`` in chunks, as the
 box's own user, at any path it may reach. ``farm.integrations.inspect.contract`` maps farm's
 answers to Inspect's ``ExecResult`` and exceptions; ``farm.integrations.inspect.farms`` owns the
-farms (an embedded one when the config names none); ``farm.integrations.inspect.staging`` sends
-a command too big for one farm request through a file of the box.
+farms (an embedded one when the config names none).
+
+Big commands: an argv or env of megabytes goes to farm as it is (Inspect's suite sends 1 MiB of
+argv). Linux's limits apply as to any ``execve``: 128 KiB for one argument or env entry,
+``ARG_MAX`` for all of them; past them the command fails (126, ``Argument list too long`` on
+stderr), which Inspect's tools show the model as they would any failed command.
 
 Users: farm runs a box's code as the box's own non-root uid and nothing else (no root, no
 setuid: see the README's security model). ``user="root"`` and other existing accounts raise
@@ -49,7 +53,6 @@ from farm.errors import FarmError, FileOperationError, InvalidRequest
 from farm.integrations.inspect import contract
 from farm.integrations.inspect.config import CONFIG_FILES, FarmSandboxConfig, resolve_config
 from farm.integrations.inspect.farms import FarmHandle, Farms
-from farm.integrations.inspect.staging import Stager
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +104,6 @@ class FarmSandboxEnvironment(SandboxEnvironment):
         self.handle = handle
         self.config = config
         self.files = SessionFiles(session, scope="box")
-        self.stager = Stager(self._stdout, self._write_text)
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -180,11 +182,10 @@ class FarmSandboxEnvironment(SandboxEnvironment):
             refusal = await self._user_refusal(user)
             if refusal is not None:
                 return refusal
-        argv, env = await self.stager.command(cmd, env)
         cap, cap_str = contract.output_cap()
         result = await _blocking(
             self.session.exec,
-            argv,
+            cmd,
             input=input,
             cwd=cwd,
             env=env,
@@ -216,13 +217,6 @@ class FarmSandboxEnvironment(SandboxEnvironment):
         raise SandboxUserUnsupportedError(
             f"farm runs a box's commands only as its own uid ({own_uid}), not as {user!r}"
         )
-
-    async def _stdout(self, argv: list[str]) -> str:
-        result = await _blocking(self.session.exec, argv, abandon=True)
-        return result.stdout
-
-    async def _write_text(self, path: str, text: str) -> None:
-        await _blocking(self.files.write, path, text, abandon=True)
 
     # --- files ------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from farm.sweep import Sweep, plan_sweep
 from tests.test_reliability_adversarial import record, session_on
 from tests.waiting import wait_for
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
 
 
 @pytest.fixture(scope="module")

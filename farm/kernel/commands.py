@@ -57,7 +57,7 @@ def exec_in_box(request: dict[str, Any]) -> None:
     except FileNotFoundError:
         os.write(2, f"farm: {argv[0]}: command not found\n".encode())
         os._exit(127)
-    except PermissionError as exc:
+    except OSError as exc:  # not executable, argv/env past Linux's limits (E2BIG), ...
         os.write(2, f"farm: {argv[0]}: {exc.strerror}\n".encode())
         os._exit(126)
 

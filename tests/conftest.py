@@ -21,9 +21,9 @@ from farm.sandbox.process import ProcessSandbox
 class Cells:
     """A kernel session in a test: ``run`` validates every result against the models."""
 
-    def __init__(self, client: KernelClient) -> None:
+    def __init__(self, client: KernelClient, limits: dict[str, int] | None = None) -> None:
         self.client = client
-        opened = client.open_session()
+        opened = client.open_session(limits=limits)
         self.id: str = opened["session_id"]
         self.epoch: int = opened["epoch"]
 

@@ -237,7 +237,9 @@ def test_workspace_files_open_by_path(web: Session) -> None:
     web.files.write("pages/local.html", "<title>Local</title><h2>From the workspace</h2>")
     obs = observe(web, "browser.goto('pages/local.html')")
     assert (obs["title"], obs["error"]) == ("Local", None)
-    assert obs["url"] == "file:///workspace/pages/local.html"
+    workspace = web.run("import os; os.getcwd()").value.text.strip("'")  # type: ignore[union-attr]
+    assert workspace.startswith("/workspace/box-")  # the session's own box
+    assert obs["url"] == f"file://{workspace}/pages/local.html"
     assert "## From the workspace" in obs["content"]
 
 
@@ -330,13 +332,15 @@ def test_the_egress_allowlist_is_an_opt_in_image_that_keeps_the_network_policy(
     assert web.run("browser.allow_hosts").value.text == "frozenset()"  # type: ignore[union-attr]
     image = ensure_variant_image("browser", docker_env, allow_hosts=["Example.com"])
     assert image.tag == "farm-sandbox:browser-egress"
-    limits = FarmSettings(image="browser").limits
+    settings = FarmSettings(image="browser")  # Chromium needs the browser's box limits too
     with (
         _removed_after(docker_env, image.tag),
-        make_docker_sandbox(docker_env, tmp_path_factory, image=image.tag, limits=limits) as box,
+        make_docker_sandbox(
+            docker_env, tmp_path_factory, image=image.tag, limits=settings.limits
+        ) as box,
         box.kernel() as client,
     ):
-        cells = Cells(client)
+        cells = Cells(client, limits=settings.box.model_dump(exclude_none=True))
         assert cells.value("browser.allow_hosts") == "frozenset({'example.com'})"
         result = cells.run("browser.goto('http://example.com/')['error']", timeout_s=60)
         assert result.value is not None

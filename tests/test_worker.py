@@ -80,7 +80,8 @@ def test_an_image_no_worker_serves_fails_fast(farm: Farm) -> None:
         assert time.monotonic() - t0 < 5
     finally:
         connected.close()
-    with pytest.raises(SandboxUnavailable, match="farm image build --tag farm-sandbox:gpu"):
+    no_image = "no image farm-sandbox:gpu; build it first: `farm image build gpu"
+    with pytest.raises(SandboxUnavailable, match=no_image):
         farm.session(image="gpu")  # a local farm would start a worker, but there is no image
 
 

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import ResponseError
+
 from farm.celeryconf import TASK_BATCH, shared_queue
 from farm.client.map_records import Item, failed, manifest, outcome, parse_item
 from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
@@ -101,7 +103,8 @@ class MapRun:
         self.map_id = uuid.uuid4().hex
         self.results = results_key(self.map_id)
         self._source = enumerate(items)
-        self._exhausted = False
+        self._ahead: list[tuple[int, Item]] = []  # read from the source, not yet sent
+        self._exhausted = False  # the source has no more items
         farm._require_image(image)
         self._images: dict[str, str | None] = {image: None}  # image -> why it is not served
         self.workers = {str(w["id"]): w for w in farm.broker.call(farm.workers, sent=False)}
@@ -116,6 +119,7 @@ class MapRun:
         self._sent_chunks = 0
         self._checked = time.monotonic()
         self._mark = farm.broker.call(farm.registry.broker_mark, sent=False)
+        self._blmpop = True  # until the server says it has no BLMPOP (Redis < 7)
         self._done = False
 
     # --- the loop --------------------------------------------------------------------------
@@ -125,7 +129,7 @@ class MapRun:
             while True:
                 self._fill()
                 yield from self._yieldable()
-                if self._exhausted and not self._pending and not self._ready:
+                if self._exhausted and not (self._ahead or self._pending or self._ready):
                     self._done = True
                     return
                 self._receive()
@@ -151,6 +155,7 @@ class MapRun:
             return
         self._done = True
         self._exhausted = True
+        self._ahead = []
         farm = self.farm
         farm.broker.quietly(
             lambda: farm.registry.redis.set(cancel_key(self.map_id), 1, ex=CANCEL_TTL_S)
@@ -160,20 +165,27 @@ class MapRun:
     # --- sending -------------------------------------------------------------------------
 
     def _fill(self) -> None:
-        """Send chunks while the window has room and the source has items."""
-        while not self._exhausted:
+        """Send chunks while the window has room for a whole one and the source has items.
+
+        Waiting for a whole chunk's room matters: room opens one item at a time as results
+        come back, and sending whatever fits made most chunks one item long in steady state,
+        each paying a chunk's ~13 Redis commands (docs/scaling.md). The next chunk's items are
+        read ahead (at most ``MAX_CHUNK``), so the source's last, shorter chunk goes as soon
+        as it fits instead of waiting for a whole chunk's room."""
+        while True:
+            size = min(MAX_CHUNK, self._per_worker, 2**self._sent_chunks)
+            if not self._exhausted and len(self._ahead) < size:
+                self._ahead += itertools.islice(self._source, size - len(self._ahead))
+                self._exhausted = len(self._ahead) < size
             room = self.concurrency - len(self._pending) - len(self._ready)
-            size = min(room, MAX_CHUNK, self._per_worker, 2**self._sent_chunks)
-            if size <= 0:
+            if not self._ahead or room < len(self._ahead):
                 return
             batch = []
-            taken = 0
-            for key, raw in itertools.islice(self._source, size):
-                taken += 1
+            for key, raw in self._ahead:
                 item = self._parse(key, raw)  # a bad item's record goes to _ready
                 if item is not None:
                     batch.append(_Attempt(key, item, uuid.uuid4().hex))
-            self._exhausted = taken < size
+            self._ahead = []
             for image in dict.fromkeys(self._image(a) for a in batch):  # each image's chunk
                 self._send([a for a in batch if self._image(a) == image])
 
@@ -254,6 +266,15 @@ class MapRun:
         redis = self.farm.registry.redis
 
         def read() -> list[Any]:
+            if self._blmpop:  # Redis >= 7: one command per wake-up, however many results
+                try:
+                    found = redis.blmpop(BLOCK_S, 1, self.results, direction="LEFT", count=DRAIN)
+                except ResponseError as exc:
+                    if "unknown command" not in str(exc).lower():
+                        raise
+                    self._blmpop = False
+                else:
+                    return list(found[1]) if found else []
             first = redis.blpop([self.results], timeout=BLOCK_S)
             if first is None:
                 return []
@@ -339,11 +360,12 @@ class MapRun:
                 pipe.get(BROKER_MARK)
                 for queue in queues:
                     pipe.llen(queue)
-                for chunk in chunks:
-                    pipe.get(f"{PREFIX}exec:{chunk.chunk_id}")
+                if chunks:
+                    pipe.mget([f"{PREFIX}exec:{chunk.chunk_id}" for chunk in chunks])
                 return list(pipe.execute())
 
         mark, *rest = self.farm.broker.call(read, sent=True)
+        rest = rest[: len(queues)] + (rest[len(queues)] if chunks else [])
         if mark != self._mark:
             why = "the broker lost its data while the map waited: the items may or may not have run"
             self._end_pending(ErrorKind.INFRA, BrokerLost.__name__, why)
@@ -398,4 +420,5 @@ class MapRun:
             self._ready[key] = self._record(attempt, done)
         self._pending.clear()
         self._chunks.clear()
+        self._ahead = []
         self._exhausted = True

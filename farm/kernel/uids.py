@@ -195,7 +195,8 @@ def nothing_left(box: dict[str, Any], isolation: str) -> bool:
             continue
     if isolation == "dirs":
         return True
-    if owned_entries(box["uid"]):
+    own = {box["workspace"], box["tmp"]}  # /tmp/box-N is the box's uid's, and always there
+    if any(path not in own for path in owned_entries(box["uid"])):
         return False
     return not any(_ipc_rows(box["uid"]))
 

@@ -3,8 +3,11 @@
 A chunk (``farm.models.Chunk``) is one Celery task carrying many items. The worker runs its items
 at once (each in a box of its own: open, files, cells, close) on a pool as large as the
 sessions it may hold, and publishes each item's ``ItemDone`` to the map's result list the
-moment it ends, not at the end of the chunk. Per item that is two Redis commands (the claim and
-the push); the chunk's own costs (its message, its claim, a cancel check) are shared.
+moment it ends, not at the end of the chunk: items that end within ``LINGER_S`` of each other
+(a chunk's items start together, and short ones end together) share one push, and the client
+one wake-up. Per item that is the claim and a share of a push; the chunk's own costs (its
+message, its claim) are shared, and whether the map was cancelled is asked at most twice a
+second per map, whatever the number of its chunks here.
 
 Invariants:
 - a chunk is claimed before its items start (``SET NX``): a copy of its message (a redelivery,
@@ -20,7 +23,8 @@ from __future__ import annotations
 import base64
 import logging
 import threading
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+import time
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from farm.kernel.client import KernelError, KernelRequestError
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.5
+LINGER_S = 0.005  # results of a chunk's items that end this close together share one push
+FORGET_S = 60.0  # a map whose chunks this worker has not seen for this long is forgotten
 RESULTS_TTL_S = 3600
 REFUSED_INPUT = {"too_large", "bad_request", "bad_limits"}
 
@@ -48,6 +54,7 @@ class BatchRunner:
         self.worker = worker
         self.pool = ThreadPoolExecutor(worker.settings.max_sessions, thread_name_prefix="batch")
         self._open: dict[str, set[str]] = {}  # map id -> kernel sessions of its running items
+        self._cancel_seen: dict[str, tuple[float, bool]] = {}  # map id -> (asked at, cancelled)
         self._lock = threading.Lock()
 
     def stop(self) -> None:
@@ -58,22 +65,64 @@ class BatchRunner:
         registry = self.worker.registry
         if not registry.claim_chunk(chunk.chunk_id, self.worker.id, self.worker.generation):
             return {"chunk": chunk.chunk_id, "skipped": "claimed already (or abandoned)"}
-        if registry.redis.exists(cancel_key(chunk.map_id)):
+        if self._cancelled(chunk.map_id):
             return {"chunk": chunk.chunk_id, "skipped": "the map was cancelled"}
-        expiry = threading.Event()  # the results list gets its TTL once per chunk
-        futures = {self.pool.submit(self._run, chunk, item, expiry): item for item in chunk.items}
+        futures = {self.pool.submit(self._run, chunk, item): item for item in chunk.items}
         ran = 0
         while futures:
             done, _ = wait(futures, timeout=CANCEL_POLL_S, return_when=FIRST_COMPLETED)
-            for future in done:
-                futures.pop(future)
-                ran += bool(future.result())
-            if futures and registry.redis.exists(cancel_key(chunk.map_id)):
+            if done and len(done) < len(futures):  # its neighbours may be about to end too
+                more, _ = wait(set(futures) - done, timeout=LINGER_S, return_when=ALL_COMPLETED)
+                done |= more
+            ended = [self._body(future, futures.pop(future)) for future in done]
+            bodies = [body for body in ended if body is not None]
+            if bodies:
+                self._publish(chunk.results, bodies, expire=not ran)
+                ran += len(bodies)
+            if futures and self._cancelled(chunk.map_id):
                 self._cancel(chunk.map_id, futures)
                 break
         return {"chunk": chunk.chunk_id, "ran": ran}
 
-    def _cancel(self, map_id: str, futures: dict[Future[bool], ChunkItem]) -> None:
+    def _body(self, future: Future[str | None], item: ChunkItem) -> str | None:
+        """What to publish of an item that ended: its result, none for a copy that ran
+        nothing, an ``infra`` failure for one that broke the worker's own code (the client
+        retries those: leaving its claim unanswered would keep the map waiting on it)."""
+        try:
+            return future.result()
+        except Exception as exc:
+            log.exception("item %s of worker %s failed", item.exec_id, self.worker.id)
+            done = ItemDone(key=item.key, exec_id=item.exec_id, worker=self.worker.id)
+            why = f"worker {self.worker.id} failed to run the item: {exc!r}"
+            done.cells.append(self._failure(item, ErrorKind.INFRA, type(exc).__name__, why))
+            return done.model_dump_json()
+
+    def _publish(self, results: str, bodies: list[str], expire: bool) -> None:
+        """One push for the results of items that ended together (one wake-up of the client
+        too); the list gets its TTL with the chunk's first push."""
+        with self.worker.registry.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(results, *bodies)
+            if expire:
+                pipe.expire(results, RESULTS_TTL_S)
+            pipe.execute()
+
+    def _cancelled(self, map_id: str) -> bool:
+        """Whether the client cancelled the map: asked of Redis at most every
+        ``CANCEL_POLL_S`` for all this worker's chunks of it (once per item that ended was a
+        command an item and a fifth of the worker's Python time), and remembered once true."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._cancel_seen.get(map_id)
+            if seen is not None and (seen[1] or now - seen[0] < CANCEL_POLL_S):
+                return seen[1]
+        cancelled = bool(self.worker.registry.redis.exists(cancel_key(map_id)))
+        with self._lock:
+            for old in [m for m, (at, _) in self._cancel_seen.items() if now - at > FORGET_S]:
+                del self._cancel_seen[old]
+            self._cancel_seen[map_id] = (now, cancelled)
+        return cancelled
+
+    def _cancel(self, map_id: str, futures: dict[Future[str | None], ChunkItem]) -> None:
         for future in futures:
             future.cancel()
         with self._lock:
@@ -88,23 +137,15 @@ class BatchRunner:
             "map %s cancelled on worker %s: %d items stopped", map_id, self.worker.id, len(running)
         )
 
-    def _run(self, chunk: Chunk, item: ChunkItem, expiry: threading.Event) -> bool:
-        """Run one item if this worker is the first to claim it; publish what it did."""
+    def _run(self, chunk: Chunk, item: ChunkItem) -> str | None:
+        """Run one item if this worker is the first to claim it: what it did, to publish."""
         worker = self.worker
         claim = worker.registry.claim_exec(
             item.exec_id, worker.id, worker.generation, item.timeout_s
         )
         if claim is not None:  # ran (or runs) elsewhere: this copy runs nothing
-            return False
-        done = self._cells(chunk, item)
-        body = done.model_dump_json()
-        with worker.registry.redis.pipeline(transaction=False) as pipe:
-            pipe.rpush(chunk.results, body)
-            if not expiry.is_set():
-                expiry.set()
-                pipe.expire(chunk.results, RESULTS_TTL_S)
-            pipe.execute()
-        return True
+            return None
+        return self._cells(chunk, item).model_dump_json()
 
     def _cells(self, chunk: Chunk, item: ChunkItem) -> ItemDone:
         worker = self.worker

@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,11 +64,17 @@ class RedisServer:
     """One ``redis-server`` in ``directory`` (its config, data and log live there)."""
 
     def __init__(
-        self, directory: Path, *, password: str | None = None, tls: ServerTLS | None = None
+        self,
+        directory: Path,
+        *,
+        password: str | None = None,
+        tls: ServerTLS | None = None,
+        extra_config: Sequence[str] = (),
     ) -> None:
         self.dir = directory
         self.password = password or secrets.token_urlsafe(32)
         self.tls = tls
+        self.extra_config = list(extra_config)  # more redis.conf lines (tests: an older server)
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.config = directory / "redis.conf"
@@ -115,6 +122,7 @@ class RedisServer:
                         'save ""',
                         "appendonly no",
                         f'dir "{self.dir}"',
+                        *self.extra_config,
                     ]
                 )
                 + "\n",

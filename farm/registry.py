@@ -42,6 +42,7 @@ class Registry:
             url, decode_responses=True, socket_timeout=10, **(tls or {})
         )
         self.heartbeat_ttl_s = heartbeat_ttl_s
+        self._blmpop = True  # until the server says it has no BLMPOP (Redis < 7)
 
     @classmethod
     def connect(cls, settings: FarmSettings) -> Registry:
@@ -217,6 +218,27 @@ class Registry:
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")
         return json.loads(raw) if raw else None
+
+    # --- a map's results ---------------------------------------------------------------
+
+    def pop_results(self, key: str, block_s: float, count: int) -> list[str]:
+        """Up to ``count`` entries from the head of a map's result list, waiting up to
+        ``block_s`` for the first: one ``BLMPOP`` per wake-up on Redis >= 7, else ``BLPOP``
+        then ``LPOP`` (two commands)."""
+        if self._blmpop:
+            try:
+                found = self.redis.blmpop(block_s, 1, key, direction="LEFT", count=count)
+            except redis.ResponseError as exc:
+                if "unknown command" not in str(exc).lower():
+                    raise
+                self._blmpop = False
+            else:
+                return [str(body) for body in found[1]] if found else []
+        first = self.redis.blpop([key], timeout=block_s)
+        if first is None:
+            return []
+        more = self.redis.lpop(key, count - 1) if count > 1 else None
+        return [first[1], *(more or [])]
 
 
 def cancel_key(map_id: str) -> str:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from farm.client import AsyncFarm, Farm
 from farm.client.mapping import MAX_CHUNK
 from farm.models.batch import BatchItem
-from farm.registry import results_key
+from farm.registry import Registry, results_key
 from tests.waiting import stays, wait_for
 
 
@@ -116,3 +117,35 @@ def test_the_first_record_does_not_wait_for_the_map_to_be_sent(inproc_farm: Farm
     first = next(iter(run))
     assert first.id == 0 and next(read) < 200
     run.close()
+
+
+def test_results_are_popped_on_a_server_without_blmpop(tmp_path: Path) -> None:
+    """Redis < 7 has no BLMPOP: the registry falls back to BLPOP and LPOP (a real server whose
+    BLMPOP is renamed away answers exactly as an older one does: unknown command)."""
+    from farm.redis_server import RedisServer
+
+    server = RedisServer(tmp_path, extra_config=['rename-command BLMPOP ""']).start()
+    registry = Registry(server.url)
+    try:
+        registry.redis.rpush("farm:map:m:results", "a", "b", "c")
+        assert registry.pop_results("farm:map:m:results", 0.1, 2) == ["a", "b"]
+        assert not registry._blmpop
+        assert registry.pop_results("farm:map:m:results", 0.1, 2) == ["c"]
+        assert registry.pop_results("farm:map:m:results", 0.1, 2) == []
+    finally:
+        registry.close()
+        server.stop()
+
+
+def test_results_are_popped_in_one_command_on_redis_7(redis_server: Any) -> None:
+    registry = Registry(redis_server.url)
+    try:
+        registry.redis.rpush("farm:map:n:results", "a", "b", "c")
+        before = registry.redis.info("commandstats").get("cmdstat_blmpop", {}).get("calls", 0)
+        assert registry.pop_results("farm:map:n:results", 0.1, 2) == ["a", "b"]
+        assert registry.pop_results("farm:map:n:results", 0.1, 2) == ["c"]
+        after = registry.redis.info("commandstats")["cmdstat_blmpop"]["calls"]
+        assert (after - before, registry._blmpop) == (2, True)
+    finally:
+        registry.redis.delete("farm:map:n:results")
+        registry.close()

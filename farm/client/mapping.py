@@ -36,8 +36,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ResponseError
-
 from farm.celeryconf import TASK_BATCH, shared_queue
 from farm.client.map_records import Item, failed, manifest, outcome, parse_item
 from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
@@ -119,7 +117,6 @@ class MapRun:
         self._sent_chunks = 0
         self._checked = time.monotonic()
         self._mark = farm.broker.call(farm.registry.broker_mark, sent=False)
-        self._blmpop = True  # until the server says it has no BLMPOP (Redis < 7)
         self._done = False
 
     # --- the loop --------------------------------------------------------------------------
@@ -263,24 +260,11 @@ class MapRun:
     def _receive(self) -> None:
         if not self._pending:
             return
-        redis = self.farm.registry.redis
-
-        def read() -> list[Any]:
-            if self._blmpop:  # Redis >= 7: one command per wake-up, however many results
-                try:
-                    found = redis.blmpop(BLOCK_S, 1, self.results, direction="LEFT", count=DRAIN)
-                except ResponseError as exc:
-                    if "unknown command" not in str(exc).lower():
-                        raise
-                    self._blmpop = False
-                else:
-                    return list(found[1]) if found else []
-            first = redis.blpop([self.results], timeout=BLOCK_S)
-            if first is None:
-                return []
-            return [first[1], *(redis.lpop(self.results, DRAIN) or [])]
-
-        for body in self.farm.broker.call(read, sent=True):
+        registry = self.farm.registry
+        bodies = self.farm.broker.call(
+            lambda: registry.pop_results(self.results, BLOCK_S, DRAIN), sent=True
+        )
+        for body in bodies:
             self._finished(ItemDone.model_validate_json(body))
 
     def _finished(self, done: ItemDone) -> None:

@@ -111,7 +111,7 @@ class SessionManager:
         session.proc = proc
         self.sessions[session.id] = session
         self.spawner.refill()
-        log.info(
+        log.debug(  # debug: at a batch's rate (hundreds a second) a line each costs dockerd
             "session %s opened (pid %d, box %d, uid %d)", session.id, proc.pid, box.number, box.uid
         )
         return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
@@ -130,7 +130,7 @@ class SessionManager:
             raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
         session.proc.close(self.loop)
         self.spawner.end_box(session.box, session.proc)
-        log.info("session %s closed", session_id)
+        log.debug("session %s closed", session_id)
         return {"type": "session_closed", "session_id": session_id}
 
     def close_all(self) -> None:

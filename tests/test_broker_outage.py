@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,3 +131,30 @@ def test_a_sweep_stops_on_a_long_outage_and_a_resume_runs_every_item_once(
     assert not resumed.interrupted and resumed.stopped is None
     final = Counter(json.loads(line)["id"] for line in out.read_text().splitlines())
     assert sorted(final) == sorted(ids) and max(final.values()) == 1
+
+
+def test_results_of_a_map_that_end_during_an_outage_arrive_once_the_broker_is_back(
+    local_farm: Farm, tmp_path: Path
+) -> None:
+    """Items end while Redis is down: the worker cannot push their results, and waits the
+    outage out (a result dropped there would leave its item claimed by a live worker, and the
+    map waiting for it forever)."""
+    local = local_farm.local_farm
+    items = [
+        f"open({str(tmp_path)!r} + '/{i}', 'w').close()\nimport time\ntime.sleep(2)\n{i}"
+        for i in range(4)
+    ]
+    records: list[Any] = []
+    runner = threading.Thread(target=lambda: records.extend(local_farm.map(items)))
+    runner.start()
+    try:
+        assert wait_for(lambda: len(list(tmp_path.iterdir())) == 4, 60), "the items never started"
+        stop_redis(local, save=True)  # a restart with persistence: nothing is lost
+        assert stays(runner.is_alive, 3.0)  # the items ended meanwhile; their map waits
+    finally:
+        start_redis(local)
+    runner.join(90)
+    assert not runner.is_alive(), "the map never got the results pushed during the outage"
+    assert [(r.id, r.status, r.cells[-1].value.text) for r in records] == [
+        (i, "ok", str(i)) for i in range(4)
+    ]

@@ -27,6 +27,9 @@ import time
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
+import redis
+
+from farm.backoff import delays
 from farm.kernel.client import KernelError, KernelRequestError
 from farm.models import CommandResult, ErrorKind, ExecResult
 from farm.models.batch import Chunk, ChunkItem, ItemDone
@@ -99,12 +102,22 @@ class BatchRunner:
 
     def _publish(self, results: str, bodies: list[str], expire: bool) -> None:
         """One push for the results of items that ended together (one wake-up of the client
-        too); the list gets its TTL with the chunk's first push."""
-        with self.worker.registry.redis.pipeline(transaction=False) as pipe:
-            pipe.rpush(results, *bodies)
-            if expire:
-                pipe.expire(results, RESULTS_TTL_S)
-            pipe.execute()
+        too); the list gets its TTL with the chunk's first push. A broker outage is waited out
+        as long as clients wait one out: a result lost here would leave its item claimed by a
+        live worker, and its map waiting for it."""
+        deadline = time.monotonic() + self.worker.settings.broker_wait_s
+        for delay in delays(0.1, 2.0):
+            try:
+                with self.worker.registry.redis.pipeline(transaction=False) as pipe:
+                    pipe.rpush(results, *bodies)
+                    if expire:
+                        pipe.expire(results, RESULTS_TTL_S)
+                    pipe.execute()
+                return
+            except (redis.ConnectionError, redis.TimeoutError):
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)  # the backoff's pause (farm.backoff), within the deadline
 
     def _cancelled(self, map_id: str) -> bool:
         """Whether the client cancelled the map: asked of Redis at most every
@@ -115,7 +128,10 @@ class BatchRunner:
             seen = self._cancel_seen.get(map_id)
             if seen is not None and (seen[1] or now - seen[0] < CANCEL_POLL_S):
                 return seen[1]
-        cancelled = bool(self.worker.registry.redis.exists(cancel_key(map_id)))
+        try:
+            cancelled = bool(self.worker.registry.redis.exists(cancel_key(map_id)))
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False  # an outage is no cancel: the items go on, their results wait for it
         with self._lock:
             for old in [m for m, (at, _) in self._cancel_seen.items() if now - at > FORGET_S]:
                 del self._cancel_seen[old]

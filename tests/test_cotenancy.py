@@ -70,10 +70,11 @@ def facts(session: Session) -> dict[str, Any]:
 
 
 def attempts(session: Session, tries: dict[str, str]) -> dict[str, str]:
-    """Run each expression in ``session``: what it returned (clipped), or its exception."""
+    """Run each expression in ``session``: what it returned (clipped), or its exception (a
+    bare ``OSError`` with its message: the probes' way to name an errno that is not EPERM)."""
     body = "\n".join(
         f"try:\n    out[{name!r}] = repr({expr})[:80]\nexcept BaseException as e:\n"
-        f"    out[{name!r}] = type(e).__name__"
+        f"    out[{name!r}] = type(e).__name__ + (f' {{e}}' if type(e) is OSError else '')"
         for name, expr in tries.items()
     )
     found: dict[str, str] = value(session, f"import os, ctypes, signal\nout = {{}}\n{body}\nout")
@@ -102,22 +103,30 @@ def test_each_session_has_its_own_identity_and_no_privilege(
 
 PROBES = textwrap.dedent(
     """
-    import ctypes, os
+    import ctypes, errno, os
     libc = ctypes.CDLL(None, use_errno=True)
 
     class iovec(ctypes.Structure):
         _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
 
+    def refusal():
+        # EPERM alone is a refusal; any other errno (ESRCH: no such process, EFAULT: a bad
+        # address) says the probe missed, and is reported by its name (a bare OSError)
+        err = ctypes.get_errno()
+        if err == errno.EPERM:
+            return PermissionError(err, os.strerror(err))
+        return OSError(errno.errorcode.get(err, str(err)))
+
     def vm_readv(pid, address):
         buf = ctypes.create_string_buffer(16)
         local, remote = iovec(ctypes.addressof(buf), 16), iovec(address, 16)
         if libc.process_vm_readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) < 0:
-            raise PermissionError(os.strerror(ctypes.get_errno()))
+            raise refusal()
         return buf.raw
 
     def ptrace_attach(pid):
         if libc.ptrace(16, pid, 0, 0) != 0:  # PTRACE_ATTACH
-            raise PermissionError(os.strerror(ctypes.get_errno()))
+            raise refusal()
     """
 )
 
@@ -131,6 +140,8 @@ def test_a_neighbours_files_memory_and_environment_are_out_of_reach(
     name = Path(cwd).name
     address = value(a, "id(secret)")
     assert b.run(PROBES).ok
+    zygote = value(b, "os.getppid()")
+    kernel = value(b, f"int(open('/proc/{zygote}/stat').read().rsplit(')', 1)[1].split()[1])")
     got = attempts(
         b,
         {
@@ -144,6 +155,8 @@ def test_a_neighbours_files_memory_and_environment_are_out_of_reach(
             "its fds": f"os.listdir('/proc/{pid}/fd')",
             "process_vm_readv": f"vm_readv({pid}, {address})",
             "ptrace attach": f"ptrace_attach({pid})",
+            "ptrace attach the zygote": f"ptrace_attach({zygote})",
+            "ptrace attach the kernel": f"ptrace_attach({kernel})",
             "the tools, absolute": f"read('{cwd}/mine.txt')",
             "the tools, relative": f"read('../{name}/mine.txt')",
         },
@@ -237,8 +250,9 @@ def test_a_fork_bomb_and_a_memory_bomb_starve_only_their_own_box(
     sandbox = value(
         b,
         "import os\nforked = os.fork()\nif forked == 0:\n    os._exit(0)\nos.waitpid(forked, 0)\n"
-        "[int(open(f).read()) for f in ('/sys/fs/cgroup/pids/pids.current', "
-        "'/sys/fs/cgroup/pids/pids.max')]",
+        "pids = next(d for d in ('/sys/fs/cgroup', '/sys/fs/cgroup/pids') "  # cgroup v2, v1
+        "if os.path.exists(f'{d}/pids.current'))\n"
+        "[int(open(f'{pids}/pids.{k}').read()) for k in ('current', 'max')]",
     )
     assert sandbox[0] < sandbox[1] / 2, sandbox  # the sandbox's pids limit far from reached
     memory = a.run("hog = bytearray(400 * 2**20)")
@@ -303,8 +317,8 @@ UID_PROCESSES = textwrap.dedent(
 
 def test_nothing_outlives_its_box(one_worker: Farm, record_property: Any) -> None:
     """A session leaves a daemon (setsid, double fork), files in its workspace, in /tmp and in
-    /dev/shm, and System V shared memory; once it is closed, none of it exists, and the next
-    session given its uid finds nothing of it."""
+    /dev/shm, a POSIX message queue (/dev/mqueue) and System V shared memory; once it is
+    closed, none of it exists, and the next session given its uid finds nothing of it."""
     a = one_worker.session()
     leftovers = textwrap.dedent(
         """
@@ -313,35 +327,40 @@ def test_nothing_outlives_its_box(one_worker: Farm, record_property: Any) -> Non
         open('/tmp/left.txt', 'w').write('t')
         open('/dev/shm/left', 'w').write('s')
         shm = ctypes.CDLL(None).shmget(0x4641524d, 4096, 0o1600)
+        mq = ctypes.CDLL(None).mq_open(b'/left-mq', os.O_CREAT | os.O_RDWR, 0o600, None)
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
                 while True:
                     time.sleep(0.05)
             os._exit(0)
-        (os.getuid(), os.getcwd(), shm)
+        (os.getuid(), os.getcwd(), shm, mq)
         """
     )
     watcher = session_on(one_worker, a.worker)
     assert watcher.run(UID_PROCESSES).ok
-    uid, cwd, shm = value(a, leftovers)
-    assert shm >= 0
+    uid, cwd, shm, mq = value(a, leftovers)
+    assert shm >= 0 and mq >= 0
+    container = _container(one_worker)
+    before = _listing(container, uid, cwd)  # the check below sees each leftover where it is
+    assert "work.txt" in (before[cwd] or []) and "left.txt" in (before["/tmp"] or []), before
+    assert "left" in (before["/dev/shm"] or []), before
+    assert "left-mq" in (before["/dev/mqueue"] or []), before
     uid_alive = f"uid_processes({uid})"
     assert wait_for(lambda: len(value(watcher, uid_alive)) >= 2, 10), "no daemon to outlive it"
     a.close()
     assert wait_for(lambda: value(watcher, uid_alive) == [], 30), "a process of the box lives"
     shm_left = f"[r for r in open('/proc/sysvipc/shm') if r.split()[7:8] == ['{uid}']]"
     assert wait_for(lambda: value(watcher, shm_left) == [], 30), "its shared memory lives"
-    container = _container(one_worker)
-    left = container.exec_run(["sh", "-c", f"ls -A {cwd} /tmp /dev/shm 2>&1; true"])
-    assert "left" not in left.output.decode() and "work.txt" not in left.output.decode()
+    left = _listing(container, uid, cwd)
     record(
         record_property,
-        "no process of the uid, no files in its workspace, /tmp, /dev/shm, no SysV shm; the "
-        "next session with the uid finds an empty workspace",
-        f"processes of uid {uid}: {value(watcher, uid_alive)}; root's listing: "
-        f"{left.output.decode().split()[:12]}",
+        "no process of the uid, no files in its workspace, /tmp, /dev/shm, /dev/mqueue, no SysV "
+        "shm; the next session with the uid finds an empty workspace",
+        f"processes of uid {uid}: {value(watcher, uid_alive)}; root's listing: {left}",
     )
+    assert left[cwd] in (None, []), left  # gone, or empty
+    assert not [n for d in SHARED_DIRS for n in left[d] or [] if "left" in n], left
     reused = []
     try:
         for _ in range(12):  # until a session gets the uid back (the lowest free box)
@@ -355,6 +374,27 @@ def test_nothing_outlives_its_box(one_worker: Farm, record_property: Any) -> Non
         for s in reused:
             s.close()
         watcher.close()
+
+
+SHARED_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
+LISTING = (
+    "import json, os, sys\n"
+    "print(json.dumps({d: sorted(os.listdir(d)) if os.path.exists(d) else None "
+    "for d in sys.argv[1:]}))"
+)
+
+
+def _listing(container: Any, uid: int, workspace: str) -> dict[str, list[str] | None]:
+    """The listing of ``workspace`` (None when it is gone) as the box's uid (root has no
+    CAP_DAC_OVERRIDE in the sandbox: a 0700 workspace is closed to it) and of the shared
+    directories as root; a listing that fails (a directory missing or unreadable) fails."""
+    listing: dict[str, list[str] | None] = {}
+    for user, dirs in ((f"{uid}:{uid}", (workspace,)), ("0:0", SHARED_DIRS)):
+        done = container.exec_run(["python3", "-c", LISTING, *dirs], user=user)
+        assert done.exit_code == 0, done.output.decode()
+        listing.update(json.loads(done.output))
+    assert all(listing[d] is not None for d in SHARED_DIRS), listing
+    return listing
 
 
 def _container(farm: Farm) -> Any:

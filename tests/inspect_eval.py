@@ -8,7 +8,11 @@ to answer. Every scripted output carries its ``usage``: otherwise mockllm counts
 tiktoken, which downloads its encoding from the internet. Prints the log's location and whether
 farm was imported before Inspect looked anything up (as JSON).
 
-Usage: python tests/inspect_eval.py LOG_DIR
+With BROKER_URL the task names its farm as a user would, in the sandbox config
+(``("farm", {"broker_url": BROKER_URL})``, which the log records), the password apart in
+``FARM_BROKER_PASSWORD``.
+
+Usage: python tests/inspect_eval.py LOG_DIR [BROKER_URL]
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ def scripted(*outputs: ModelOutput) -> list[ModelOutput]:
     return list(outputs)
 
 
-def main(log_dir: str) -> None:
+def main(log_dir: str, broker_url: str | None = None) -> None:
     imported = any(name.startswith("farm") for name in sys.modules)  # Inspect's lookups load it
     model = get_model(
         MODEL,
@@ -66,11 +70,11 @@ def main(log_dir: str) -> None:
         ],
         solver=[use_tools([bash(timeout=BASH_TIMEOUT_S), python(timeout=60)]), generate()],
         scorer=includes(),
-        sandbox="farm",
+        sandbox=("farm", {"broker_url": broker_url}) if broker_url else "farm",
     )
     [log] = eval(task, model=model, log_dir=log_dir, display="none")
     print(json.dumps({"location": log.location, "farm_imported_by_the_task": imported}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -22,9 +22,11 @@ import re
 import subprocess
 import sys
 import tomllib
+import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import pytest
@@ -222,6 +224,38 @@ def test_configs_come_as_models_dicts_and_files(tmp_path: Path) -> None:
         resolve_config(str(path))
 
 
+SECRET = "s3cret-4711"
+
+
+@pytest.mark.parametrize(
+    "url", [f"redis://:{SECRET}@10.0.0.5:6379/0", f"rediss://farm:{SECRET}@redis:6380/1"]
+)
+@pytest.mark.parametrize("form", ["model", "task-dict", "file"])
+def test_a_broker_url_holding_a_password_is_refused_without_showing_it(
+    url: str, form: str, tmp_path: Path
+) -> None:
+    """Inspect writes the sandbox config into the eval log: a password there would travel with
+    every shared log. Every form of config refuses it, pointing to FARM_BROKER_PASSWORD, and
+    no error shows it (Inspect's own wrapping of the error included)."""
+    path = tmp_path / "farm.yaml"
+    path.write_text(f"broker_url: {url}\n")
+    with pytest.raises(ValueError) as caught:
+        if form == "model":
+            FarmSandboxConfig(broker_url=url)
+        elif form == "task-dict":  # Task(sandbox=("farm", {...})) deserializes it so
+            SandboxEnvironmentSpec("farm", {"broker_url": url})
+        else:
+            resolve_config(str(path))
+    said = str(caught.value)
+    assert "must not hold the broker's password" in said, said
+    assert "FARM_BROKER_PASSWORD" in said and SECRET not in said, said
+
+
+def test_a_broker_url_without_a_password_is_kept() -> None:
+    for url in ("redis://10.0.0.5:6379/0", "rediss://farm@redis:6380/1"):  # an ACL user's too
+        assert FarmSandboxConfig(broker_url=url).broker_url == url
+
+
 def test_farm_imports_neither_framework() -> None:
     """The integrations are optional: farm's client and CLI import neither framework."""
     code = (
@@ -254,17 +288,23 @@ def installed_entry_points(directory: Path) -> Path:
 async def test_an_offline_eval_runs_its_tools_in_farm(
     farm_env: FarmSandboxEnvironment, farm_handle: FarmHandle, tmp_path: Path
 ) -> None:
-    """``tests/inspect_eval.py``: mock model, ``bash`` and ``python`` tools, ``sandbox="farm"``,
-    on this module's farm (``FARM_BROKER_URL``)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(installed_entry_points(tmp_path / "site")), str(ROOT)]),
-        "FARM_BROKER_URL": farm_handle.farm.settings.broker_url,
-    }
+    """``tests/inspect_eval.py``: mock model, ``bash`` and ``python`` tools,
+    ``sandbox=("farm", {"broker_url": URL})`` naming this module's farm by a URL without its
+    password, which the eval's process has in ``FARM_BROKER_PASSWORD``: the log records the
+    config, and the password appears nowhere in the log file."""
+    parts = urlsplit(farm_handle.farm.settings.broker_url)
+    password = parts.password
+    assert password, "the embedded farm's broker requires a password"
+    url = urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port}"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(installed_entry_points(tmp_path / "site")), str(ROOT)]),
+        FARM_BROKER_PASSWORD=password,
+    )
     script = ROOT / "tests" / "inspect_eval.py"
     with anyio.fail_after(280):
         run = await anyio.run_process(
-            [sys.executable, str(script), str(tmp_path / "logs")],
+            [sys.executable, str(script), str(tmp_path / "logs"), url],
             cwd=tmp_path,
             env=env,
             check=False,
@@ -274,7 +314,10 @@ async def test_an_offline_eval_runs_its_tools_in_farm(
     assert summary["farm_imported_by_the_task"] is False
     log = await read_eval_log_async(summary["location"])
     assert log.status == "success", log.error
-    assert log.eval.sandbox == SandboxEnvironmentSpec("farm")
+    assert log.eval.sandbox == SandboxEnvironmentSpec("farm", FarmSandboxConfig(broker_url=url))
+    with zipfile.ZipFile(summary["location"]) as archive:  # every file of the log, unpacked
+        for member in archive.namelist():
+            assert password.encode() not in archive.read(member), member
     assert log.samples is not None
     sample = log.samples[0]
     tools = [m for m in sample.messages if m.role == "tool"]

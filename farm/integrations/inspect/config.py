@@ -4,15 +4,23 @@ Inspect keeps sandbox configs in sets and writes them into the eval log, so the 
 (hashable) and made of plain JSON values; a log read back rebuilds it through the provider's
 ``config_deserialize``. A task may also name a YAML or JSON file (``sandbox=("farm",
 "farm.yaml")``, or a ``farm.yaml`` next to the task): one loader reads both into this model.
+
+A ``broker_url`` holding a password is refused: eval logs are shared, and whoever holds the
+broker's password can run code in every sandbox of that farm. The password goes in
+``FARM_BROKER_PASSWORD``, which the provider's client (``Farm.connect``) adds to the URL. The
+refusal shows the URL with its password masked, so it cannot leak it either.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from kombu.utils.url import maybe_sanitize_url
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from farm.errors import InvalidRequest
 from farm.models import BoxLimits
@@ -37,9 +45,10 @@ class FarmSandboxConfig(BaseModel):
     (built on first use by an embedded farm; on a farm of yours, `farm image build inspect
     --apt procps`). ``limits`` are each sample box's. ``timeout_s`` is a command's timeout when
     Inspect gives none; ``open_wait_s`` how long a sample waits for room on a full farm.
+    ``broker_url`` never holds the password (see the module's docstring).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
     broker_url: str | None = None
     image: str = INSPECT_IMAGE
@@ -47,6 +56,27 @@ class FarmSandboxConfig(BaseModel):
     limits: FarmSandboxLimits = FarmSandboxLimits()
     timeout_s: float = Field(MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
     open_wait_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_password(cls, data: Any) -> Any:
+        """Refuse a ``broker_url`` that carries a password: Inspect writes this config into the
+        eval log. The error shows the URL with its password masked, also when Inspect wraps it
+        in its own validation error (which would show the raw input)."""
+        url = data.get("broker_url") if isinstance(data, dict) else None
+        if isinstance(url, str) and urlsplit(url).password is not None:
+            why = PydanticCustomError(
+                "broker_password_in_config",
+                "broker_url must not hold the broker's password: Inspect writes the sandbox "
+                "config into the eval log (log.eval.sandbox), which people share. Give the URL "
+                "without it (redis://host:6379/0, or redis://USER@host:6379/0 for an ACL user) "
+                "and set FARM_BROKER_PASSWORD in the eval's environment",
+            )
+            masked = maybe_sanitize_url(url)
+            raise ValidationError.from_exception_data(
+                cls.__name__, [{"type": why, "loc": ("broker_url",), "input": masked}]
+            )
+        return data
 
 
 def resolve_config(config: BaseModel | str | None) -> FarmSandboxConfig:

@@ -1,13 +1,20 @@
 """Local processes a farm starts (redis-server, workers) are tied to this process, not to the
-thread that happened to start them."""
+thread that happened to start them; the ``process`` backend's kernel does not inherit farm's
+secrets from its worker."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import pytest
+
+from farm.client import Farm
+from farm.local import LocalFarm
 from farm.processes import pid_alive
 from farm.redis_server import RedisServer
 from tests.waiting import stays, wait_for
@@ -48,3 +55,33 @@ def test_a_child_still_dies_with_this_process(tmp_path: Path) -> None:
         parent.kill()
         parent.wait(30)
     assert wait_for(lambda: not pid_alive(child), 30), "redis-server outlived its parent"
+
+
+def test_user_code_in_a_process_sandbox_sees_none_of_farms_secrets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker of the ``process`` backend holds the broker's credentials in its environment
+    (``FARM_BROKER_URL`` with the password, here also ``FARM_BROKER_PASSWORD``, and redis-cli's
+    ``REDISCLI_AUTH``); the code and the commands of its sessions see none of them, nor any
+    other ``FARM_*`` setting."""
+    canaries = {"FARM_BROKER_PASSWORD": "canary-farm-0815", "REDISCLI_AUTH": "canary-cli-0815"}
+    monkeypatch.setenv("FARM_IDLE_TIMEOUT_S", "900")  # a setting workers inherit
+    with LocalFarm(1, backend="process", env=canaries) as local, Farm(local.settings()) as farm:
+        password = urlsplit(farm.settings.broker_url).password
+        assert password
+        (worker,) = local.workers.values()
+        worker_env = Path(f"/proc/{worker.pid}/environ").read_bytes().decode()
+        secrets = [password, *canaries.values()]
+        assert all(secret in worker_env for secret in secrets), "the worker holds them all"
+        with farm.session() as session:
+            result = session.run("import json, os\nprint(json.dumps(dict(os.environ)))")
+            assert result.ok, result.error
+            code_env: dict[str, str] = json.loads(result.stdout)
+            command_env = session.exec(["env"]).stdout
+        assert "FARM_KERNEL_TOKEN" not in code_env  # the kernel's own: gone before user code
+        assert [k for k in code_env if k.upper().startswith("FARM_")] == []
+        assert not set(canaries) & set(code_env)
+        for secret in secrets:
+            assert secret not in json.dumps(code_env) and secret not in command_env
+        assert "FARM_" not in command_env and "REDISCLI_AUTH" not in command_env
+        assert code_env.get("PATH")  # the rest of the environment is still there

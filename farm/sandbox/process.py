@@ -1,7 +1,7 @@
 """The ``process`` backend: the kernel as a local subprocess. NO isolation: development only.
 
-User code runs as you, with your files, network and environment (minus the kernel token).
-Every start logs a loud warning and ``info().isolated`` is False.
+User code runs as you, with your files, network and environment, minus farm's own variables
+(``kernel_environment``). Every start logs a loud warning and ``info().isolated`` is False.
 """
 
 from __future__ import annotations
@@ -20,11 +20,34 @@ from farm.errors import SandboxStartError
 from farm.kernel import auth
 from farm.models import SandboxInfo
 from farm.sandbox.base import Sandbox
+from farm.settings import FarmSettings
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
+# What the kernel keeps of farm's variables: its own (it reads FARM_KERNEL_LOG_LEVEL).
+KERNEL_PREFIX = "FARM_KERNEL_"
+# Credentials for the broker that are not farm's variables: redis-cli's password (the README
+# has operators export it).
+OTHER_SECRETS = frozenset({"REDISCLI_AUTH"})
+
+
+def kernel_environment(environ: dict[str, str]) -> dict[str, str]:
+    """The environment of the kernel, and so of user code, given the worker's: without any of
+    farm's settings (``FarmSettings``' ``FARM_*``). They hold the broker's credentials
+    (``FARM_BROKER_URL`` may carry the password, ``FARM_BROKER_PASSWORD``, the TLS client key's
+    path), and whoever holds those can submit code to every sandbox and read every result;
+    none of the rest is user code's business either. Defence in depth only: code running as
+    your uid may still read the worker's ``/proc/<pid>/environ`` and your files (this backend
+    isolates nothing)."""
+    prefix = str(FarmSettings.model_config.get("env_prefix", "FARM_"))
+    return {
+        name: value
+        for name, value in environ.items()
+        if name not in OTHER_SECRETS
+        and (not name.upper().startswith(prefix) or name.upper().startswith(KERNEL_PREFIX))
+    }
 
 
 class ProcessSandbox(Sandbox):
@@ -49,7 +72,7 @@ class ProcessSandbox(Sandbox):
             "Use it for development; use the docker backend for real work."
         )
         self.workspace = tempfile.mkdtemp(prefix="farm-workspace-")
-        env = dict(os.environ, FARM_KERNEL_TOKEN=self._token)
+        env = dict(kernel_environment(dict(os.environ)), FARM_KERNEL_TOKEN=self._token)
         cmd = [
             sys.executable,
             "-m",

@@ -2,18 +2,25 @@
 
 A check that passes but leaves the farm exposed is a warning (``warn``): a broker that anyone
 who reaches it may use works, and lets them run code in every sandbox and read every result.
+"May use" means what matters, reading or writing farm's keys, not a PING: an ACL may let the
+``default`` user PING and nothing else.
 """
 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from farm.errors import FarmError
 from farm.sandbox.factory import docker_image
 from farm.settings import FarmSettings
+
+if TYPE_CHECKING:
+    import redis
 
 
 @dataclass
@@ -108,24 +115,60 @@ def broker_checks(settings: FarmSettings) -> Iterator[Check]:
         return
     else:
         yield Check("broker", True, f"{url} answers")
-        try:
-            open_to_all, why = bool(anonymous.ping()), ""
-        except Exception as exc:  # NOAUTH, or a TLS handshake without a client certificate
-            open_to_all, why = False, f" ({type(exc).__name__})"
+        rights, why = anonymous_rights(anonymous, settings)
         yield Check(
             "broker authentication",
             True,
-            f"{url} answers clients without credentials: anyone who reaches it can run code "
-            "in every sandbox and read every result"
-            if open_to_all
-            else f"{url} refuses clients without credentials{why}",
+            f"{url} lets clients without credentials {' and '.join(rights)} farm's keys: "
+            f"{exposure(rights)}"
+            if rights
+            else f"{url} refuses clients without credentials: they may neither read nor write "
+            f"farm's keys ({why})",
             "give Redis a password (requirepass, or an ACL user and `user default off`) and "
             "the farm's clients FARM_BROKER_PASSWORD: README, Security model, Control plane",
-            warn=open_to_all,
+            warn=bool(rights),
         )
     finally:
         anonymous.close()
         registry.close()
+
+
+def anonymous_rights(anonymous: redis.Redis, settings: FarmSettings) -> tuple[list[str], str]:
+    """What ``anonymous`` (a client without credentials) may do to farm's keys, asked without
+    changing any: ``read`` the registry's set of workers, ``write`` a key in the shared queue's
+    namespace (DEL of a key that does not exist: a no-op that needs write access). Returns
+    those rights and, for the ones it lacks, what the broker answered (NOAUTH, NOPERM, a TLS
+    handshake it refused)."""
+    import redis
+
+    from farm.celeryconf import shared_queue
+    from farm.registry import PREFIX
+
+    probe_key = f"{shared_queue(settings.image)}.doctor-{uuid.uuid4().hex}"
+    probes: dict[str, Callable[[], object]] = {
+        "read": lambda: anonymous.smembers(f"{PREFIX}workers"),
+        "write": lambda: anonymous.delete(probe_key),
+    }
+    rights: list[str] = []
+    refusals: set[str] = set()
+    for right, probe in probes.items():
+        try:
+            probe()
+        except redis.RedisError as exc:
+            refusals.add(type(exc).__name__)
+        else:
+            rights.append(right)
+    return rights, ", ".join(sorted(refusals))
+
+
+def exposure(rights: list[str]) -> str:
+    """What whoever reaches the broker can do with ``rights`` over farm's keys."""
+    what = []
+    if "write" in rights:
+        what.append("run code in every sandbox")
+    if "read" in rights:
+        what.append("read every result")
+    return f"anyone who reaches it can {' and '.join(what)}"
 
 
 def _kernel_check(settings: FarmSettings) -> Check:

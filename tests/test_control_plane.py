@@ -225,6 +225,46 @@ def test_doctor_warns_about_a_broker_that_anyone_may_use(tmp_path: Path) -> None
         server.stop()
 
 
+@pytest.mark.parametrize(
+    ("default_rules", "rights"),
+    [
+        (["-@all", "+ping"], []),  # answers PING, nothing of farm's
+        (["~farm:*", "-@all", "+ping", "+@read"], ["read"]),
+        (["~*", "&*", "+@all"], ["read", "write"]),
+    ],
+    ids=["ping-only", "read-only", "everything"],
+)
+def test_doctor_judges_an_anonymous_client_by_what_it_may_do_to_farms_keys(
+    tmp_path: Path, default_rules: list[str], rights: list[str]
+) -> None:
+    """A PING proves nothing: an ACL may let the ``default`` user (every client without
+    credentials) PING and no more. Doctor warns when such a client may read farm's keys (every
+    result) or write them (submit code), and says which."""
+    server = RedisServer(tmp_path).start()
+    admin = server.client()
+    try:
+        admin.execute_command("ACL", "SETUSER", "farm", "on", ">farm-pw", "~*", "&*", "+@all")
+        admin.execute_command(
+            "ACL", "SETUSER", "default", "reset", "on", "nopass", *default_rules
+        )  # the admin connection is the default user: from here on, only what it may do
+        assert raw_ping(server.port).startswith(b"+PONG")  # what the old check took as open
+        settings = FarmSettings(broker_url=f"redis://farm:farm-pw@127.0.0.1:{server.port}/0")
+        answers, auth = broker_checks(settings)
+        assert answers.ok and auth.ok
+        assert auth.warn == bool(rights), auth.detail
+        if rights:
+            assert f"without credentials {' and '.join(rights)} farm's keys" in auth.detail
+            said = "run code in every sandbox" if "write" in rights else "read every result"
+            assert said in auth.detail, auth.detail
+        else:
+            assert "refuses clients without credentials" in auth.detail
+            assert "NoPermissionError" in auth.detail, auth.detail
+        assert "farm-pw" not in auth.detail + auth.fix
+    finally:
+        admin.close()
+        server.stop()
+
+
 def test_doctor_names_a_refusal_as_such(redis_server: RedisServer) -> None:
     wrong = "not-the-password-4712"
     settings = FarmSettings(broker_url=f"redis://:{wrong}@127.0.0.1:{redis_server.port}/0")

@@ -23,15 +23,18 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from farm.celeryconf import TASK_BATCH, shared_queue
 from farm.client import Farm
 from farm.errors import FarmError, SessionLost
 from farm.events import ExecStart
 from farm.local import LocalFarm
+from farm.models.batch import BatchItem, Chunk
 from farm.sweep import Sweep, SweepSummary, plan_sweep
 from tests.redis_outage import start_redis, stop_redis
 from tests.test_reliability_adversarial import record, session_on
@@ -147,16 +150,109 @@ def judge_records(records: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
-def queued_exec_ids(farm: Farm, queue: str) -> list[str]:
-    """The exec ids of the messages waiting in a (kombu/Redis) queue."""
-    ids = []
-    for raw in farm.registry.redis.lrange(queue, 0, -1):
-        message = json.loads(raw)
-        body = json.loads(base64.b64decode(message["body"]))
-        args = body[0] if body else []
-        if args and isinstance(args[0], dict) and "exec_id" in args[0]:
-            ids.append(str(args[0]["exec_id"]))
-    return ids
+UNACKED = "unacked"  # kombu's hash of messages a worker took but had not acked (started)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A message that has not started: a session call (its ``exec_id``) or a map chunk (its
+    ``chunk_id`` and its items' exec ids), and the queue it waits in or was taken from."""
+
+    queue: str
+    exec_ids: tuple[str, ...]
+    chunk_id: str | None = None
+    taken: bool = False  # held by a worker that took it (kombu's unacked hash)
+
+
+def waiting_messages(redis: Any, queues: list[str]) -> list[Waiting]:
+    """The messages waiting in ``queues`` (kombu lists), and those a worker took from them
+    but had not started (kombu restores these after the visibility timeout): with tasks
+    acked when they start, these are what a worker killed now leaves behind."""
+    found: list[Waiting] = []
+    for queue in queues:
+        for raw in redis.lrange(queue, 0, -1):
+            found += parse_message(json.loads(raw), queue, taken=False)
+    for raw in redis.hvals(UNACKED):
+        message, _exchange, routing_key = json.loads(raw)
+        if routing_key in queues:
+            found += parse_message(message, routing_key, taken=True)
+    return found
+
+
+def parse_message(message: dict[str, Any], queue: str, taken: bool) -> list[Waiting]:
+    body = json.loads(base64.b64decode(message["body"]))
+    args = body[0] if body else []
+    payload = args[0] if args and isinstance(args[0], dict) else {}
+    if "chunk_id" in payload:  # farm.batch: a Chunk of map items
+        chunk = Chunk.model_validate(payload)
+        ids = tuple(item.exec_id for item in chunk.items)
+        return [Waiting(queue, ids, chunk.chunk_id, taken)]
+    if "exec_id" in payload:  # a session call: exec, command, file
+        return [Waiting(queue, (str(payload["exec_id"]),), None, taken)]
+    return []
+
+
+class SentChunks:
+    """Every chunk the farm's client sends (a pass-through spy on ``Broker.send``): each item's
+    exec ids, one per attempt (a chunk sent again keeps its items' exec ids)."""
+
+    def __init__(self, farm: Farm, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.exec_ids: dict[tuple[str, ...], set[str]] = {}  # an item's cells -> its exec ids
+        self._lock = threading.Lock()
+        send = farm.broker.send
+
+        def recording(name: str, queue: str, **kwargs: Any) -> Any:
+            if name == TASK_BATCH:
+                chunk = Chunk.model_validate(kwargs["args"][0])
+                with self._lock:
+                    for item in chunk.items:
+                        self.exec_ids.setdefault(tuple(item.cells), set()).add(item.exec_id)
+            return send(name, queue, **kwargs)
+
+        monkeypatch.setattr(farm.broker, "send", recording)
+
+    def of(self, item: dict[str, Any]) -> set[str]:
+        with self._lock:
+            return set(self.exec_ids.get(tuple(BatchItem.model_validate(item).all_cells()), ()))
+
+
+def runs_problems(
+    farm: Farm,
+    sent: SentChunks,
+    items: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+    dead: tuple[str, int],
+) -> list[str]:
+    """Items that ran other than once, by the exec claims in Redis (a batch item's claim names
+    the worker generation that took it, and stays for an hour): every attempt sent was claimed
+    once; the one the item's record comes from was claimed by the worker the record names;
+    every earlier attempt was claimed by the killed generation (why it was retried)."""
+    by_id = {str(r["id"]): r for r in records}
+    problems = []
+    for item in items:
+        exec_ids = sent.of(item)
+        claims = {e: farm.registry.exec_record(e) for e in exec_ids}
+        ran = {
+            e: (str(c["worker"]), int(c["generation"]))
+            for e, c in claims.items()
+            if c is not None and c.get("state") == "running"
+        }
+        record_ = by_id.get(str(item["id"]))
+        name = f"{item['id']} (attempts sent {len(exec_ids)}, claimed by {sorted(ran.values())})"
+        if record_ is None or not record_["cells"]:
+            problems.append(f"{name}: no record of a run")
+            continue
+        last = record_["cells"][-1]
+        recorded = str(last["exec_id"])  # the attempt's exec id, "-N" for its Nth cell
+        final = [e for e in ran if recorded == e or recorded.startswith(f"{e}-")]
+        earlier = [ran[e] for e in ran if e not in final]
+        if len(final) != 1 or ran[final[0]][0] != last["worker"]:
+            problems.append(f"{name}: its record ({recorded} on {last['worker']}) is no run")
+        if any(owner != dead for owner in earlier):
+            problems.append(f"{name}: ran twice")
+        if len(ran) != len(exec_ids) or len(exec_ids) != record_["attempts"]:
+            problems.append(f"{name}: {record_['attempts']} attempts recorded")
+    return problems
 
 
 # --- the cases ------------------------------------------------------------------------------
@@ -244,15 +340,21 @@ def test_docker_kill_of_a_sandbox_mid_call_is_sandbox_lost_then_replaced(
 
 
 def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
-    own_farm: Farm, tmp_path: Path, record_property: Any
+    own_farm: Farm, tmp_path: Path, record_property: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     local = own_farm.local_farm
+    redis = own_farm.registry.redis
+    sent = SentChunks(own_farm, monkeypatch)
     sweep = BackgroundSweep(own_farm, tmp_path, sweep_items(500)).start()
     assert wait_for(lambda: sweep.lines() >= 100, 120), "the sweep made no progress"
     victim = sorted(local.workers)[0]
-    dead_queue = str((own_farm.registry.worker(victim) or {})["queue"])
+    entry = own_farm.registry.worker(victim) or {}
+    dead_queue, dead = str(entry["queue"]), (victim, int(entry["generation"]))
     local.kill_worker(victim)
     killed_at = time.monotonic()
+    # what had not started at the kill: calls in its own queue, chunks in the shared one and
+    # those it had taken (kombu gives these to another worker after the visibility timeout)
+    waiting = waiting_messages(redis, [dead_queue, shared_queue("default")])
     at_kill = sweep.lines()
     rate = at_kill / (killed_at - sweep.started_at)
     deadline_s = max(SWEEP_DEADLINE_S, 2 * (500 - at_kill) / rate)
@@ -274,11 +376,29 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     missing = sweep.missing()
     problems = judge_records(records)
     retried = sum(1 for r in records if r["attempts"] > 1)
-    # Messages left for the dead generation must never run, even with a new worker up.
-    stale = queued_exec_ids(own_farm, dead_queue)
-    # any wrongly subscribed worker would take them within seconds: watch that none does
-    stays(lambda: not any(own_farm.registry.exec_record(e) for e in stale), 3.0, 0.2)
-    ran_stale = [e for e in stale if own_farm.registry.exec_record(e) is not None]
+    # Calls left in the dead generation's own queue never run, even with a new worker up:
+    # any wrongly subscribed worker would take them within seconds; watch that none does.
+    calls = [e for w in waiting if w.chunk_id is None for e in w.exec_ids]
+    stays(lambda: not any(own_farm.registry.exec_record(e) for e in calls), 3.0, 0.2)
+    ran_calls = [e for e in calls if own_farm.registry.exec_record(e) is not None]
+    # A chunk the client gave up on (abandoned: claimed for nobody, its items sent again
+    # with the same exec ids) runs nothing when its copy reaches a worker: wait until every
+    # such copy has left the queue and kombu's unacked hash, then its claim must still be
+    # the abandonment, and each item must have run once (the exec claims say by whom).
+    chunks = {w.chunk_id: w for w in waiting if w.chunk_id is not None}
+    abandoned = [
+        c for c in chunks if (own_farm.registry.exec_record(c) or {}).get("state") == "abandoned"
+    ]
+
+    def copies_left() -> list[str]:
+        now = waiting_messages(redis, [dead_queue, shared_queue("default")])
+        return [w.chunk_id for w in now if w.chunk_id in abandoned]
+
+    delivered = wait_for(lambda: not copies_left(), max(0.0, killed_at + 90 - time.monotonic()))
+    ran_stale = [
+        c for c in abandoned if (own_farm.registry.exec_record(c) or {}).get("state") != "abandoned"
+    ]
+    ran_wrong = runs_problems(own_farm, sent, sweep.items, records, dead)
     observed = (
         f"{'finished' if finished else 'NOT finished'} {took:.0f}s after the kill "
         f"(deadline {deadline_s:.0f}s; error: {sweep.error!r});{stuck} {at_kill} lines at the "
@@ -287,21 +407,28 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
         f"{len(records)} lines, {len(ids)} ids, "
         f"twice: {twice[:5]}, "
         f"missing: {missing[:5]}{'...' if len(missing) > 5 else ''}; {retried} retried; "
-        f"problems: {problems[:3]}; {len(stale)} messages left in the dead queue, "
-        f"{len(ran_stale)} of them ran"
+        f"problems: {problems[:3]}; {len(calls)} calls left in the dead queue, "
+        f"{len(ran_calls)} of them ran; {len(chunks)} chunks waiting or taken at the kill "
+        f"({sum(w.taken for w in chunks.values())} taken), {len(abandoned)} abandoned, their "
+        f"copies {'delivered' if delivered else f'NOT delivered: {copies_left()}'}, "
+        f"{len(ran_stale)} ran; items not run exactly once: {len(ran_wrong)} {ran_wrong[:3]}"
     )
     record(
         record_property,
         f"sweep finishes within {SWEEP_DEADLINE_S:g}s of the kill (idle machine; loaded: twice "
         "what the items left take at the rate before it); 500 ids exactly once; ok with right "
         f"values or sandbox_lost after {RETRIES + 1} attempts; the dead worker's queue never "
-        "runs",
+        "runs; chunks abandoned after the kill run nothing when delivered; by the exec claims "
+        "each item ran once, on the worker its record names (any earlier attempt: the killed "
+        "one's)",
         observed,
     )
     assert finished and sweep.error is None, observed
     assert not twice and not missing and len(records) == 500, observed
     assert not problems, observed
-    assert not ran_stale, observed
+    assert not ran_calls and not ran_stale, observed
+    assert delivered, observed
+    assert not ran_wrong, observed
 
 
 def restart_redis(local: LocalFarm, down_s: float) -> None:

@@ -277,8 +277,12 @@ def test_a_restarted_worker_never_runs_its_predecessors_messages(own_farm: Farm)
     entry = own_farm.registry.worker(old_worker)
     assert entry is not None and entry["generation"] == s.generation + 1
     assert entry["queue"] != old_queue
-    with pytest.raises(SessionLost, match="is gone"):
+    with pytest.raises(SessionLost) as lost:
         s.run("x")
+    message = str(lost.value)  # the caller learns which session, on which worker, and why
+    assert message.startswith(f"session {s.id} on worker {old_worker} is lost: "), message
+    assert f"worker {old_worker} (generation {s.generation}) is gone" in message, message
+    assert (lost.value.session_id, lost.value.worker) == (s.id, old_worker)
     assert own_farm.registry.queue_length(old_queue) == 1  # still there, never consumed
     assert own_farm.registry.exec_record(request["exec_id"]) is None
     assert own_farm.registry.dead_direct_queues() == [old_queue]

@@ -225,6 +225,31 @@ def test_a_failing_callback_is_an_exception_inside_and_the_session_lives(farm: F
 
 
 @pytest.mark.docker
+def test_an_answer_over_the_limit_is_a_callback_error_and_the_session_lives(farm: Farm) -> None:
+    from farm.kernel.calls import MAX_ANSWER_BYTES
+
+    def llm_query(size: int) -> str:
+        return "x" * size
+
+    fits = MAX_ANSWER_BYTES - 1024  # with the answer's JSON around it, still within the limit
+    code = (
+        "got = {}\nfor size in (%d, %d):\n    try:\n        got[size] = len(llm_query(size))\n"
+        "    except Exception as e:\n        got[size] = f'{type(e).__name__}: {e}'\ngot"
+    )
+    with farm.session(callbacks={"llm_query": llm_query}) as session:
+        session.run("kept = 'yes'")
+        result = session.run(code % (MAX_ANSWER_BYTES, fits), timeout_s=120)
+        assert result.ok and result.value is not None, result.error
+        got = eval(result.value.text)  # the repr of a dict of ints and strings
+        after = session.run("kept")
+    too_large = str(got[MAX_ANSWER_BYTES])
+    assert too_large.startswith("CallbackError: llm_query(): CallbackError: the answer of "), got
+    assert too_large.endswith(f"bytes exceeds {MAX_ANSWER_BYTES} bytes"), too_large
+    assert got[fits] == fits  # the limit, not something else, refused the larger one
+    assert after.value is not None and after.value.text == "'yes'"
+
+
+@pytest.mark.docker
 def test_a_sandbox_cannot_call_a_callback_that_was_not_registered(farm: Farm) -> None:
     ran: list[str] = []
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,12 @@ from farm.client import Farm
 from farm.diagnose import broker_checks
 from farm.errors import BrokerAuthFailed, BrokerUnavailable, InvalidRequest
 from farm.local import LocalFarm
-from farm.redis_server import RedisServer, ServerTLS
+from farm.redis_server import RedisServer, ServerTLS, free_port
 from farm.registry import Registry
 from farm.settings import FarmSettings
+from farm.worker.__main__ import EXIT_REFUSED
 from tests.certs import Pki, make_pki
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_S = 5.0  # a refusal is immediate; an outage would be waited out for broker_wait_s (30 s)
@@ -150,6 +153,77 @@ def test_the_cli_says_that_the_broker_refused_it(redis_server: RedisServer) -> N
     said = " ".join(status.stderr.split())  # rich wraps lines to the terminal's width
     assert "refused this client's password" in said, status.stderr
     assert "Traceback" not in status.stderr and wrong not in status.stderr + status.stdout
+
+
+@contextmanager
+def worker_process(url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``python -m farm.worker`` (process backend) against ``url``, its output in a file;
+    killed with its process group at the end if it is still running."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env.update(FARM_BROKER_URL=url, FARM_BACKEND="process", FARM_SOCKET_DIR=str(tmp_path))
+    output = tmp_path / "worker.log"
+    with output.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "farm.worker"],
+            env=env,
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        yield proc, output
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+        proc.wait(30)
+
+
+@pytest.mark.parametrize(
+    ("user", "password", "reason"),
+    [
+        ("", "not-the-password-4714", "refused this client's password"),
+        ("", None, "requires a password"),
+        ("keyless", "pw", "does not allow this client's user what farm needs"),
+    ],
+    ids=["wrong-password", "no-password", "acl-user-without-farms-keys"],
+)
+def test_a_worker_the_broker_refuses_says_so_and_exits_at_start(
+    redis_server: RedisServer, tmp_path: Path, user: str, password: str | None, reason: str
+) -> None:
+    """A worker with a wrong password (one rotated away), none, or an ACL user without farm's
+    keys would sit in Celery's "Cannot connect ... Trying again" loop for hours (or run serving
+    nothing); it logs one error naming the broker's host and exits with EX_CONFIG."""
+    admin = redis_server.client()
+    if user:
+        admin.execute_command("ACL", "SETUSER", user, "on", f">{password}", "resetkeys", "+@all")
+    auth = f"{user}:{password}@" if password else ""
+    url = f"redis://{auth}127.0.0.1:{redis_server.port}/0"
+    try:
+        with worker_process(url, tmp_path) as (proc, output):
+            status = proc.wait(30)  # a refusal is not retried
+            said = output.read_text()
+    finally:
+        if user:
+            admin.execute_command("ACL", "DELUSER", user)
+        admin.close()
+    assert status == EXIT_REFUSED, said[-3000:]
+    (error,) = [line for line in said.splitlines() if " ERROR " in line]
+    assert "cannot start: BrokerAuthFailed: the broker at redis://" in error, error
+    assert f"127.0.0.1:{redis_server.port}" in error and reason in error, error
+    assert "Cannot connect" not in said and "Traceback" not in said
+    assert redis_server.password not in said
+    if password:
+        assert f":{password}@" not in said
+
+
+def test_a_worker_waits_for_a_broker_that_is_down_rather_than_exiting(tmp_path: Path) -> None:
+    """The other half: nothing listening is an outage, which Celery rides out (its "Cannot
+    connect ... Trying again"); only a refusal ends the worker at start."""
+    with worker_process(f"redis://:pw@127.0.0.1:{free_port()}/0", tmp_path) as (proc, output):
+        assert wait_for(lambda: "Trying again" in output.read_text(), 60), output.read_text()
+        assert proc.poll() is None
+        assert "BrokerAuthFailed" not in output.read_text()
 
 
 # --- ACL users: a Redis shared with other applications ------------------------------------------

@@ -1,7 +1,9 @@
 """The Helm chart's control plane: no rendering leaves the bundled Redis without its password,
 the password lives only in its Secret (the chart's, kept across upgrades, or yours) and reaches
 Redis, workers and KEDA by reference, TLS switches all of them to ``rediss://``, and the
-NetworkPolicy stays. The rendered Redis command and probes are also run, with this host's
+NetworkPolicy stays. An upgrade's ``lookup`` of the live Secret is answered by a minimal
+Kubernetes API server of the test's own (``FakeApiServer``): Helm's engine asks it exactly as it
+would ask a cluster. The rendered Redis command and probes are also run, with this host's
 ``sh`` and ``redis-server`` (plain and TLS-only with client certificates): no Docker, cluster or
 network.
 """
@@ -9,9 +11,12 @@ network.
 from __future__ import annotations
 
 import base64
+import http.server
+import json
 import os
 import socket
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +111,105 @@ def test_the_generated_password_is_long_random_and_only_in_its_secret() -> None:
     elsewhere = "".join(t for p, t in manifests.items() if not p.endswith("redis-auth.yaml"))
     plain = base64.b64decode(encoded).decode()
     assert plain not in elsewhere and encoded not in elsewhere
+
+
+class FakeApiServer:
+    """A Kubernetes API server that knows one namespace's Secrets, nothing else: enough for
+    Helm's ``lookup`` (API discovery of ``v1``, then a GET of the Secret; anything else is a
+    404, which ``lookup`` turns into an empty result). ``asked`` lists the paths requested."""
+
+    def __init__(self, secrets: dict[str, dict[str, str]]) -> None:
+        self.secrets = secrets
+        self.asked: list[str] = []
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.partition("?")[0]
+                fake.asked.append(path)
+                status, body = fake.answer(path)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def answer(self, path: str) -> tuple[int, dict[str, Any]]:
+        if path == "/api/v1":
+            resource = {"name": "secrets", "singularName": "secret", "namespaced": True,
+                        "kind": "Secret", "verbs": ["get", "list"]}  # fmt: skip
+            return 200, {"kind": "APIResourceList", "groupVersion": "v1", "resources": [resource]}
+        prefix = f"/api/v1/namespaces/{NAMESPACE}/secrets/"
+        name = path.removeprefix(prefix)
+        if path.startswith(prefix) and name in self.secrets:
+            data = {k: base64.b64encode(v.encode()).decode() for k, v in self.secrets[name].items()}
+            metadata = {"name": name, "namespace": NAMESPACE}
+            return 200, {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "data": data}
+        return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
+                     "reason": "NotFound"}  # fmt: skip
+
+    def __enter__(self) -> FakeApiServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+    def kubeconfig(self) -> str:
+        port = self.server.server_address[1]
+        return yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+            "users": [{"name": "fake", "user": {"token": "fake"}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}],
+        })  # fmt: skip
+
+
+def upgrade_password(
+    live: dict[str, dict[str, str]], values: dict[str, Any]
+) -> tuple[str, list[str]]:
+    """The password an upgrade renders into the chart's Secret while ``live`` Secrets exist in
+    the cluster (Helm's engine with ``lookup`` against ``FakeApiServer``), and what it asked."""
+    with (
+        FakeApiServer(live) as api,
+        helm.Config(kubeconfig_content=api.kubeconfig(), namespace=NAMESPACE) as config,
+        helm.Chart.load(CHART) as chart,
+    ):
+        manifests = config.render(
+            chart, values, name=RELEASE, namespace=NAMESPACE, is_upgrade=True, revision=2
+        )
+    text = next(t for p, t in manifests.items() if p.endswith("redis-auth.yaml"))
+    key = values.get("redis", {}).get("auth", {}).get("secretKey", "password")
+    return base64.b64decode(yaml.safe_load(text)["data"][key]).decode(), api.asked
+
+
+@pytest.mark.parametrize("key", ["password", "redis-password"])
+def test_an_upgrade_keeps_the_password_of_the_live_secret(key: str) -> None:
+    """``helm upgrade`` renders the chart's Secret again: it must hold the password the install
+    made (read from the cluster with ``lookup``), or Redis and every client would part ways."""
+    values = {"redis": {"auth": {"secretKey": key}}}
+    kept = "made-by-the-install-0123456789abcdefghijklmnopqrstuv"
+    password, asked = upgrade_password({AUTH_SECRET: {key: kept}}, values)
+    assert password == kept
+    assert f"/api/v1/namespaces/{NAMESPACE}/secrets/{AUTH_SECRET}" in asked
+
+
+def test_a_live_secret_without_the_password_gets_a_new_one() -> None:
+    """No live Secret (the first install), or one without the key: a fresh password, not an
+    empty one."""
+    for live in ({}, {AUTH_SECRET: {"other-key": "not-the-password"}}):
+        password, asked = upgrade_password(live, {})
+        assert len(password) == 48 and password.isalnum(), live
+        assert f"/api/v1/namespaces/{NAMESPACE}/secrets/{AUTH_SECRET}" in asked
 
 
 def test_an_existing_secret_replaces_the_generated_one() -> None:

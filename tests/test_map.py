@@ -14,7 +14,7 @@ from typing import Any
 from farm.client import AsyncFarm, Farm
 from farm.client.mapping import MAX_CHUNK
 from farm.models.batch import BatchItem
-from farm.registry import Registry, results_key
+from farm.registry import PREFIX, Registry, results_key
 from tests.waiting import stays, wait_for
 
 
@@ -73,6 +73,53 @@ def test_items_are_read_lazily_and_leaving_early_cancels_the_rest(inproc_farm: F
     assert wait_for(lambda: stays(unchanged, 0.5), 15)  # the items running at the cancel end
     assert seen[0] <= 8  # at most those in flight ran after the cancel; the rest never will
     assert stays(unchanged, 1.0)
+
+
+def test_leaving_an_async_map_early_cancels_the_rest(inproc_farm: Farm) -> None:
+    """``break`` out of ``async for`` over ``AsyncFarm.map``: as with ``Farm.map``, only the
+    window was ever read, the map is cancelled without an explicit close (the generator's
+    cleanup runs on the loop once the loop is left), and the items running then end."""
+    read = itertools.count()
+
+    def million() -> Iterator[str]:
+        for i in range(1_000_000):
+            next(read)
+            yield f"import time; time.sleep(0.05); {i}"
+
+    redis = inproc_farm.registry.redis
+    cancels = f"{PREFIX}map:*:cancel"
+    before = set(redis.scan_iter(cancels))
+
+    def cancelled() -> list[str]:
+        return [str(key) for key in redis.scan_iter(cancels) if key not in before]
+
+    async def take_twenty() -> tuple[list[Any], list[str]]:
+        taken = []
+        async for record in AsyncFarm(inproc_farm).map(million(), concurrency=8):
+            taken.append(record)
+            if len(taken) == 20:
+                break
+        # the loop runs on: the map must be cancelled now, not when the loop ends
+        return taken, await asyncio.to_thread(wait_for, cancelled, 10)
+
+    taken, keys = asyncio.run(take_twenty())
+    assert [r.id for r in taken] == list(range(20))
+    assert len(keys) == 1, "leaving the async for did not cancel the map"
+    consumed = next(read)
+    assert consumed <= 20 + 8 + MAX_CHUNK  # only the window was ever read
+    map_id = keys[0].removeprefix(f"{PREFIX}map:").removesuffix(":cancel")
+    key = results_key(map_id)
+    seen = [redis.llen(key)]
+
+    def unchanged() -> bool:
+        now = redis.llen(key)
+        same, seen[0] = now == seen[0], now
+        return same
+
+    assert wait_for(lambda: stays(unchanged, 0.5), 15)  # the items running at the cancel end
+    assert seen[0] <= 8  # at most those in flight ran after the cancel; the rest never will
+    assert stays(unchanged, 1.0)
+    assert next(read) == consumed + 1  # nothing more was read meanwhile
 
 
 def test_only_infrastructure_failures_are_retried(inproc_farm: Farm) -> None:

@@ -18,7 +18,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -43,18 +44,13 @@ IMAGES = ("worker", "redis", "prometheus")
 T = TypeVar("T")
 
 
-def wait_for(
-    what: str, probe: Callable[[], T | None], timeout_s: float, why: Callable[[], str]
-) -> T:
-    """Poll ``probe`` until it returns something truthy; fail with ``why()`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} within {timeout_s:.0f}s\n{why()}")
-        time.sleep(POLL_S)  # poll interval of the deadline-bounded wait above
+def waited(what: str, probe: Callable[[], T | None], timeout_s: float, why: Callable[[], str]) -> T:
+    """``probe()``'s first truthy value (``tests.waiting.wait_for``); at the deadline the test
+    fails with ``what`` and ``why()`` (the stack's logs)."""
+    value = wait_for(probe, timeout_s, POLL_S)
+    if not value:
+        pytest.fail(f"{what} within {timeout_s:.0f}s\n{why()}")
+    return value
 
 
 def free_port() -> int:
@@ -264,7 +260,7 @@ def some_ready_worker(farm: Any) -> Callable[[], bool]:
 
 
 def test_a_host_client_runs_code_on_the_compose_farm(stack: Stack, farm: Any) -> None:
-    (worker,) = wait_for(
+    (worker,) = waited(
         "one compose worker was not ready", ready_workers(farm, 1), READY_TIMEOUT_S, stack.logs
     )
     assert worker["sandbox"]["backend"] == "docker"
@@ -293,7 +289,7 @@ def test_user_code_in_a_compose_sandbox_has_no_network(stack: Stack, farm: Any) 
 
 
 def test_prometheus_scrapes_the_worker_metrics(stack: Stack, farm: Any) -> None:
-    wait_for("the worker was not ready", ready_workers(farm, 1), READY_TIMEOUT_S, stack.logs)
+    waited("the worker was not ready", ready_workers(farm, 1), READY_TIMEOUT_S, stack.logs)
     (worker_container,) = stack.containers("worker")
     ip = next(iter(worker_container.attrs["NetworkSettings"]["Networks"].values()))["IPAddress"]
 
@@ -301,13 +297,13 @@ def test_prometheus_scrapes_the_worker_metrics(stack: Stack, farm: Any) -> None:
         targets = [t for t in stack.worker_targets() if t["health"] == "up"]
         return targets or None
 
-    (target,) = wait_for("Prometheus did not scrape the worker", up, SCRAPE_TIMEOUT_S, stack.logs)
+    (target,) = waited("Prometheus did not scrape the worker", up, SCRAPE_TIMEOUT_S, stack.logs)
     assert target["scrapeUrl"] == f"http://{ip}:9100/metrics"
 
     def sandbox_up() -> list[dict[str, Any]] | None:
         return stack.prometheus("/api/v1/query", query="farm_sandbox_up == 1")["result"] or None
 
-    (sample,) = wait_for(
+    (sample,) = waited(
         "farm_sandbox_up was not 1 in Prometheus", sandbox_up, SCRAPE_TIMEOUT_S, stack.logs
     )
     assert sample["metric"]["instance"] == f"{ip}:9100"
@@ -316,7 +312,7 @@ def test_prometheus_scrapes_the_worker_metrics(stack: Stack, farm: Any) -> None:
 def test_scaling_to_two_workers_adds_a_worker_and_a_scrape_target(stack: Stack, farm: Any) -> None:
     stack.compose("up", "-d", "--no-build", "--no-recreate", "--scale", "worker=2")
     stack.remember_workers()
-    workers = wait_for(
+    workers = waited(
         "two compose workers were not ready", ready_workers(farm, 2), READY_TIMEOUT_S, stack.logs
     )
     assert len({w["id"] for w in workers}) == 2
@@ -326,7 +322,7 @@ def test_scaling_to_two_workers_adds_a_worker_and_a_scrape_target(stack: Stack, 
         targets = [t for t in stack.worker_targets() if t["health"] == "up"]
         return targets if len(targets) == 2 else None
 
-    wait_for("Prometheus did not scrape both workers", two_up, SCRAPE_TIMEOUT_S, stack.logs)
+    waited("Prometheus did not scrape both workers", two_up, SCRAPE_TIMEOUT_S, stack.logs)
     assert farm.run("sum(range(10))").value.text == "45"
 
 
@@ -347,7 +343,7 @@ def test_a_pool_profile_serves_another_image_with_its_own_limits(stack: Stack, f
         def pool_ready() -> list[dict[str, Any]] | None:
             return [w for w in farm.workers() if w.get("ready") and w["image"] == image] or None
 
-        (worker,) = wait_for(
+        (worker,) = waited(
             "the pool's worker was not ready", pool_ready, READY_TIMEOUT_S, stack.logs
         )
         assert worker["sandbox"]["limits"]["memory_mb"] == 600
@@ -366,9 +362,7 @@ def test_a_pool_profile_serves_another_image_with_its_own_limits(stack: Stack, f
                 return None
             return [t for t in targets if t["labels"]["job"] == "farm-pool" and t["health"] == "up"]
 
-        wait_for(
-            "Prometheus did not scrape the pool's worker", scraped, SCRAPE_TIMEOUT_S, stack.logs
-        )
+        waited("Prometheus did not scrape the pool's worker", scraped, SCRAPE_TIMEOUT_S, stack.logs)
         # the pool's workers read the broker's password from the same env file, never print it
         pool_logs = stack.compose("--profile", "pool", "logs", "--no-color", "pool", env=pool_env)
         assert "redis://:**@redis:6379/0" in pool_logs and stack.password not in pool_logs
@@ -394,7 +388,7 @@ def test_the_compose_broker_refuses_clients_without_the_password(stack: Stack, f
     from farm.client import Farm
     from farm.errors import BrokerAuthFailed
 
-    wait_for("no compose worker was ready", some_ready_worker(farm), READY_TIMEOUT_S, stack.logs)
+    waited("no compose worker was ready", some_ready_worker(farm), READY_TIMEOUT_S, stack.logs)
     port = int(stack.env["FARM_REDIS_PORT"])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
         conn.sendall(b"PING\r\n")
@@ -405,7 +399,7 @@ def test_the_compose_broker_refuses_clients_without_the_password(stack: Stack, f
 
 
 def test_the_broker_password_is_in_no_ps_line_and_no_log(stack: Stack, farm: Any) -> None:
-    wait_for("no compose worker was ready", some_ready_worker(farm), READY_TIMEOUT_S, stack.logs)
+    waited("no compose worker was ready", some_ready_worker(farm), READY_TIMEOUT_S, stack.logs)
     assert farm.run("1 + 1").value.text == "2"
     ps = run(["ps", "axww", "-o", "pid,args"], 30)
     assert "redis-server" in ps and "farm.worker" in ps  # the stack's processes are listed

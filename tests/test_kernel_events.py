@@ -160,13 +160,13 @@ def test_a_session_dying_just_before_a_call_is_reported_not_a_broken_connection(
                 epoch=epoch,
                 timeout_s=10,
             )
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline:
+
+            def lost(sid: str = sid, epoch: int = epoch) -> dict[str, Any] | None:
                 raw = client.execute(sid, "1", epoch=epoch, timeout_s=10, on_event=lambda e: None)
-                if raw["state_lost"]:
-                    assert raw["error"]["kind"] == "state_lost"
-                    break
-                time.sleep(0.002)  # calls close together, so one may meet the dead process
-            else:
-                raise AssertionError("the session never died")
+                return raw if raw["state_lost"] else None
+
+            # calls close together (2 ms apart), so one may meet the dying process
+            raw = wait_for(lost, 10, 0.002)
+            assert raw is not None, "the session never died"
+            assert raw["error"]["kind"] == "state_lost"
             client.close_session(sid)

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from farm.client import Farm
 from farm.redis_server import free_port
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -65,15 +65,15 @@ def ui_url(farm: Farm) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def answers() -> bool:
             try:
                 get_json(f"{url}/api/workers")
-                break
             except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    pytest.fail("farm ui did not start")
-                time.sleep(0.1)  # poll interval of the deadline-bounded readiness check
+                return proc.poll() is not None  # it exited: stop waiting, fail below
+            return True
+
+        assert wait_for(answers, 30, 0.1) and proc.poll() is None, "farm ui did not start"
         yield url
     finally:
         proc.terminate()

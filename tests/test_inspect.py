@@ -19,8 +19,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import tomllib
 import zipfile
 from collections.abc import AsyncIterator
@@ -46,6 +49,7 @@ from farm.integrations.inspect import FarmSandboxConfig, FarmSandboxEnvironment,
 from farm.integrations.inspect.config import resolve_config
 from farm.integrations.inspect.farms import LEDGER, FarmHandle
 from farm.integrations.inspect.provider import FARMS
+from farm.processes import pid_alive
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.anyio]
@@ -209,6 +213,101 @@ async def test_cleanup_closes_a_box_for_good(farm_handle: FarmHandle) -> None:
     with pytest.raises(SandboxUnavailableError):
         await box.exec(["true"])
     await FarmSandboxEnvironment.sample_cleanup("cleanup", CONFIG, envs, True)
+
+
+KILLED_EVAL = """
+import json, sys
+import anyio
+from farm.integrations.inspect import FarmSandboxConfig, FarmSandboxEnvironment
+from farm.integrations.inspect.provider import FARMS
+from farm.processes import pid_alive
+
+async def main() -> None:
+    config = FarmSandboxConfig(workers=1)
+    await FarmSandboxEnvironment.task_init("killed", config)
+    await FarmSandboxEnvironment.sample_init("killed", config, {})  # a box open in the sandbox
+    print(json.dumps(list(FARMS.get(config).farm.local_farm.workers)), flush=True)
+    sys.stdin.read()  # until the test kills this process
+
+anyio.run(main)
+"""
+
+
+def farm_containers(docker_env: Any, owners: list[str]) -> list[Any]:
+    return [
+        container
+        for owner in owners
+        for container in docker_env.containers.list(
+            all=True, ignore_removed=True, filters={"label": f"farm.owner={owner}"}
+        )
+    ]
+
+
+async def test_cleanup_removes_the_containers_of_an_eval_killed_with_its_farm(
+    farm_handle: FarmHandle, docker_env: Any, tmp_path: Path
+) -> None:
+    """An eval killed with every process it started (a cancelled CI job, a cgroup's OOM kill:
+    SIGKILL for all, so no worker removes its sandbox) leaves its embedded farm's containers in
+    Docker: ``inspect sandbox cleanup farm``, in a process of its own, removes them (and the
+    farm's directory), and leaves a live farm's alone."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(installed_entry_points(tmp_path / "site")), str(ROOT)])
+    workers: list[str] = []
+    eval_pid = 0
+    try:
+        with (tmp_path / "eval.stderr").open("wb") as stderr:
+            process = await anyio.open_process(
+                [sys.executable, "-c", KILLED_EVAL],
+                env=env,
+                cwd=ROOT,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        async with process:
+            eval_pid = process.pid
+            assert process.stdout is not None
+            line = b""
+            with anyio.fail_after(240):
+                while not line.endswith(b"\n"):
+                    line += await process.stdout.receive(1)
+            workers = json.loads(line)
+            left = farm_containers(docker_env, workers)
+            assert left and all(c.status == "running" for c in left)
+            pids = [int(c.labels["farm.pid"]) for c in left]
+            for pid in pids:  # the eval's workers, then the eval
+                os.kill(pid, signal.SIGKILL)
+            process.kill()
+            await process.wait()
+        assert wait_for(lambda: not any(pid_alive(pid) for pid in pids), 30), "workers live on"
+        assert farm_containers(docker_env, workers), "Docker keeps a dead farm's containers"
+        live_owners = list(farm_handle.farm.local_farm.workers)
+        live = {c.id for c in farm_containers(docker_env, live_owners)}
+        assert live
+        with anyio.fail_after(120):
+            run = await anyio.run_process(
+                [sys.executable, "-m", "inspect_ai", "sandbox", "cleanup", "farm"],
+                cwd=tmp_path,
+                env=env,
+                check=False,
+            )
+        assert run.returncode == 0, run.stderr.decode()[-3000:]
+        assert farm_containers(docker_env, workers) == []
+        assert {c.id for c in farm_containers(docker_env, live_owners)} == live  # a live farm's
+        assert owned_dirs(eval_pid) == []
+    finally:
+        for container in farm_containers(docker_env, workers):
+            container.remove(force=True)
+        for path in owned_dirs(eval_pid):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def owned_dirs(pid: int) -> list[Path]:
+    """The local farm directories ``pid`` made (``farm.local``: ``farm-local-*/owner.pid``)."""
+    return [
+        owner.parent
+        for owner in Path(tempfile.gettempdir()).glob("farm-local-*/owner.pid")
+        if pid and owner.read_text().strip() == str(pid)
+    ]
 
 
 def test_configs_come_as_models_dicts_and_files(tmp_path: Path) -> None:

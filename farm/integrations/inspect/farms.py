@@ -13,7 +13,11 @@ thread, so they do not die with the (short-lived) thread that asked for them.
 Why a ledger: ``inspect sandbox cleanup farm`` runs in another process than the eval it cleans
 up after. Every sample box open on a farm is recorded in that farm's broker (``LEDGER``: session
 id -> task) until its sample ends, so the command can close what an interrupted eval left on a
-running farm. An embedded farm's boxes end with its process anyway.
+running farm. An embedded farm's boxes end with its process; its workers, told by SIGTERM,
+remove their sandbox containers. An eval killed with every process it started (a cancelled CI
+job, a cgroup's OOM kill: SIGKILL for all) leaves those containers in Docker, and the farm's
+directory (its logs): ``inspect sandbox cleanup farm`` without an id removes them as ``farm gc``
+does (``remove_dead_farms``).
 """
 
 from __future__ import annotations
@@ -172,8 +176,9 @@ class Farms:
 
     def cleanup(self, session_id: str | None) -> int:
         """For ``inspect sandbox cleanup farm [ID]``: close that box (every recorded box when
-        None, and then this process's farms) on this process's farms and on the farm
-        ``FARM_BROKER_URL`` names; returns how many boxes were closed."""
+        None, then this process's farms, then the containers of farms whose workers are gone)
+        on this process's farms and on the farm ``FARM_BROKER_URL`` names; returns how many
+        boxes were closed."""
         with self._lock:
             handles = list(self._handles.values())
         closed = sum(h.close_recorded(session_id) for h in handles)
@@ -191,7 +196,38 @@ class Farms:
                 handles, self._handles = list(self._handles.values()), {}
             for handle in handles:
                 handle.close()
+            remove_dead_farms()
         return closed
+
+
+def remove_dead_farms() -> None:
+    """Remove what farms whose processes are gone left on this host, as ``farm gc`` does: their
+    sandbox containers (those of an embedded farm killed with its eval, or of any dead local
+    worker; ``farm.sandbox.docker.remove_orphans`` judges by the ``farm.host`` and ``farm.pid``
+    labels, so a live farm's containers stay) and local farms' directories whose owner died
+    (``farm.local.stale_dirs``). Where Docker does not answer there are no containers to
+    remove (a farm of yours elsewhere: its containers are its workers' hosts' business)."""
+    import shutil
+
+    import docker
+
+    from farm.local import stale_dirs
+    from farm.sandbox.docker import remove_orphans
+
+    try:
+        client = docker.from_env()
+        try:
+            removed = remove_orphans(client)
+        finally:
+            client.close()
+    except docker.errors.DockerException as exc:
+        log.info("no farm containers removed: Docker does not answer (%s)", exc)
+    else:
+        if removed:
+            log.info("removed %d container(s) of dead farms: %s", len(removed), ", ".join(removed))
+    for path in stale_dirs():
+        shutil.rmtree(path, ignore_errors=True)
+        log.info("removed %s, the directory of a dead local farm", path)
 
 
 def farm_key(config: FarmSandboxConfig) -> str:

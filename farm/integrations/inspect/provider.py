@@ -154,7 +154,9 @@ class FarmSandboxEnvironment(SandboxEnvironment):
     @classmethod
     async def cli_cleanup(cls, id: str | None) -> None:
         """``inspect sandbox cleanup farm [ID]``: close that box, or every box recorded on the
-        farms this process knows (its own, and ``FARM_BROKER_URL``'s)."""
+        farms this process knows (its own, and ``FARM_BROKER_URL``'s) and then remove what dead
+        farms left on this host (an embedded farm killed with its eval leaves its sandbox
+        containers: ``farms.remove_dead_farms``)."""
         closed = await _blocking(FARMS.cleanup, id)
         log.info("closed %d farm sandbox(es)", closed)
 

@@ -111,7 +111,9 @@ def prepare_shared_dirs(pool: BoxPool) -> None:
             "as root with them, or run --isolation dirs)"
         )
     os.chmod(pool.workspace_root, 0o711)
-    for path in (pool.tmp_root, "/dev/shm", "/dev/mqueue"):
+    # Docker gives a tmpfs the mode of the image's directory under it (1777), whatever its
+    # mount options say: each is closed here, by its owner.
+    for path in (pool.tmp_root, "/var/tmp", "/dev/shm", "/dev/mqueue"):
         try:
             os.chmod(path, 0o1733)
         except OSError as exc:  # not there, or not ours: boxes keep it as the image made it

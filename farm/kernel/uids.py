@@ -9,10 +9,24 @@ files, a zygote helper does it with no more privilege than each step needs:
 - killing runs *as the box's uid*: ``kill(-1, SIGKILL)`` then reaches exactly the processes of
   that uid in this sandbox (daemons that ``setsid()`` and double-fork included) and nothing else;
   ``/proc`` tells when none is left;
-- finding what a box left in the shared places (``/tmp``, ``/dev/shm``, ``/dev/mqueue``) runs as
-  root (those directories are not listable by boxes), without following links;
-- removing runs as the box's uid again, so a link planted by the box can make it delete only
-  what the box itself could delete.
+- finding what a box left runs as root (the shared directories are not listable by boxes),
+  without following links, and not only at the top of the shared directories: a box may write
+  into a directory another box opened to others (``/tmp/x`` made 0777, a workspace made 0777
+  or 0733), and a file of its uid left there would meet the next session with that uid. The
+  search (``find_owned``) descends into every directory that others may enter (``o+x``) and
+  that is not the box's own (those go whole); a directory root may not read (``o-r``: root has
+  no CAP_DAC_READ_SEARCH) is read by the helper *as its owner* (effective uid only);
+- removing runs as the box's uid again (its effective uid: what the box could delete, and a link
+  it planted cannot make the cleanup delete more), then the search runs again: a file of the uid
+  still there (under a directory of another box's that the box's uid cannot empty) keeps the
+  box's number out of use for good.
+
+What it costs: boxes' umask is 077, so their directories are closed (0700) unless a box opens
+one, and the search then looks at the top of each shared directory and at no more; the
+supervisor's own check stops after ``FAST_SEARCH_MAX`` entries and leaves the rest to a helper.
+Left out, by design: a directory that even its owner may not read (``0311``), and a file another
+box *moved* into a directory of its own that is closed to root: root cannot list those without
+CAP_DAC_READ_SEARCH, which the kernel does not hold.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -36,7 +50,9 @@ PR_SET_NO_NEW_PRIVS = 38
 IPC_RMID = 0
 KILL_DEADLINE_S = 10.0
 EMPTY_TMPFS_DIR = 40  # tmpfs reports 20 bytes a directory entry, "." and ".." included
-SHARED_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
+FAST_SEARCH_MAX = 1024  # entries the supervisor looks at before it leaves a box to a helper
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SYSVIPC = {"shm": ("shmctl", 7), "msg": ("msgctl", 7), "sem": ("semctl", 4)}  # table: uid column
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -181,9 +197,17 @@ def kill_uid(uid: int) -> int:
     return left
 
 
-def nothing_left(box: dict[str, Any], isolation: str) -> bool:
+def box_roots(box: dict[str, Any]) -> tuple[str, ...]:
+    """Where a box may have left files: the shared directories and the roots of the boxes'
+    workspaces and temporary directories (another box may have opened its own to others)."""
+    roots = [*SHARED_DIRS, os.path.dirname(box["workspace"]), os.path.dirname(box["tmp"])]
+    return tuple(dict.fromkeys(roots))
+
+
+def nothing_left(box: dict[str, Any], isolation: str, roots: Iterable[str] | None = None) -> bool:
     """Whether a box whose processes are all gone left nothing to remove but its two empty
-    directories (which root may remove itself): the common case, which needs no helper."""
+    directories (which root may remove itself): the common case, which needs no helper. Its
+    cost is bounded (``FAST_SEARCH_MAX``): "don't know" is ``False``, and a helper looks."""
     for path in (box["workspace"], box["tmp"]):
         try:
             if os.listdir(path):  # the box's own uid, or dirs isolation
@@ -196,7 +220,8 @@ def nothing_left(box: dict[str, Any], isolation: str) -> bool:
     if isolation == "dirs":
         return True
     own = {box["workspace"], box["tmp"]}  # /tmp/box-N is the box's uid's, and always there
-    if any(path not in own for path in owned_entries(box["uid"])):
+    found = find_owned(box["uid"], box_roots(box) if roots is None else roots, FAST_SEARCH_MAX)
+    if not found.complete or found.unread or any(path not in own for path in found.paths):
         return False
     return not any(_ipc_rows(box["uid"]))
 
@@ -234,21 +259,100 @@ def kill_all(uid: int, deadline_s: float = KILL_DEADLINE_S) -> bool:
         time.sleep(0.001)  # the zygote reaps them meanwhile; poll interval of the deadline
 
 
-def owned_entries(uid: int, roots: Iterable[str] = SHARED_DIRS) -> list[str]:
-    """Entries of the shared directories that belong to ``uid`` (as root: boxes cannot list
-    those directories), found with ``lstat``: a link is an entry, never followed."""
-    found = []
-    for root in roots:
+class Found(NamedTuple):
+    """What ``find_owned`` saw: the uid's entries (each to be removed whole), the directories
+    others may enter that it could not read (path, owner), and whether it looked everywhere
+    (``False``: it stopped at its limit, or a directory was replaced while it looked)."""
+
+    paths: list[str]
+    unread: list[tuple[str, int]]
+    complete: bool
+
+
+def find_owned(uid: int, roots: Iterable[str], limit: int | None = None) -> Found:
+    """The entries of ``uid`` under ``roots`` (boxes cannot list the shared directories: run
+    as root, or as a directory's owner), without following links: a directory is entered
+    through a descriptor opened with ``O_NOFOLLOW`` and checked to be the one its listing
+    showed. It descends into the directories of other uids that others may enter (``o+x``): a
+    box can have written only there, outside its own entries, which go whole."""
+    paths: list[str] = []
+    unread: list[tuple[str, int]] = []
+    pending: list[tuple[str, tuple[int, int] | None, int]] = [(r, None, 0) for r in roots]
+    seen = 0
+    while pending:
+        directory, identity, owner = pending.pop()
         try:
-            names = os.listdir(root)
-        except OSError:
+            listing = _listing(directory, identity)
+        except PermissionError:
+            unread.append((directory, owner))
             continue
-        for name in names:
-            path = os.path.join(root, name)
-            with contextlib.suppress(OSError):
-                if os.lstat(path).st_uid == uid:
-                    found.append(path)
-    return found
+        except OSError:  # gone, or not a directory (a root that this sandbox has not)
+            continue
+        if listing is None:
+            return Found(paths, unread, False)
+        for name, st in listing:
+            seen += 1
+            if limit is not None and seen > limit:
+                return Found(paths, unread, False)
+            path = os.path.join(directory, name)
+            if st.st_uid == uid:
+                paths.append(path)
+            elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IXOTH:
+                pending.append((path, (st.st_dev, st.st_ino), st.st_uid))
+    return Found(paths, unread, True)
+
+
+def _listing(directory: str, identity: tuple[int, int] | None) -> list[tuple[str, Any]] | None:
+    """(name, lstat) of each entry of ``directory``; ``None`` when it is no longer the
+    directory ``identity`` names (replaced, by a link or anything else, since it was seen)."""
+    fd = os.open(directory, _DIR_FLAGS)
+    try:
+        if identity is not None:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != identity:
+                return None
+        entries = []
+        with os.scandir(fd) as it:
+            for entry in it:
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    entries.append((entry.name, entry.stat(follow_symlinks=False)))
+        return entries
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def acting_as(uid: int, gid: int) -> Iterator[None]:
+    """For the block, this process reaches files and IPC objects as ``uid``/``gid`` (its
+    effective ids, no supplementary groups), then as root again. The real and saved uids stay
+    root's, so no process of ``uid`` can signal or trace it meanwhile. Only for a zygote
+    helper: a single-threaded child whose groups need not come back."""
+    os.setgroups([])
+    os.setegid(gid)
+    os.seteuid(uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)  # the permitted capabilities are effective again
+        os.setegid(0)
+
+
+def owned_entries(uid: int, roots: Iterable[str] = SHARED_DIRS) -> list[str]:
+    """Every entry of ``uid`` under ``roots`` that can be found (a helper's search, as root,
+    unbounded): each directory root may not read is read as its owner, in turn."""
+    found = find_owned(uid, roots)
+    paths = list(found.paths)
+    unread, tried = list(found.unread), set()
+    while unread:
+        directory, owner = unread.pop()
+        if directory in tried or owner in (0, uid):  # root's own, or going whole
+            continue
+        tried.add(directory)
+        with acting_as(owner, owner):  # a box's gid is its uid
+            more = find_owned(uid, [directory])
+        paths += more.paths
+        unread += more.unread
+    return paths
 
 
 def _writable(function: Any, path: str, exc: Any) -> None:

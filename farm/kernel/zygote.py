@@ -167,7 +167,8 @@ def _fork(run: Any) -> int:
 
 
 def _reset(box: dict[str, Any], isolation: str, pgid: int | None, remove: bool) -> bool:
-    """A helper's work: kill what the box runs; for a box that ends, remove what it left."""
+    """A helper's work: kill what the box runs; for a box that ends, remove what it left,
+    then look again: ``False`` (the box is never reused) while a file of its uid remains."""
     if isolation == "uids":
 
         def kill() -> bool:
@@ -180,11 +181,14 @@ def _reset(box: dict[str, Any], isolation: str, pgid: int | None, remove: bool) 
             return False
         if not remove:
             return True
-        left = uids.owned_entries(box["uid"])  # as root: /tmp and the like are not listable
-        uids.become(box["uid"], box["gid"])
-        uids.remove(left, keep_roots=(box["workspace"], box["tmp"]))
-        uids.remove_ipc(box["uid"])
-        return True
+        own = (box["workspace"], box["tmp"])  # emptied here, removed by the zygote
+        roots = uids.box_roots(box)
+        left = [path for path in uids.owned_entries(box["uid"], roots) if path not in own]
+        # As the box (its processes are all gone: nothing of its uid can signal this one).
+        with uids.acting_as(box["uid"], box["gid"]):
+            uids.remove(left, keep_roots=own)
+            uids.remove_ipc(box["uid"])
+        return not [path for path in uids.owned_entries(box["uid"], roots) if path not in own]
     if pgid is not None:  # one uid for all: only the session's own process group can go
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)

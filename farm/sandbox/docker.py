@@ -3,8 +3,10 @@
 Defaults that hold (each from ``SandboxLimits``): no network at all (``--network none``: a
 container on an ``internal`` network still reaches the host through the bridge gateway), the
 kernel on a Unix socket in a per-sandbox host directory bind-mounted at ``/run/farm`` (0700,
-root: no box can reach it), read-only root, size-capped tmpfs ``/tmp`` and ``/workspace``,
-pids/memory(=swap)/cpu limits, nofile/fsize/core ulimits, ``--init``, no-new-privileges.
+root: no box can reach it), read-only root, size-capped tmpfs ``/tmp``, ``/var/tmp`` (sticky
+and closed to listing, like ``/tmp``: where programs expect to write, e.g. the helper Inspect's
+tools install, ``/var/tmp/.<hash>``) and ``/workspace``, pids/memory(=swap)/cpu limits,
+nofile/fsize/core ulimits, ``--init``, no-new-privileges.
 
 The kernel runs as root *in the container* with five capabilities and no others
 (``BOX_CAPS``): CHOWN (give a box its directories), SETUID and SETGID (run each box as a uid of
@@ -152,6 +154,7 @@ class DockerSandbox(Sandbox):
             # tmpfs, would stop no code that Python itself can run)
             "tmpfs": {
                 "/tmp": f"size={lim.tmp_mb}m,mode=1733,exec,nosuid,nodev",
+                "/var/tmp": f"size={lim.tmp_mb}m,mode=1733,exec,nosuid,nodev",
                 "/workspace": f"size={lim.workspace_mb}m,mode=0711,exec,nosuid,nodev",
             },
             "pids_limit": lim.pids,

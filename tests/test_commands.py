@@ -5,11 +5,13 @@ process (process backend): commands beside the REPL, files of any size. The dock
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
 from farm.client import Farm, Session
 from farm.errors import FileOperationError
+from tests.conftest import Cells
 from tests.waiting import wait_for
 
 
@@ -71,6 +73,52 @@ def test_a_timeout_kills_the_whole_group_and_the_session_lives(session: Session)
     shell, child = (int(pid) for pid in result.stdout.split())
     assert wait_for(lambda: not _alive(shell) and not _alive(child), 10)  # the tree, not one
     assert session.run("1 + 1").value is not None
+
+
+# A daemon that left the command's group (setsid) and one whose parent exited at once (a
+# double fork: re-parented), each printing its pid, then a wait that outlives the timeout.
+ESCAPES = (
+    "setsid sleep 300 >/dev/null 2>&1 & echo $!; "
+    "(setsid sleep 300 >/dev/null 2>&1 & echo $!); sleep 30"
+)
+
+
+def test_a_timeout_kills_the_whole_tree_and_nothing_else(session: Session) -> None:
+    """Descendants that left the group or were re-parented die with the command at its
+    timeout; the session's process, a command running beside it and the background child of
+    a command that ended earlier live on."""
+    session.exec("(sleep 60 & echo $! > bg.pid) > /dev/null 2>&1", timeout_s=10)
+    background = int(session.files.read("bg.pid"))
+    beside: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: beside.append(session.exec("touch beside; sleep 3; echo kept", timeout_s=30))
+    )
+    thread.start()
+    assert wait_for(lambda: session.exec(["ls"]).stdout.split().count("beside"), 10)
+    result = session.exec(ESCAPES, timeout_s=1)
+    assert result.timed_out and result.kind == "timeout", result
+    escaped = [int(pid) for pid in result.stdout.split()]
+    assert len(escaped) == 2, result
+    assert wait_for(lambda: not any(_alive(pid) for pid in escaped), 10), escaped
+    thread.join()
+    assert beside[0].ok and beside[0].stdout == "kept\n", beside
+    assert _alive(background)
+    assert session.run("1 + 1").value is not None
+
+
+@pytest.mark.docker
+def test_in_a_docker_box_a_timeout_kills_the_whole_tree_too(docker_sandbox: Any) -> None:
+    """The same in a box of its own uid: the supervisor kills what the keeper holds."""
+    with docker_sandbox.kernel() as client:
+        cells = Cells(client)
+        result = client.command(cells.id, ["sh", "-c", ESCAPES], exec_id="tree", timeout_s=1)
+        assert result["timed_out"], result
+        escaped = [int(pid) for pid in result["stdout"].split()]
+        assert len(escaped) == 2, result
+        alive = f"import os\n[p for p in {escaped} if os.path.exists(f'/proc/{{p}}')]"
+        assert wait_for(lambda: cells.value(alive) == "[]", 10), cells.value(alive)
+        assert cells.value("1 + 1") == "2"
+        client.close_session(cells.id)
 
 
 def test_a_signal_death_is_128_plus_the_signal(session: Session) -> None:

@@ -16,6 +16,7 @@ Inspect's own runner; at the end the farm must have removed every container it s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -37,6 +38,7 @@ from inspect_ai.log import read_eval_log_async
 from inspect_ai.util import (
     OutputLimitExceededError,
     SandboxEnvironment,
+    SandboxEnvironmentLimits,
     SandboxEnvironmentSpec,
     SandboxUnavailableError,
     SandboxUserUnsupportedError,
@@ -126,6 +128,55 @@ async def test_output_over_the_cap_raises_with_its_tail(farm_env: FarmSandboxEnv
     assert "limit of 4 KiB was exceeded" in str(caught.value)
     assert caught.value.truncated_output is not None
     assert caught.value.truncated_output.endswith("a\nend\n")
+
+
+MIB = 1024 * 1024
+
+
+async def test_output_of_inspects_full_limit_on_both_streams_comes_back_whole(
+    farm_env: FarmSandboxEnvironment,
+) -> None:
+    """Inspect's default cap is 10 MiB per stream (``SandboxEnvironmentLimits``); its Docker
+    provider returns up to that much of each. Farm returns both whole, and one byte more is
+    ``OutputLimitExceededError`` with the output's tail (what Inspect documents a provider may
+    raise)."""
+    limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+    assert limit == 10 * MIB  # the default this test is about (no INSPECT_SANDBOX_* override)
+    both = f"head -c {limit} /dev/zero | tr '\\0' a; head -c {limit} /dev/zero | tr '\\0' b >&2"
+    result = await farm_env.exec(["sh", "-c", both], timeout=120)
+    assert result.success, result.returncode
+    assert (len(result.stdout), len(result.stderr)) == (limit, limit)
+    assert result.stdout == "a" * limit and result.stderr == "b" * limit
+    over = f"head -c {limit + 1} /dev/zero | tr '\\0' a"
+    with pytest.raises(OutputLimitExceededError) as caught:
+        await farm_env.exec(["sh", "-c", over], timeout=120)
+    assert "limit of 10 MiB was exceeded" in str(caught.value)
+    assert caught.value.truncated_output is not None
+    assert caught.value.truncated_output.endswith("a" * 1000)
+
+
+async def test_read_file_of_inspects_full_limit_works(farm_env: FarmSandboxEnvironment) -> None:
+    """``read_file`` returns a file of exactly Inspect's read limit (100 MiB) byte for byte;
+    one byte more is ``OutputLimitExceededError``. The file sits in the box's workspace, a
+    256 MiB tmpfs every box of the sandbox shares (``FARM_SANDBOX_WORKSPACE_MB``): 100 MiB and
+    a byte fit beside the module's other boxes, and the file is removed at the end."""
+    limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+    assert limit == 100 * MIB  # the default this test is about
+    made = await farm_env.exec(
+        ["sh", "-c", f"head -c {limit} /dev/urandom > big.bin && sha256sum big.bin"], timeout=120
+    )
+    try:
+        assert made.success, made.stderr
+        data = await farm_env.read_file("big.bin", text=False)
+        assert len(data) == limit
+        assert hashlib.sha256(data).hexdigest() == made.stdout.split()[0]
+        del data
+        assert (await farm_env.exec(["sh", "-c", "printf x >> big.bin"])).success
+        with pytest.raises(OutputLimitExceededError) as caught:
+            await farm_env.read_file("big.bin", text=False)
+        assert "limit of 100 MiB was exceeded" in str(caught.value)
+    finally:
+        assert (await farm_env.exec(["rm", "-f", "big.bin"])).success
 
 
 async def test_commands_run_concurrently_in_one_box(farm_env: FarmSandboxEnvironment) -> None:

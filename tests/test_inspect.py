@@ -482,3 +482,48 @@ async def test_an_offline_eval_runs_its_tools_in_farm(
     assert log.results is not None
     assert log.results.scores[0].metrics["accuracy"].value == 1.0
     assert recorded(farm_handle) == {farm_env.session.id}  # the eval's box was closed
+
+
+async def test_an_injected_tool_runs_in_farm_and_its_files_end_with_the_box(
+    farm_env: FarmSandboxEnvironment, farm_handle: FarmHandle, docker_env: Any, tmp_path: Path
+) -> None:
+    """``tests/inspect_eval.py editor``: ``text_editor``, which Inspect *injects* (it installs
+    its helper under ``/var/tmp`` as the sample's user and starts it there), creates and views
+    a file in the sample's box, and ``bash`` reads it back. What the box left in ``/var/tmp``
+    (the helper, the file) is gone once the sample's box is closed."""
+    parts = urlsplit(farm_handle.farm.settings.broker_url)
+    url = urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port}"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(installed_entry_points(tmp_path / "site")), str(ROOT)]),
+        FARM_BROKER_PASSWORD=str(parts.password),
+    )
+    script = ROOT / "tests" / "inspect_eval.py"
+    with anyio.fail_after(280):
+        run = await anyio.run_process(
+            [sys.executable, str(script), str(tmp_path / "logs"), url, "editor"],
+            cwd=tmp_path,
+            env=env,
+            check=False,
+        )
+    assert run.returncode == 0, run.stderr.decode()[-4000:]
+    log = await read_eval_log_async(json.loads(run.stdout.decode().splitlines()[-1])["location"])
+    assert log.status == "success", log.error
+    assert log.samples is not None
+    tools = [m for m in log.samples[0].messages if m.role == "tool"]
+    assert [(m.function, m.error) for m in tools] == [
+        ("text_editor", None),
+        ("text_editor", None),
+        ("bash", None),
+    ], [m.text for m in tools]
+    created, viewed, read_back = (m.text for m in tools)
+    assert "six times seven" in viewed and read_back == "six times seven\n", (created, viewed)
+    assert recorded(farm_handle) == {farm_env.session.id}  # the eval's box was closed
+    (container,) = farm_containers(docker_env, list(farm_handle.farm.local_farm.workers))
+
+    def var_tmp() -> list[str]:
+        listed = container.exec_run(["ls", "-A", "/var/tmp"], user="0:0")
+        assert listed.exit_code == 0, listed.output
+        return sorted(listed.output.decode().split())
+
+    assert wait_for(lambda: var_tmp() == [], 30), var_tmp()

@@ -28,9 +28,14 @@ from farm.errors import ImageBuildError, SandboxUnavailable
 from farm.local import LocalFarm
 from farm.registry import Registry
 from farm.sandbox.catalog import build_image, list_images, prepare_served_image
-from farm.sandbox.environments import CONTEXT_DIR, WHEELS_DIR, ensure_env_image
+from farm.sandbox.environments import CONTEXT_DIR, ENV_DOCKERFILE, WHEELS_DIR, ensure_env_image
 from farm.sandbox.envspec import EnvLimits, EnvSpec, load_spec, make_spec
-from farm.sandbox.images import default_repo_root
+from farm.sandbox.images import (
+    KERNEL_DIR,
+    LABEL_KERNEL_HASH,
+    default_repo_root,
+    kernel_source_hash,
+)
 from farm.sweep import Sweep, plan_sweep
 from tests.conftest import Cells, make_docker_sandbox, remove_image_tags
 
@@ -306,6 +311,46 @@ def test_from_an_image_without_python_fails_saying_so(docker_env: Any, tmp_path:
     finally:
         _forget(docker_env, name)
         docker_env.images.remove(tag)
+
+
+def test_a_kernel_change_rebuilds_an_environment_from_its_recorded_spec(
+    docker_env: Any, tmp_path: Path
+) -> None:
+    """``farm image build NAME`` after the kernel changed, in a copy of this checkout whose
+    kernel the test edits: the image is rebuilt from the spec it recorded, holds the new
+    kernel and is labelled with its hash; before the change and after the rebuild, it is
+    current (nothing is built)."""
+    root = tmp_path / "checkout"
+    shutil.copytree(
+        default_repo_root() / KERNEL_DIR,
+        root / KERNEL_DIR,
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    (root / ENV_DOCKERFILE).parent.mkdir(parents=True)
+    shutil.copy2(default_repo_root() / ENV_DOCKERFILE, root / ENV_DOCKERFILE)
+    name = f"pytest-kernel-{RUN}"
+    try:
+        first = build_image(name, make_spec(name=name), client=docker_env, repo_root=root)
+        assert first.built
+        assert not build_image(name, client=docker_env, repo_root=root).built
+        marker = f"# pytest {RUN}: the kernel changed\n"
+        with (root / KERNEL_DIR / "__init__.py").open("a") as init:
+            init.write(marker)
+        rebuilt = build_image(name, client=docker_env, repo_root=root)  # from its recorded spec
+        assert rebuilt.built and rebuilt.image_id != first.image_id
+        image = docker_env.images.get(f"farm-sandbox:{name}")
+        assert image.id == rebuilt.image_id
+        assert image.labels[LABEL_KERNEL_HASH] == kernel_source_hash(root, ENV_DOCKERFILE)
+        kernel = docker_env.containers.run(
+            image.id,
+            entrypoint=["cat", "/opt/farm/farm/kernel/__init__.py"],
+            network_mode="none",
+            remove=True,
+        )
+        assert kernel.decode().endswith(marker)
+        assert not build_image(name, client=docker_env, repo_root=root).built
+    finally:
+        _forget(docker_env, name)
 
 
 def test_a_name_that_was_never_built_is_refused_with_how_to_build_it(docker_env: Any) -> None:

@@ -1,18 +1,28 @@
 """farm's exceptions: one root, a shallow tree, each carrying what it belongs to.
 
 Error kinds are defined once (``farm.models.ErrorKind``) and mapped to exceptions once, here.
+
+The root, ``FarmError``, and the kernel client's errors are defined in ``farm.kernel.client``
+(the kernel is stdlib only and imports nothing of farm's outside it, so its client's errors can
+derive from no root defined here) and re-exported here: what ``Sandbox.kernel()``'s clients
+raise is a ``FarmError`` too. ``KernelRequestError.code`` says why the kernel refused a request;
+``KernelConnectionError``, ``KernelAuthError`` and ``KernelProtocolError`` that it could not be
+reached, authenticated or understood.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from farm.kernel.client import FarmError as FarmError
+from farm.kernel.client import KernelAuthError as KernelAuthError
+from farm.kernel.client import KernelConnectionError as KernelConnectionError
+from farm.kernel.client import KernelError as KernelError
+from farm.kernel.client import KernelProtocolError as KernelProtocolError
+from farm.kernel.client import KernelRequestError as KernelRequestError
+
 if TYPE_CHECKING:
     from farm.models import ExecResult
-
-
-class FarmError(Exception):
-    """Root of every farm error."""
 
 
 class ExecFailed(FarmError):

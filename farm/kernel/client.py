@@ -6,6 +6,12 @@ request (an execute waits ``timeout_s + grace + slack``, since the kernel itself
 timeout). Failures raise ``KernelError`` subclasses; results are plain dicts that validate as
 ``farm.models.ExecResult``.
 
+``FarmError``, the root of every farm error, is defined here and re-exported by
+``farm.errors``, where users import it: the kernel imports nothing of farm's outside itself, so
+the root its client's errors derive from must live inside it. That way a failure of the public
+sandbox API (``Sandbox.kernel()`` hands out these clients) is a ``FarmError`` like any other,
+with no translation layer to forget, and the kernel stays stdlib only.
+
 A request is an exchange: the kernel may send intermediate frames before the final one
 (``event`` frames of a running cell, see ``farm.kernel.streaming``); ``request`` hands each to
 ``on_frame`` and returns the final frame. This is the channel for everything that travels
@@ -32,7 +38,11 @@ REQUEST_SLACK_S = 15.0
 FILE_TIMEOUT_S = 150.0
 
 
-class KernelError(Exception):
+class FarmError(Exception):
+    """Root of every farm error (``farm.errors.FarmError``; see the module's docstring)."""
+
+
+class KernelError(FarmError):
     """Base of every kernel client failure."""
 
 

@@ -14,7 +14,7 @@ Invariants:
 - limits are within the sandbox's own caps (its cgroup's memory and pids, its hard rlimits).
 
 ``isolation="uids"`` (the docker sandbox: the kernel runs as root with CAP_SETUID/SETGID/
-SETPCAP/CHOWN) switches each box to its own uid. ``"dirs"`` (the process backend, run as an
+SETPCAP/CHOWN/KILL) switches each box to its own uid. ``"dirs"`` (the process backend, run as an
 ordinary user) keeps the private directories and limits but cannot separate uids.
 """
 

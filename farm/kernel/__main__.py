@@ -85,6 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "SETPCAP, CHOWN, KILL); dirs: private directories only, one uid for all",
     )
     parser.add_argument("--box-uid-base", type=int, default=20000, help="box N runs as uid base+N")
+    # The host warned that dirs isolation separates no uids: the kernel says it at debug only.
+    parser.add_argument("--dirs-warned", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--tool-output-chars",
         type=int,
@@ -95,16 +97,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def prepare_shared_dirs(pool: BoxPool) -> None:
+def prepare_shared_dirs(pool: BoxPool, *, warned: bool = False) -> None:
     """Check that boxes can get uids of their own, and close the shared directories: a box
     may create its own entries in them (``/tmp``: sticky) but list nobody's. ``dirs``
-    isolation makes the roots only, and says once, loudly, what it cannot do."""
+    isolation makes the roots only, and says loudly what it cannot do, unless whoever started
+    the kernel has said it already (``warned``: the process backend warns once per process,
+    not at every sandbox it starts)."""
     os.makedirs(pool.workspace_root, exist_ok=True)
     os.makedirs(pool.tmp_root, exist_ok=True)
     if pool.isolation == "dirs":
-        logging.getLogger("farm.kernel").warning(
+        logging.getLogger("farm.kernel").log(
+            logging.DEBUG if warned else logging.WARNING,
             "isolation 'dirs': sessions get private directories and limits but share one "
-            "uid, so they can read and signal each other; use the docker backend to separate them"
+            "uid, so they can read and signal each other; use the docker backend to separate them",
         )
         return
     missing = [name for bit, name in REQUIRED_CAPS.items() if not _effective_caps() >> bit & 1]
@@ -177,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         uid_base=args.box_uid_base,
         count=args.max_sessions + SPARE_BOXES,
     )
-    prepare_shared_dirs(pool)
+    prepare_shared_dirs(pool, warned=args.dirs_warned)
     _, zygote_sock = zygote.start(args.isolation)
     token = _read_token(args)
     prctl(PR_SET_DUMPABLE, 0)

@@ -31,7 +31,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy farm
 
-BENCHMARKS = kernel sandbox farm_e2e sweep stream
+BENCHMARKS = kernel sandbox farm_e2e sweep stream environments redis_capacity
 
 bench: setup
 	@set -e; for b in $(BENCHMARKS); do echo "== bench/$$b.py"; $(VPY) bench/$$b.py; done

@@ -4,6 +4,7 @@ field is added, renamed, retyped or made optional on one side only."""
 
 from __future__ import annotations
 
+import contextlib
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is_typeddict
@@ -69,6 +70,29 @@ def required_none(frame: Any) -> set[str]:
     return {k for k, hint in get_type_hints(frame).items() if type(None) in get_args(hint)}
 
 
+def kernel_part(value: Any, hint: Any) -> Any:
+    """A model's dump without what the host adds to what the kernel sent (a model's
+    ``HOST_FIELDS``, such as a result's ``worker``), at any depth (an item's cells)."""
+    origin, args = get_origin(hint), get_args(hint)
+    if isinstance(hint, type) and issubclass(hint, BaseModel) and isinstance(value, dict):
+        host_only = getattr(hint, "HOST_FIELDS", frozenset())
+        return {
+            k: kernel_part(v, hint.model_fields[k].annotation)
+            for k, v in value.items()
+            if k not in host_only
+        }
+    if origin in (Union, types.UnionType) and value is not None:
+        for member in args:  # the member the value is (a discriminated union's by its type)
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                with contextlib.suppress(ValueError):
+                    member.model_validate(value)
+                    return kernel_part(value, member)
+        return value
+    if origin is list and isinstance(value, list):
+        return [kernel_part(v, args[0]) for v in value]
+    return value
+
+
 def model_fields(model: type[BaseModel]) -> tuple[set[str], set[str]]:
     """(all the fields the kernel knows, the required ones); host-only fields left out."""
     host_only = getattr(model, "HOST_FIELDS", frozenset())
@@ -104,11 +128,7 @@ def test_every_host_model_dumps_a_frame_the_kernel_accepts(name: str, variant: i
     frame = protocol.HOST_FRAMES[name]
     model = models.KERNEL_FRAMES[name]
     built = model.model_validate(sample(frame, variant))
-    dumped = built.model_dump(mode="json", exclude_none=False)
-    result = model.model_fields.get("result")
-    host_only = getattr(result.annotation, "HOST_FIELDS", ()) if result else ()
-    if host_only:  # a result the host completes: the kernel's part is what it sent
-        dumped["result"] = {k: v for k, v in dumped["result"].items() if k not in host_only}
+    dumped = kernel_part(built.model_dump(mode="json", exclude_none=False), model)
     optional = {n for n, f in model.model_fields.items() if not f.is_required()}
     dumped = {
         k: v for k, v in dumped.items() if v is not None or k not in optional - required_none(frame)

@@ -36,7 +36,7 @@ import traceback  # noqa: F401
 import typing  # noqa: F401
 
 from . import auth, repl, zygote  # noqa: F401
-from .boxes import BoxPool
+from .boxes import BoxPool, Caps, LimitsError
 from .framing import DEFAULT_MAX_FRAME
 from .server import KernelServer, serve_forever
 from .uids import prctl
@@ -50,6 +50,15 @@ REQUIRED_CAPS = {
     6: "CAP_SETGID",
     7: "CAP_SETUID",
     8: "CAP_SETPCAP",
+}
+
+
+# A box's limits the host may preset (``--box-memory-mb`` ...); a session asks for others.
+BOX_DEFAULTS = {
+    "memory_mb": "data per process, MB",
+    "pids": "processes and threads",
+    "fsize_mb": "largest file, MB",
+    "nofile": "open files per process",
 }
 
 
@@ -85,6 +94,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "SETPCAP, CHOWN, KILL); dirs: private directories only, one uid for all",
     )
     parser.add_argument("--box-uid-base", type=int, default=20000, help="box N runs as uid base+N")
+    for name, what in BOX_DEFAULTS.items():
+        flag = "--box-" + name.replace("_", "-")
+        parser.add_argument(flag, type=int, dest=f"box_{name}", help=f"a box's default {what}")
     # The host warned that dirs isolation separates no uids: the kernel says it at debug only.
     parser.add_argument("--dirs-warned", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -182,6 +194,11 @@ def main(argv: list[str] | None = None) -> None:
         uid_base=args.box_uid_base,
         count=args.max_sessions + SPARE_BOXES,
     )
+    preset = {name: value for name in BOX_DEFAULTS if (value := getattr(args, f"box_{name}"))}
+    try:
+        caps = Caps.of_this_sandbox(preset)
+    except LimitsError as exc:
+        raise SystemExit(f"the boxes' default limits do not fit this sandbox: {exc}") from None
     prepare_shared_dirs(pool, warned=args.dirs_warned)
     _, zygote_sock = zygote.start(args.isolation)
     token = _read_token(args)
@@ -194,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
         max_connections=args.max_connections,
         max_frame=args.max_frame,
         pool=pool,
+        caps=caps,
         tool_limit=args.tool_output_chars,
     )
 

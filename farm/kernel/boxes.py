@@ -66,21 +66,31 @@ class Caps:
     pids: int | None
     fsize_mb: int | None
     nofile: int | None
+    # The host's defaults for its boxes (the kernel's --box-* arguments): a session that asks
+    # for no other limits gets these, and so can take a spare process made with them.
+    preset: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of_this_sandbox(cls) -> Caps:
+    def of_this_sandbox(cls, preset: dict[str, int] | None = None) -> Caps:
+        """This sandbox's caps; ``preset`` limits over the built-in defaults (``LimitsError``
+        when one is over a cap: a sandbox that could open no session must not start)."""
         memory = _cgroup_value(_MEMORY_FILES)
         fsize = _hard(resource.RLIMIT_FSIZE)
-        return cls(
+        caps = cls(
             memory_mb=memory // MB if memory else None,
             pids=_cgroup_value(_PIDS_FILES),
             fsize_mb=fsize // MB if fsize else None,
             nofile=_hard(resource.RLIMIT_NOFILE),
         )
+        if preset:
+            caps.check(preset)
+            caps = cls(**{**caps.__dict__, "preset": dict(preset)})
+        return caps
 
     def defaults(self) -> BoxLimits:
-        """A box's limits when the host names none: half the sandbox's memory, a quarter of
-        its pids (at most ``DEFAULT_PIDS``), its file size, and ``DEFAULT_NOFILE`` files."""
+        """A box's limits when the host names none: the host's ``preset``, and for what it
+        leaves out, half the sandbox's memory, a quarter of its pids (at most
+        ``DEFAULT_PIDS``), its file size, and ``DEFAULT_NOFILE`` files."""
         limits: BoxLimits = {
             "pids": min(DEFAULT_PIDS, max(self.pids // 4, 8)) if self.pids else DEFAULT_PIDS,
             "nofile": min(DEFAULT_NOFILE, self.nofile or DEFAULT_NOFILE),
@@ -89,6 +99,7 @@ class Caps:
             limits["memory_mb"] = max(self.memory_mb // 2, 16)
         if self.fsize_mb:
             limits["fsize_mb"] = self.fsize_mb
+        limits.update(self.preset)  # type: ignore[typeddict-item]
         return limits
 
     def check(self, requested: dict[str, Any] | None) -> BoxLimits:

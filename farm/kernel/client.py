@@ -31,6 +31,7 @@ from typing import Any
 
 from . import auth
 from .framing import DEFAULT_MAX_FRAME, FrameError, recv_frame, send_frame
+from .protocol import RECOVERABLE_CODES
 
 DEFAULT_TIMEOUT_S = 30.0
 INTERMEDIATE = {"event"}  # frame types a kernel may send before the final reply
@@ -196,7 +197,10 @@ class KernelClient:
                 self.close()
                 raise KernelConnectionError(f"the kernel at {self.address} closed the connection")
         if reply["type"] == "error":
-            raise KernelRequestError(str(reply.get("code")), str(reply.get("message")))
+            code = str(reply.get("code"))
+            if code not in RECOVERABLE_CODES:
+                self.close()  # the kernel closed its end: the next request connects again
+            raise KernelRequestError(code, str(reply.get("message")))
         return reply
 
     def ping(self, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -296,6 +300,53 @@ class KernelClient:
         message = {"type": "file", "session_id": session_id, "op": op, "path": path, **fields}
         reply = self.request(message, FILE_TIMEOUT_S)
         return {"result": reply.get("result"), "error": reply.get("error")}
+
+    def item(
+        self,
+        exec_id: str,
+        cells: list[str],
+        *,
+        timeout_s: float,
+        session_id: str | None = None,
+        limits: dict[str, int] | None = None,
+        files: dict[str, bytes] | None = None,
+        argv: list[str] | None = None,
+        max_output_bytes: int | None = None,
+        grace_s: float = 2.0,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """A one-shot box in one round trip (``protocol.Item``): open, write ``files``, run
+        ``cells`` (stopping at the first that fails), run ``argv``, close. With ``on_event``,
+        each cell's events reach it with the cell's exec id (``<exec_id>-<n>``). Returns the
+        ``ItemOutcome`` dict (``cells``, ``command``, ``file_error``, ``session_id``)."""
+        message: dict[str, Any] = {
+            "type": "item",
+            "exec_id": exec_id,
+            "cells": cells,
+            "timeout_s": timeout_s,
+        }
+        optional = {"session_id": session_id, "limits": limits, "argv": argv}
+        message.update({k: v for k, v in optional.items() if v})
+        if files:
+            encoded = {path: base64.b64encode(data).decode("ascii") for path, data in files.items()}
+            message["files"] = encoded
+        if max_output_bytes is not None:
+            message["max_output_bytes"] = max_output_bytes
+        on_frame = None
+        if on_event is not None:
+            message["events"] = True
+
+            def on_frame(frame: dict[str, Any]) -> dict[str, Any] | None:
+                on_event(frame["exec_id"], frame["event"])
+                return None
+
+        steps = len(cells) + (1 if argv else 0)
+        budget = steps * (timeout_s + grace_s) + REQUEST_SLACK_S + FILE_TIMEOUT_S * bool(files)
+        reply = self.request(message, budget, on_frame)
+        if reply.get("type") != "item_result":
+            raise KernelProtocolError(f"unexpected reply to item: {reply.get('type')!r}")
+        result: dict[str, Any] = reply["result"]
+        return result
 
     def close_session(self, session_id: str) -> None:
         self.request({"type": "close_session", "session_id": session_id})

@@ -24,6 +24,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
@@ -82,24 +83,34 @@ class SessionManager:
         self.grace_s = grace_s
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
+        self.opens = 0
+        self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
         self.loop = asyncio.get_running_loop()
 
     async def open(
-        self, tools: bool = True, limits: dict[str, Any] | None = None
+        self,
+        tools: bool = True,
+        limits: dict[str, Any] | None = None,
+        session_id: str | None = None,
     ) -> dict[str, Any]:
         """Open a session: a spare process when it fits (the usual case: default limits and
-        tools), else a process spawned for it; either way a box of its own."""
+        tools), else a process spawned for it; either way a box of its own. ``session_id`` is
+        the host's choice (a one-shot ``item``), else a new one."""
         if len(self.sessions) >= self.max_sessions:
             raise RequestError(
                 "too_many_sessions", f"this kernel holds {self.max_sessions} sessions"
             )
+        if session_id is not None and session_id in self.sessions:
+            raise RequestError("bad_request", f"session {session_id!r} exists already")
         try:
             checked = self.caps.check(limits)
         except LimitsError as exc:
             raise RequestError("bad_limits", str(exc)) from None
         spare = self.spawner.take_spare() if tools and checked == self.caps.defaults() else None
+        self.opens += 1
         if spare is not None:
             box, proc = spare
+            self.spare_opens += 1
         else:
             box = self.spawner.take_box(checked)
             try:
@@ -107,7 +118,7 @@ class SessionManager:
             except BaseException:
                 self.spawner.end_box(box, None)
                 raise
-        session = Session(uuid.uuid4().hex, box, tools)
+        session = Session(session_id or uuid.uuid4().hex, box, tools)
         session.proc = proc
         self.sessions[session.id] = session
         self.spawner.refill()
@@ -128,6 +139,9 @@ class SessionManager:
         session = self.sessions.pop(session_id, None)
         if session is None:
             raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
+        # Killed before its socket is closed: closing first would wake it to read the end of
+        # its input and exit by itself, which costs more than the kill its box gets anyway.
+        session.proc.signal(signal.SIGKILL, group=True)
         session.proc.close(self.loop)
         self.spawner.end_box(session.box, session.proc)
         log.debug("session %s closed", session_id)
@@ -183,6 +197,55 @@ class SessionManager:
         session.last_used = time.monotonic()
         result = {"exec_id": request["exec_id"], "session_id": session.id, **outcome}
         return {"type": "command_result", "result": result}
+
+    async def item(
+        self, request: dict[str, Any], emit_for: Callable[[str], Emit | None]
+    ) -> dict[str, Any]:
+        """A one-shot box (``protocol.Item``): open, write its files, run its cells (stopping
+        at the first that fails: a later cell would run on a broken premise), run its command,
+        close. The same steps as the host taking them one request at a time, with the same
+        rules (each cell's timeout, caps, kinds), for one round trip instead of four or more:
+        a batch item's cost is its box, not its messages."""
+        opened = await self.open(request["tools"], request["limits"], request["session_id"])
+        session_id, epoch = opened["session_id"], opened["epoch"]
+        outcome: dict[str, Any] = {
+            "session_id": session_id,
+            "cells": [],
+            "command": None,
+            "file_error": None,
+        }
+        cell = {k: request[k] for k in ("timeout_s", "max_output_bytes")}
+        try:
+            for path, data in request["files"].items():
+                write = {"session_id": session_id, "op": "write", "path": path, "data": data}
+                reply = await self.file({**write, "offset": 0})
+                if reply["error"] is not None:
+                    outcome["file_error"] = reply["error"]
+                    return outcome
+            for number, code in enumerate(request["cells"]):
+                exec_id = f"{request['exec_id']}-{number}"
+                run = {**cell, "session_id": session_id, "epoch": epoch, "code": code}
+                result = await self.execute({**run, "exec_id": exec_id}, emit_for(exec_id))
+                outcome["cells"].append(result)
+                epoch = result["epoch"]
+                if result["status"] != "ok":
+                    return outcome
+            if request["argv"] is not None:
+                command = {
+                    **cell,
+                    "session_id": session_id,
+                    "exec_id": f"{request['exec_id']}-cmd",
+                    "argv": request["argv"],
+                    "env": {},
+                    "cwd": None,
+                    "stdin": b"",
+                    "stdin_path": None,
+                }
+                outcome["command"] = (await self.command(command))["result"]
+            return outcome
+        finally:
+            if session_id in self.sessions:  # a host's close_session may have ended it
+                self.close(session_id)
 
     def _session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)

@@ -7,10 +7,11 @@ every frame from these definitions and validates it with the models, and the rev
 Three conversations, from the outside in:
 
 - host <-> supervisor (``HOST_FRAMES``): the handshake (``hello``, ``auth``, ``welcome``), then
-  requests (``ping``, ``open_session``, ``execute``, ``close_session``) each answered by one
-  final frame (``pong``, ``session_opened``, ``exec_result``, ``session_closed`` or ``error``).
-  While an ``execute`` with ``events`` runs, ``event`` frames come first, and the host answers
-  a host call (an ``event`` of type ``call``) with an ``answer``;
+  requests (``ping``, ``open_session``, ``execute``, ``close_session``, ``command``, ``file``,
+  ``item``) each answered by one final frame (``pong``, ``session_opened``, ``exec_result``,
+  ``session_closed``, ``command_result``, ``file_result``, ``item_result`` or ``error``).
+  While an ``execute`` (or ``item``) with ``events`` runs, ``event`` frames come first, and the
+  host answers a host call (an ``event`` of type ``call``) with an ``answer``;
 - supervisor <-> session process and supervisor <-> zygote, which never leave the sandbox:
   ``farm.kernel.box_protocol``.
 """
@@ -24,6 +25,10 @@ Kind = Literal[
     "user", "timeout", "oom", "output_limit", "state_lost", "sandbox_lost", "infra", "input"
 ]
 KINDS: tuple[Kind, ...] = get_args(Kind)
+
+# Codes of ``error`` frames after which the kernel keeps the connection; after any other, the
+# kernel closes it (the request was malformed or hostile).
+RECOVERABLE_CODES = frozenset({"no_such_session", "too_many_sessions", "unavailable", "bad_limits"})
 
 # --- values inside frames ----------------------------------------------------------------------
 
@@ -154,6 +159,9 @@ class Pong(TypedDict):
     max_frame: int
     isolation: Literal["uids", "dirs"]
     box_limits: BoxLimits
+    opens: int  # sessions opened so far
+    spare_opens: int  # of which took a process made ahead of time
+    spares: int  # such processes ready now
 
 
 class _OpenSessionRequired(TypedDict):
@@ -293,6 +301,42 @@ class FileReply(TypedDict):
     error: FileError | None
 
 
+class _ItemRequired(TypedDict):
+    type: Literal["item"]
+    exec_id: str  # cell n runs as "<exec_id>-<n>", the command as "<exec_id>-cmd"
+    cells: list[str]
+    timeout_s: float
+
+
+class Item(_ItemRequired, total=False):
+    """A one-shot box in one request: open it, write ``files`` (workspace path -> base64),
+    run ``cells`` in order (stopping at the first that fails), then ``argv`` as a command,
+    and close it. ``session_id`` (the host's choice) lets the host close it early."""
+
+    session_id: str
+    tools: bool
+    limits: BoxLimits
+    files: dict[str, str]
+    argv: list[str]
+    max_output_bytes: int
+    events: bool
+
+
+class ItemOutcome(TypedDict):
+    """What a one-shot box did: its cells' results, the command's, or the file it could not
+    write (then nothing ran)."""
+
+    session_id: str
+    cells: list[CellResult]
+    command: CommandOutcome | None
+    file_error: FileError | None
+
+
+class ItemReply(TypedDict):
+    type: Literal["item_result"]
+    result: ItemOutcome
+
+
 HOST_FRAMES: dict[str, type] = {
     "hello": Hello,
     "auth": Auth,
@@ -312,4 +356,6 @@ HOST_FRAMES: dict[str, type] = {
     "command_result": CommandReply,
     "file": FileRequest,
     "file_result": FileReply,
+    "item": Item,
+    "item_result": ItemReply,
 }

@@ -10,9 +10,7 @@ is closed; the server keeps serving everyone else. An unauthenticated connection
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
-import math
 import os
 import platform
 import signal
@@ -21,11 +19,12 @@ import time
 from typing import Any
 
 from . import KERNEL_VERSION, auth
-from .boxes import BoxPool
+from .boxes import BoxPool, Caps
 from .cell import fit
 from .framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
 from .manager import SessionManager
-from .process import DEFAULT_OUTPUT_BYTES
+from .protocol import RECOVERABLE_CODES
+from .requests import Requests, field
 from .spawner import RequestError
 from .streaming import Emit
 
@@ -33,9 +32,6 @@ log = logging.getLogger("farm.kernel")
 
 HANDSHAKE_TIMEOUT_S = 5.0
 HANDSHAKE_MAX_FRAME = 4096
-MAX_TIMEOUT_S = 24 * 3600.0
-# Errors after which the connection stays usable; every other error closes it.
-_RECOVERABLE = {"no_such_session", "too_many_sessions", "unavailable", "bad_limits"}
 # An authenticated peer's frame up to this many times the limit is read and dropped (the host
 # sent a cell too large: it gets ``too_large`` and keeps its connection); a bigger one closes it.
 DISCARD_FACTOR = 4
@@ -52,16 +48,19 @@ class KernelServer:
         max_connections: int = 1024,
         max_frame: int = DEFAULT_MAX_FRAME,
         pool: BoxPool,
+        caps: Caps | None = None,
         tool_limit: int = 3000,
     ) -> None:
         self._token = token
         self.pool = pool
+        self.caps = caps
         self.tool_limit = tool_limit
         self._zygote = zygote
         self.grace_s = grace_s
         self.max_sessions = max_sessions
         self.max_connections = max_connections
         self.max_frame = max_frame
+        self.requests = Requests(max_frame)
         self.connections = 0
         self.started = time.time()
         self.manager: SessionManager
@@ -74,6 +73,7 @@ class KernelServer:
             grace_s=self.grace_s,
             max_sessions=self.max_sessions,
             tool_limit=self.tool_limit,
+            caps=self.caps,
         )
         if unix is not None:
             if os.path.exists(unix):
@@ -168,7 +168,7 @@ class KernelServer:
                     reply = await self._dispatch(message, writer)
             except RequestError as exc:
                 await _reply(writer, {"type": "error", "code": exc.code, "message": str(exc)})
-                if exc.code in _RECOVERABLE:
+                if exc.code in RECOVERABLE_CODES:
                     continue
                 return
             await _reply(writer, reply)
@@ -209,82 +209,29 @@ class KernelServer:
                 raise RequestError("bad_request", "field 'limits' must be an object")
             return await self.manager.open(tools, limits)
         if kind == "execute":
-            request = self._execute_request(message)
+            request = self.requests.execute(message)
             emit = _emitter(writer, request["exec_id"]) if request["events"] else None
             result = await self.manager.execute(request, emit)
             return {"type": "exec_result", "result": fit(result, self.max_frame)}
         if kind == "close_session":
-            return self.manager.close(_field(message, "session_id", str))
+            return self.manager.close(field(message, "session_id", str))
         if kind == "command":
-            return await self.manager.command(self._command_request(message))
+            return await self.manager.command(self.requests.command(message))
         if kind == "file":
-            return await self.manager.file(_file_request(message))
+            return await self.manager.file(self.requests.file(message))
+        if kind == "item":
+            request = self.requests.item(message)
+            emitters = request["events"]
+
+            def emit_for(exec_id: str) -> Emit | None:
+                return _emitter(writer, exec_id) if emitters else None
+
+            outcome = await self.manager.item(request, emit_for)
+            # Each cell's outputs are capped, but many cells' results share one frame.
+            room = self.max_frame // (len(outcome["cells"]) + 2)
+            outcome["cells"] = [fit(result, room) for result in outcome["cells"]]
+            return {"type": "item_result", "result": outcome}
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
-
-    def _command_request(self, message: dict[str, Any]) -> dict[str, Any]:
-        argv = message.get("argv")
-        if (
-            not isinstance(argv, list)
-            or not argv
-            or not all(isinstance(a, str) and "\0" not in a for a in argv)
-        ):
-            raise RequestError("bad_request", "field 'argv' must be a non-empty list of strings")
-        env = message.get("env") or {}
-        if not isinstance(env, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) and "\0" not in k + v and "=" not in k
-            for k, v in env.items()
-        ):
-            raise RequestError("bad_request", "field 'env' must map names to strings")
-        stdin = message.get("stdin")
-        try:
-            data = base64.b64decode(stdin, validate=True) if stdin is not None else b""
-        except (TypeError, ValueError):
-            raise RequestError("bad_request", "field 'stdin' must be base64") from None
-        return {
-            "session_id": _field(message, "session_id", str),
-            "exec_id": _field(message, "exec_id", str),
-            "argv": argv,
-            "env": env,
-            "cwd": _optional(message, "cwd", str),
-            "stdin": data,
-            "stdin_path": _optional(message, "stdin_path", str),
-            "timeout_s": self._timeout(message),
-            "max_output_bytes": self._max_output(message),
-        }
-
-    def _timeout(self, message: dict[str, Any]) -> float:
-        timeout_s = float(_field(message, "timeout_s", (int, float)))
-        if not (0 < timeout_s <= MAX_TIMEOUT_S) or math.isnan(timeout_s):
-            raise RequestError("bad_request", f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}]")
-        return timeout_s
-
-    def _max_output(self, message: dict[str, Any]) -> int:
-        """Each output stream's cap: a result with both full must fit one frame."""
-        max_output = message.get("max_output_bytes") or DEFAULT_OUTPUT_BYTES
-        if not isinstance(max_output, int) or not 1024 <= max_output <= self.max_frame // 4:
-            raise RequestError(
-                "bad_request",
-                f"max_output_bytes must be an integer in [1024, {self.max_frame // 4}]",
-            )
-        return max_output
-
-    def _execute_request(self, message: dict[str, Any]) -> dict[str, Any]:
-        timeout_s = self._timeout(message)
-        max_output = self._max_output(message)
-        epoch = _field(message, "epoch", int)
-        events = message.get("events", False)
-        if not isinstance(events, bool):
-            raise RequestError("bad_request", "field 'events' must be a boolean")
-        return {
-            "events": events,
-            "calls": _calls(message),
-            "session_id": _field(message, "session_id", str),
-            "epoch": epoch,
-            "code": _field(message, "code", str),
-            "timeout_s": timeout_s,
-            "exec_id": _field(message, "exec_id", str),
-            "max_output_bytes": max_output,
-        }
 
     def info(self) -> dict[str, Any]:
         return {
@@ -299,46 +246,15 @@ class KernelServer:
             "max_frame": self.max_frame,
             "isolation": self.pool.isolation,
             "box_limits": self.manager.caps.defaults(),
+            "opens": self.manager.opens,
+            "spare_opens": self.manager.spare_opens,
+            "spares": len(self.manager.spawner.spares),
         }
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
-
-
-def _calls(message: dict[str, Any]) -> list[str]:
-    """The names of the host callbacks a cell may call (``farm.kernel.calls``)."""
-    calls = message.get("calls", [])
-    if not isinstance(calls, list) or not all(
-        isinstance(n, str) and n.isidentifier() and not n.startswith("_") for n in calls
-    ):
-        raise RequestError("bad_request", "field 'calls' must be a list of public identifiers")
-    return calls
-
-
-def _file_request(message: dict[str, Any]) -> dict[str, Any]:
-    request = {k: v for k, v in message.items() if k != "type"}
-    _field(message, "session_id", str)
-    if not isinstance(message.get("op"), str) or not isinstance(message.get("path", "."), str):
-        raise RequestError("bad_request", "a file request needs 'op' and 'path' strings")
-    if message.get("scope", "workspace") not in ("workspace", "box"):
-        raise RequestError("bad_request", "field 'scope' must be 'workspace' or 'box'")
-    return request
-
-
-def _optional(message: dict[str, Any], name: str, kind: type) -> Any:
-    value = message.get(name)
-    if value is not None and not isinstance(value, kind):
-        raise RequestError("bad_request", f"field {name!r} has the wrong type")
-    return value
-
-
-def _field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    value = message.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise RequestError("bad_request", f"field {name!r} is missing or has the wrong type")
-    return value
 
 
 def _emitter(writer: asyncio.StreamWriter, exec_id: str) -> Emit:

@@ -92,9 +92,12 @@ def prepare_process() -> None:
         os.dup2(fd, spare, inheritable=False)
     sys.stdout = _stream(1)
     sys.stderr = _stream(2)
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write(str(OOM_SCORE_ADJ))
+    try:  # os.open, not open(): a file object's layers cost a fresh child page faults
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, str(OOM_SCORE_ADJ).encode())
+        finally:
+            os.close(fd)
     except OSError:
         pass
     for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):

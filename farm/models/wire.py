@@ -57,6 +57,9 @@ class Pong(Model):
     max_frame: int
     isolation: Literal["uids", "dirs"]
     box_limits: BoxLimits
+    opens: int = Field(description="sessions opened so far")
+    spare_opens: int = Field(description="of which took a process made ahead of time")
+    spares: int = Field(description="such processes ready now")
 
 
 class OpenSession(Model):
@@ -192,6 +195,35 @@ class FileReply(Model):
     error: FileError | None = None
 
 
+class Item(Model):
+    """A one-shot box in one request (``farm.kernel.protocol.Item``): the worker's way to run a
+    batch item."""
+
+    type: Literal["item"]
+    exec_id: str
+    cells: list[str]
+    timeout_s: float = Field(gt=0)
+    session_id: str | None = None
+    tools: bool = True
+    limits: BoxLimits = Field(default_factory=lambda: BoxLimits())
+    files: dict[str, str] = Field(default_factory=dict, description="path -> base64")
+    argv: list[str] | None = None
+    max_output_bytes: int = Field(default=1024 * 1024, ge=1024)
+    events: bool = False
+
+
+class ItemOutcome(Model):
+    session_id: str
+    cells: list[ExecResult]
+    command: CommandResult | None = None
+    file_error: FileError | None = None
+
+
+class ItemReply(Model):
+    type: Literal["item_result"]
+    result: ItemOutcome
+
+
 KERNEL_FRAMES: dict[str, type[Model]] = {
     "hello": Hello,
     "auth": Auth,
@@ -211,6 +243,8 @@ KERNEL_FRAMES: dict[str, type[Model]] = {
     "command_result": CommandReply,
     "file": FileRequest,
     "file_result": FileReply,
+    "item": Item,
+    "item_result": ItemReply,
 }
 
 # --- worker task replies ------------------------------------------------------------------------

@@ -45,13 +45,13 @@ from farm.kernel import auth
 from farm.kernel.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
 from farm.processes import pid_alive
-from farm.sandbox.base import Sandbox
+from farm.sandbox.base import Sandbox, box_arguments
 from farm.sandbox.bundle import MOUNT as BUNDLE
 from farm.sandbox.bundle import kernel_bundle
 from farm.sandbox.environments import LABEL_ENV_SPEC
 from farm.sandbox.factory import is_reference
 from farm.sandbox.images import LABEL_KERNEL_HASH, own_sandbox_tag
-from farm.settings import SandboxLimits
+from farm.settings import BoxSettings, SandboxLimits
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,7 @@ class DockerSandbox(Sandbox):
         *,
         owner: str | None = None,
         limits: SandboxLimits | None = None,
+        box: BoxSettings | None = None,
         socket_dir: Path = Path("/tmp/farm-sockets"),
         start_timeout_s: float = 30.0,
         client: docker.DockerClient | None = None,
@@ -84,6 +85,7 @@ class DockerSandbox(Sandbox):
         self.image = image or own_sandbox_tag()
         self.owner = owner or f"local-{os.getpid()}"
         self.limits = limits or SandboxLimits()
+        self.box = box
         self.start_timeout_s = start_timeout_s
         self.id = uuid.uuid4().hex[:12]
         self.dir = socket_dir / self.id
@@ -183,6 +185,7 @@ class DockerSandbox(Sandbox):
                 "/tmp",
                 "--box-uid-base",
                 str(uid_base),
+                *box_arguments(self.box),
             ],
         }
         if lim.runtime:

@@ -65,13 +65,14 @@ def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
     if backend == "process":
         from farm.sandbox.process import ProcessSandbox
 
-        return ProcessSandbox(grace_s=settings.limits.grace_s)
+        return ProcessSandbox(grace_s=settings.limits.grace_s, box=settings.box)
     from farm.sandbox.docker import DockerSandbox
 
     return DockerSandbox(
         docker_image(settings),
         owner=owner,
         limits=settings.limits,
+        box=settings.box,
         socket_dir=settings.socket_dir,
         start_timeout_s=settings.sandbox_start_timeout_s,
     )

@@ -19,8 +19,8 @@ import time
 from farm.errors import SandboxStartError
 from farm.kernel import auth
 from farm.models import SandboxInfo
-from farm.sandbox.base import Sandbox
-from farm.settings import FarmSettings
+from farm.sandbox.base import Sandbox, box_arguments
+from farm.settings import BoxSettings, FarmSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,16 @@ def kernel_environment(environ: dict[str, str]) -> dict[str, str]:
 
 
 class ProcessSandbox(Sandbox):
-    def __init__(self, *, grace_s: float = 2.0, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        grace_s: float = 2.0,
+        box: BoxSettings | None = None,
+        extra_args: list[str] | None = None,
+    ) -> None:
         self._token = auth.new_token()
         self.grace_s = grace_s
-        self.extra_args = extra_args or []
+        self.extra_args = [*box_arguments(box), *(extra_args or [])]
         self.proc: subprocess.Popen[bytes] | None = None
         self.address = ""
         self.kernel_pid: int | None = None

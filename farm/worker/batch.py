@@ -20,10 +20,10 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
 import logging
 import threading
 import time
+import uuid
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ import redis
 
 from farm.backoff import delays
 from farm.kernel.client import KernelError, KernelRequestError
-from farm.models import CommandResult, ErrorKind, ExecResult
+from farm.models import CommandResult, ErrorKind, ExecResult, ItemOutcome
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.registry import cancel_key
 from farm.worker.recorder import ExecRecorder
@@ -46,10 +46,6 @@ LINGER_S = 0.005  # results of a chunk's items that end this close together shar
 FORGET_S = 60.0  # a map whose chunks this worker has not seen for this long is forgotten
 RESULTS_TTL_S = 3600
 REFUSED_INPUT = {"too_large", "bad_request", "bad_limits"}
-
-
-class _BadFile(Exception):
-    """An item's file could not be written (bad input: the item never runs)."""
 
 
 class BatchRunner:
@@ -164,99 +160,81 @@ class BatchRunner:
         return self._cells(chunk, item).model_dump_json()
 
     def _cells(self, chunk: Chunk, item: ChunkItem) -> ItemDone:
+        """Run the item in a box of its own, in one round trip to the kernel (its ``item``
+        request: open, files, cells, command, close); its session id is chosen here, so that
+        a cancelled map can close the box while it runs."""
         worker = self.worker
-        done = ItemDone(key=item.key, exec_id=item.exec_id, worker=worker.id)
-        limits = {**worker.settings.box.model_dump(exclude_none=True), **item.limits}
+        session_id = uuid.uuid4().hex
+        done = ItemDone(key=item.key, exec_id=item.exec_id, worker=worker.id, session_id=session_id)
+        recorders = {
+            f"{item.exec_id}-{n}": ExecRecorder(
+                worker.journal,
+                {"exec_id": f"{item.exec_id}-{n}", "session_id": session_id, "code": code},
+                worker.id,
+            )
+            for n, code in enumerate(item.cells)
+            if chunk.journal  # the item's journal, for sweeps that keep it
+        }
+
+        def on_event(exec_id: str, event: dict[str, Any]) -> None:
+            recorder = recorders.get(exec_id)
+            if recorder is not None:
+                recorder.on_kernel_event(event)
+
+        with self._lock:
+            self._open.setdefault(chunk.map_id, set()).add(session_id)
         try:
-            kernel = worker._kernel()
-            opened = kernel.open_session(tools=True, limits=limits)
+            reply = worker._kernel().item(
+                item.exec_id,
+                item.cells,
+                timeout_s=item.timeout_s,
+                session_id=session_id,
+                limits=item.limits,
+                files={path: text.encode() for path, text in item.files.items()},
+                argv=item.argv,
+                grace_s=worker.settings.limits.grace_s,
+                on_event=on_event if recorders else None,
+            )
+            outcome = ItemOutcome.model_validate(
+                {
+                    **reply,
+                    "cells": [{**cell, "worker": worker.id} for cell in reply["cells"]],
+                    "command": reply["command"] and {**reply["command"], "worker": worker.id},
+                }
+            )
         except KernelRequestError as exc:
             kind = ErrorKind.INPUT if exc.code in REFUSED_INPUT else ErrorKind.INFRA
             done.cells.append(self._failure(item, kind, "BadRequest", str(exc)))
             return done
         except KernelError as exc:
             worker._drop_kernel()
-            why = f"worker {worker.id} could not open a box: {exc}"
-            done.cells.append(self._failure(item, ErrorKind.SANDBOX_LOST, "SessionLost", why))
-            return done
-        done.session_id, epoch = opened["session_id"], opened["epoch"]
-        with self._lock:
-            self._open.setdefault(chunk.map_id, set()).add(done.session_id)
-        try:
-            for path, content in item.files.items():
-                self._write(kernel, done.session_id, path, content)
-            for number, code in enumerate(item.cells):
-                exec_id = f"{item.exec_id}-{number}"
-                request = {"exec_id": exec_id, "session_id": done.session_id, "code": code}
-                recorder = (
-                    ExecRecorder(worker.journal, request, worker.id) if chunk.journal else None
-                )
-                raw = kernel.execute(
-                    done.session_id,
-                    code,
-                    epoch=epoch,
-                    timeout_s=item.timeout_s,
-                    exec_id=exec_id,
-                    grace_s=worker.settings.limits.grace_s,
-                    on_event=recorder.on_kernel_event if recorder is not None else None,
-                )
-                raw = {**raw, "worker": worker.id}
-                if recorder is not None:  # the item's journal, for sweeps that keep it
-                    recorder.finish(raw)
-                result = ExecResult.model_validate(raw)
-                done.cells.append(result)
-                epoch = result.epoch
-                if not result.ok:
-                    break
-            else:
-                if item.argv is not None:
-                    done.command = self._command(kernel, done.session_id, item)
-        except _BadFile as exc:
-            done.cells.append(self._failure(item, ErrorKind.INPUT, "FileOperationError", str(exc)))
-        except KernelRequestError as exc:
-            kind = ErrorKind.INPUT if exc.code in REFUSED_INPUT else ErrorKind.SANDBOX_LOST
-            worker._drop_kernel()
-            done.cells.append(self._failure(item, kind, "BadRequest", str(exc)))
-        except KernelError as exc:
-            worker._drop_kernel()
             why = f"the sandbox of worker {worker.id} failed during the item: {exc}"
             done.cells.append(self._failure(item, ErrorKind.SANDBOX_LOST, "SessionLost", why))
+            return done
         finally:
-            self._close(chunk.map_id, done.session_id)
+            self._forget(chunk.map_id, session_id)
+        for result in outcome.cells:
+            recorder = recorders.get(result.exec_id)
+            if recorder is not None:
+                recorder.finish(result.model_dump(mode="json"))
+        done.cells = outcome.cells
+        if outcome.file_error is not None:
+            error = outcome.file_error
+            why = f"writing {error.path!r}: {error.ename}: {error.evalue}"
+            done.cells.append(self._failure(item, ErrorKind.INPUT, "FileOperationError", why))
+        if outcome.command is not None:
+            done.command = CommandResult.from_kernel(
+                outcome.command.model_dump(mode="json"), worker.id, item.timeout_s
+            )
         return done
 
-    def _write(self, kernel: Any, session_id: str, path: str, text: str) -> None:
-        """Write one of the item's files into its workspace (confined like ``session.files``;
-        an item's files are text, small enough for one chunk of ``fileops``)."""
-        data = base64.b64encode(text.encode()).decode("ascii")
-        reply = kernel.file(session_id, "write", path, data=data, offset=0)
-        error = reply.get("error")
-        if error:
-            raise _BadFile(f"writing {path!r}: {error['ename']}: {error['evalue']}")
-
-    def _command(self, kernel: Any, session_id: str, item: ChunkItem) -> CommandResult:
-        assert item.argv is not None
-        raw = kernel.command(
-            session_id,
-            item.argv,
-            exec_id=f"{item.exec_id}-cmd",
-            timeout_s=item.timeout_s,
-            grace_s=self.worker.settings.limits.grace_s,
-        )
-        return CommandResult.from_kernel(raw, self.worker.id, item.timeout_s)
-
-    def _close(self, map_id: str, session_id: str) -> None:
+    def _forget(self, map_id: str, session_id: str) -> None:
+        """The item ended (its box is closed by the kernel): nothing to cancel any more."""
         with self._lock:
             running = self._open.get(map_id, set())
-            if session_id not in running:
-                return  # cancelled: closed already
             running.discard(session_id)
             if not running:
                 self._open.pop(map_id, None)
-        try:
-            self.worker._kernel().close_session(session_id)
-        except KernelError:
-            self.worker._drop_kernel()
 
     def _failure(self, item: ChunkItem, kind: ErrorKind, ename: str, evalue: str) -> ExecResult:
         return ExecResult.failure(

@@ -220,8 +220,9 @@ class Worker:
         open_id: str | None = None,
         limits: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Open a session in a box of its own (``limits`` over ``FarmSettings.box``); ``open_id``
-        is claimed first, like an exec id.
+        """Open a session in a box of its own (``limits`` over ``FarmSettings.box``, which the
+        sandbox's kernel holds as its boxes' defaults); ``open_id`` is claimed first, like an
+        exec id.
 
         The claim names this worker generation, so a client whose open was taken by a worker
         that then died sees the death (heartbeat) and asks again, instead of waiting for an
@@ -251,9 +252,8 @@ class Worker:
                 return {"busy": True, "worker": self.id, "reason": "at capacity"}
         if not self.keeper.ready:
             return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
-        wanted = {**self.settings.box.model_dump(exclude_none=True), **(limits or {})}
-        try:
-            opened = self._kernel().open_session(tools=tools, limits=wanted)
+        try:  # the box's defaults are the kernel's own (FarmSettings.box, given at its start)
+            opened = self._kernel().open_session(tools=tools, limits=limits)
         except KernelRequestError as exc:
             if exc.code != "bad_limits":
                 raise

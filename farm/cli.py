@@ -335,7 +335,7 @@ def doctor() -> None:
 def _farm(farm: Farm | None = None) -> Iterator[Farm]:
     """``farm`` (default: ``Farm.default()``), closed at the end; what its broker's clients
     raise comes out as a farm error (``BrokerAuthFailed``, ``BrokerUnavailable``)."""
-    from farm.client.broker import REFUSED
+    from farm.broker_errors import REFUSED
 
     with farm or Farm.default() as held:
         try:

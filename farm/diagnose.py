@@ -86,7 +86,7 @@ def broker_checks(settings: FarmSettings) -> Iterator[Check]:
     import redis
     from kombu.utils.url import maybe_sanitize_url
 
-    from farm.client.broker import broker_error
+    from farm.broker_errors import broker_error
     from farm.registry import Registry
 
     url = maybe_sanitize_url(settings.broker_url)  # never print a password

@@ -47,3 +47,22 @@ def test_the_kernel_warns_unless_its_host_did(
 ) -> None:
     logged = kernel_stderr(tmp_path, *extra)
     assert (WARNING in logged) is warns, logged
+
+
+def test_a_process_that_starts_many_process_sandboxes_is_warned_once() -> None:
+    """Two sandboxes (a worker and its replacement, say) in one process: one warning in all,
+    the host's, and none from either kernel."""
+    script = (
+        "import logging; logging.basicConfig(level=logging.INFO)\n"
+        "from farm.sandbox.process import ProcessSandbox\n"
+        "for _ in range(2):\n"
+        "    with ProcessSandbox() as sandbox:\n"
+        "        sandbox.health()\n"
+    )
+    env = {**os.environ, "FARM_KERNEL_LOG_LEVEL": "INFO"}
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.count("runs UNISOLATED") == 1, run.stderr
+    assert WARNING not in run.stderr, run.stderr

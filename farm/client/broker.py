@@ -11,16 +11,14 @@ after all, the worker's first-writer-wins claim of that id runs it once.
 While a call waits, its worker's heartbeat is watched (fencing on the client), so a dead worker
 turns into ``SessionLost`` within seconds instead of a hang.
 
-This module is also where what Redis, kombu and Celery raise becomes a farm error
-(``broker_error``): a broker that refuses the client's credentials, or whose TLS certificate
-the client does not trust, is ``BrokerAuthFailed`` at once. redis-py's ``AuthenticationError``
-is a ``ConnectionError``, so without this a wrong password would be waited out as an outage.
+What Redis, kombu and Celery raise becomes a farm error in one place, ``farm.broker_errors``
+(shared with the workers): a broker that refuses the client's credentials, or whose TLS
+certificate the client does not trust, is ``BrokerAuthFailed`` at once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,10 +27,10 @@ from typing import Any, TypeVar
 import redis
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
-from kombu.exceptions import OperationalError
 from kombu.utils.url import maybe_sanitize_url
 
 from farm.backoff import delays
+from farm.broker_errors import BROKER_DOWN, REFUSED, refusal
 from farm.errors import (
     BrokerAuthFailed,
     BrokerLost,
@@ -46,61 +44,9 @@ from farm.registry import Registry
 
 T = TypeVar("T")
 
-# What the broker's clients raise when it cannot be reached (kombu for sends, redis-py for
-# results, the registry and the journal).
-BROKER_DOWN: tuple[type[BaseException], ...] = (
-    OperationalError,
-    redis.ConnectionError,
-    redis.TimeoutError,
-)
-# What the broker's clients raise when the broker refuses this client (``refusal`` says which):
-# redis-py's AuthenticationError (NOAUTH, WRONGPASS) is among BROKER_DOWN, an ACL's NOPERM is not.
-REFUSED: tuple[type[BaseException], ...] = (*BROKER_DOWN, redis.exceptions.NoPermissionError)
 # What makes a skippable broker call skip (``Broker.quietly``).
 SKIPPABLE: tuple[type[BaseException], ...] = (*BROKER_DOWN, BrokerUnavailable, BrokerLost)
 WAIT_SLICE_S = 0.5
-
-
-def refusal(
-    exc: BaseException, url: str, *, password: bool | None = None
-) -> BrokerAuthFailed | None:
-    """``BrokerAuthFailed`` when ``exc``, or an error it wraps (kombu and Celery wrap
-    redis-py's), says that the broker refused this client or this client the broker's TLS
-    certificate; ``None`` for anything else. ``password``: whether the client gave one
-    (``None``: unknown), to say which of the two to fix."""
-    seen: set[int] = set()
-    cause: BaseException | None = exc
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        if isinstance(cause, redis.AuthenticationError):
-            hint = "set FARM_BROKER_PASSWORD, or put the password in FARM_BROKER_URL"
-            if password is False:
-                return BrokerAuthFailed(
-                    url, f"requires a password and this client gave none; {hint}"
-                )
-            return BrokerAuthFailed(
-                url, f"refused this client's password (or user): {cause}; {hint}"
-            )
-        if isinstance(cause, redis.exceptions.NoPermissionError):
-            return BrokerAuthFailed(
-                url, f"does not allow this client's user what farm needs: {cause}"
-            )
-        if isinstance(cause, ssl.SSLCertVerificationError):
-            return BrokerAuthFailed(
-                url,
-                f"presented a TLS certificate this client does not trust ({cause.verify_message}); "
-                "set FARM_BROKER_TLS_CA_FILE to the CA that signed it",
-            )
-        cause = cause.__cause__ or cause.__context__
-    return None
-
-
-def broker_error(
-    exc: BaseException, url: str, *, sent: bool, password: bool | None = None
-) -> FarmError:
-    """The farm error for a failure of the broker's clients: ``BrokerAuthFailed`` when the
-    broker refused this client, else ``BrokerUnavailable`` (``sent``: see there)."""
-    return refusal(exc, url, password=password) or BrokerUnavailable(url, exc, sent=sent)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """``Spawner``: the supervisor's side of the zygote — processes into boxes, signals, resets.
 
-The supervisor (the kernel's asyncio process) never forks and, in a docker sandbox, may not
-signal a box's processes (it has no CAP_KILL): it asks the zygote (``zygote.py``), whose
-children do each privileged step. This keeps the conversation (JSON datagrams, fds for spawned
-processes) and the box pool (``boxes.BoxPool``) in one place:
+The supervisor (the kernel's asyncio process) never forks: it asks the zygote
+(``zygote.py``), whose children do each privileged step, to start processes in boxes and to
+empty what the supervisor's own kill (CAP_KILL, through pidfds) and search could not. This
+keeps the conversation (JSON datagrams, fds for spawned processes) and the box pool
+(``boxes.BoxPool``) in one place:
 
 - ``spawn(box, tools)`` starts a session process in a box and returns once the process said it
   is ready (a process that could not enter its box is an error here, not at its first cell);

@@ -50,6 +50,9 @@ def kernel_environment(environ: dict[str, str]) -> dict[str, str]:
     }
 
 
+_warned = False  # the warning that this backend isolates nothing was given in this process
+
+
 class ProcessSandbox(Sandbox):
     def __init__(
         self,
@@ -72,11 +75,14 @@ class ProcessSandbox(Sandbox):
         return self._token
 
     def start(self) -> None:
-        log.warning(
-            "process sandbox: user code runs UNISOLATED on this host (your files, network and "
-            "environment), and its sessions share one uid: each has private directories only. "
-            "Use it for development; use the docker backend for real work."
-        )
+        global _warned
+        if not _warned:  # once per process, however many sandboxes it starts or restarts
+            _warned = True
+            log.warning(
+                "process sandbox: user code runs UNISOLATED on this host (your files, network "
+                "and environment), and its sessions share one uid: each has private directories "
+                "only. Use it for development; use the docker backend for real work."
+            )
         self.workspace = tempfile.mkdtemp(prefix="farm-workspace-")
         env = dict(kernel_environment(dict(os.environ)), FARM_KERNEL_TOKEN=self._token)
         cmd = [
@@ -89,6 +95,7 @@ class ProcessSandbox(Sandbox):
             str(self.grace_s),
             "--isolation",
             "dirs",
+            "--dirs-warned",  # this process said it, once: the kernel need not say it again
             "--workspace",
             os.path.join(self.workspace, "boxes"),
             "--tmp-root",

@@ -61,12 +61,12 @@ def check_broker(settings: FarmSettings, worker: str) -> None:
     """Exit (``EXIT_REFUSED``) when the broker refuses this worker, with one error line that
     names the broker (its URL without the password) and what to fix; return when it accepts
     the worker or cannot be reached at all (Celery waits for it). The refusal is told apart
-    from an outage where every farm client tells it: ``farm.client.broker.refusal``. Asks what
+    from an outage where every farm client tells it: ``farm.broker_errors.refusal``. Asks what
     a worker's start does first, reading the broker's mark (farm's keys, so an ACL user
     without them is refused too)."""
     from kombu.utils.url import maybe_sanitize_url
 
-    from farm.client.broker import REFUSED, refusal
+    from farm.broker_errors import REFUSED, refusal
     from farm.registry import Registry
 
     registry = Registry.connect(settings)

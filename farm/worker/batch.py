@@ -27,9 +27,8 @@ import uuid
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from farm.backoff import delays
+from farm.broker_errors import BROKER_DOWN
 from farm.kernel.client import KernelError, KernelRequestError
 from farm.models import CommandResult, ErrorKind, ExecResult, ItemOutcome
 from farm.models.batch import Chunk, ChunkItem, ItemDone
@@ -110,7 +109,7 @@ class BatchRunner:
                         pipe.expire(results, RESULTS_TTL_S)
                     pipe.execute()
                 return
-            except (redis.ConnectionError, redis.TimeoutError):
+            except BROKER_DOWN:
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)  # the backoff's pause (farm.backoff), within the deadline
@@ -126,7 +125,7 @@ class BatchRunner:
                 return seen[1]
         try:
             cancelled = bool(self.worker.registry.redis.exists(cancel_key(map_id)))
-        except (redis.ConnectionError, redis.TimeoutError):
+        except BROKER_DOWN:
             return False  # an outage is no cancel: the items go on, their results wait for it
         with self._lock:
             for old in [m for m, (at, _) in self._cancel_seen.items() if now - at > FORGET_S]:

@@ -269,6 +269,59 @@ def test_a_fork_bomb_and_a_memory_bomb_starve_only_their_own_box(
     assert value(b, "len(kept)") == 1000
 
 
+HOGS = """
+import subprocess, sys, time
+hog = "x = bytearray(120 * 2**20); x[::4096] = bytes(len(x[::4096])); import time; time.sleep(10)"
+procs = [subprocess.Popen([sys.executable, "-c", hog]) for _ in range(3)]
+deadline = time.monotonic() + 10
+while time.monotonic() < deadline and all(p.poll() is None for p in procs):
+    time.sleep(0.05)  # until one of them ends (killed) or the allocations are long done
+died = [p.returncode for p in procs if p.poll() is not None]
+for p in procs:
+    p.kill()
+    p.wait()
+assert not died, died
+"""
+
+
+def test_a_box_whose_processes_together_pass_its_memory_loses_them_not_a_neighbour(
+    pair: tuple[Session, Session], record_property: Any
+) -> None:
+    """Each of A's three processes keeps to the box's 256 MB data limit, together they take
+    360: the kernel's memory watch kills A's largest until A fits, B's 100 MB stay, and so do
+    A's own variables (its session process is killed last)."""
+    a, b = pair
+    b.run("kept = bytearray(100 * 2**20); kept[::4096] = b'x' * len(kept[::4096])")
+    a.run("mine = 41")
+    hogs = a.run(HOGS, timeout_s=30)
+    record(
+        record_property,
+        "A's three 120 MB processes (256 MB box): A's call kind oom, a kill named on stderr; "
+        "A's and B's variables kept",
+        f"A's call {hogs.kind}; stderr {hogs.stderr.strip()[-160:]!r}; A's variables "
+        f"{value(a, 'mine + 1')}; B's {value(b, 'len(kept)') // 2**20} MB",
+    )
+    assert hogs.kind == "oom" and "over its 256 MB" in hogs.stderr, hogs
+    assert value(a, "mine + 1") == 42 and value(b, "len(kept)") == 100 * 2**20
+
+
+def test_forked_workers_that_share_their_parents_memory_are_not_counted_twice(
+    pair: tuple[Session, Session],
+) -> None:
+    """Six forked children of a 150 MB parent touch little of their own: by what each maps
+    they would be 1 GB, by what they really add they are far below the box's 256 MB."""
+    a, _ = pair
+    pool = a.run(
+        "import os, time\nbig = bytearray(150 * 2**20); big[::4096] = b'y' * len(big[::4096])\n"
+        "pids = []\nfor _ in range(6):\n    pid = os.fork()\n    if pid == 0:\n"
+        "        time.sleep(1.0)\n        os._exit(0)\n    pids.append(pid)\n"
+        "[os.waitpid(p, 0)[1] for p in pids]",
+        timeout_s=30,
+    )
+    assert pool.ok and pool.value is not None and pool.value.text == "[0, 0, 0, 0, 0, 0]", pool
+    assert "farm: killed" not in pool.stderr
+
+
 def test_limits_are_per_session_within_the_sandboxs_caps(
     one_worker: Farm, record_property: Any
 ) -> None:

@@ -93,6 +93,24 @@ class Cell:
         )
 
 
+def over_budget(result: dict[str, Any], kills: list[tuple[int, int, int, int]]) -> dict[str, Any]:
+    """A call during which the memory watch (``memwatch``) killed processes of its box: each
+    kill said on stderr, and a call that failed is ``oom`` (its failure follows from the kill:
+    a pool whose worker died, a child's exit status, a session process that is gone)."""
+    if not kills:
+        return result
+    notes = "".join(
+        f"[farm: killed pid {pid} of this box ({kb // 1024} MB): its processes together used "
+        f"{total // 1024} MB, over its {budget // 1024} MB (memory_mb)]\n"
+        for pid, kb, total, budget in kills
+    )
+    result["stderr"] = result.get("stderr", "") + notes
+    error = result.get("error")
+    if error is not None and error.get("kind") != KIND_OUTPUT_LIMIT:
+        error["kind"] = KIND_OOM
+    return result
+
+
 FIT_NOTE = (
     "\n[farm: the result did not fit in one frame ({size} bytes, limit {limit}); outputs cut]\n"
 )

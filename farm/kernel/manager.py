@@ -29,8 +29,9 @@ from typing import Any
 
 from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
 from .boxes import Box, BoxPool, Caps, LimitsError
-from .cell import Cell
+from .cell import Cell, over_budget
 from .framing import FrameError, encode
+from .memwatch import MemoryWatch, Watched
 from .process import SessionProcess
 from .spawner import RequestError, Spawner
 from .streaming import Emit
@@ -63,6 +64,17 @@ class Session:
         self.proc: SessionProcess
         self.lock = asyncio.Lock()
         self.last_used = time.monotonic()
+        self.memory_kills: list[tuple[int, int, int, int]] = []  # MemoryWatch: pid, kB, of kB
+
+    def watched(self) -> Watched | None:
+        """The box as the memory watch holds it to its budget (none without one)."""
+        budget = self.box.limits.get("memory_mb")
+        if not budget or self.proc.exit is not None:
+            return None
+        return Watched(self.box.uid, budget * 1024, self.proc.pid, self._killed)
+
+    def _killed(self, pid: int, kb: int, total_kb: int, budget_kb: int) -> None:
+        self.memory_kills.append((pid, kb, total_kb, budget_kb))
 
 
 class SessionManager:
@@ -83,6 +95,7 @@ class SessionManager:
         self.grace_s = grace_s
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
+        self.watch = MemoryWatch(self._watched) if pool.isolation == "uids" else None
         self.opens = 0
         self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
         self.loop = asyncio.get_running_loop()
@@ -127,6 +140,9 @@ class SessionManager:
         )
         return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
 
+    def _watched(self) -> list[Watched]:
+        return [w for session in self.sessions.values() if (w := session.watched()) is not None]
+
     def answer(self, frame: dict[str, Any]) -> None:
         """The host answered a host call of a running cell (``answer`` frames)."""
         session = self.sessions.get(str(frame.get("session_id")))
@@ -148,6 +164,8 @@ class SessionManager:
         return {"type": "session_closed", "session_id": session_id}
 
     def close_all(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
         self.spawner.close()
         for session_id in list(self.sessions):
             self.close(session_id)
@@ -193,7 +211,10 @@ class SessionManager:
         session = self._session(request["session_id"])
         run = await self.spawner.command(session.box, request, request["max_output_bytes"])
         session.last_used = time.monotonic()
-        outcome = await run.run(request["stdin"], request["timeout_s"])
+        kills = len(session.memory_kills)
+        outcome = over_budget(
+            await run.run(request["stdin"], request["timeout_s"]), session.memory_kills[kills:]
+        )
         session.last_used = time.monotonic()
         result = {"exec_id": request["exec_id"], "session_id": session.id, **outcome}
         return {"type": "command_result", "result": result}
@@ -259,9 +280,10 @@ class SessionManager:
             raise RequestError("no_such_session", f"no session {request['session_id']!r} here")
         async with session.lock:
             session.last_used = time.monotonic()
+            kills = len(session.memory_kills)
             result = await self._execute_locked(session, request, emit)
             session.last_used = time.monotonic()
-            return result
+            return over_budget(result, session.memory_kills[kills:])
 
     async def _execute_locked(
         self, session: Session, request: dict[str, Any], emit: Emit | None

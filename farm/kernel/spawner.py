@@ -28,7 +28,7 @@ from collections.abc import Coroutine
 from itertools import count
 from typing import Any
 
-from . import uids
+from . import procs, uids
 from .boxes import Box, BoxPool, Caps
 from .commands import CommandRun
 from .framing import FrameError, read_frame
@@ -173,7 +173,7 @@ class Spawner:
     async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
         """Kill every process of ``box`` (and, with ``remove``, every file of it); ``True``
         once done, ``False`` when something would not go. The common case costs no fork: the
-        supervisor kills the box's processes itself (``uids.kill_uid``) and removes its two
+        supervisor kills the box's processes itself (``procs.kill_uid``) and removes its two
         empty directories; a box that leaves files (or processes that will not die) gets a
         zygote helper that does the rest as the box's uid."""
         killed = await self._kill(box, proc)
@@ -204,7 +204,7 @@ class Spawner:
                     os.killpg(group, signal.SIGKILL)
             return True
         deadline = self.loop.time() + KILL_S
-        while (left := uids.kill_uid(box.uid)) and self.loop.time() < deadline:
+        while (left := procs.kill_uid(box.uid)) and self.loop.time() < deadline:
             await asyncio.sleep(0.002)  # the zygote reaps them meanwhile; poll of a deadline
         return left == 0
 

@@ -2,8 +2,8 @@
 
 ``enter`` is a session process's last step before user code (in a freshly forked child of the
 zygote: a uid change applies to the whole process). A box's end is normally the supervisor's
-alone: ``kill_uid`` (CAP_KILL, through pidfds) and ``nothing_left``, then root removes the two
-empty directories. When that does not finish (a process stuck in the kernel) or the box left
+alone: ``procs.kill_uid`` (CAP_KILL, through pidfds) and ``nothing_left``, then root removes
+the two empty directories. When that does not finish (a process stuck in the kernel) or the box left
 files, a zygote helper does it with no more privilege than each step needs:
 
 - killing runs *as the box's uid*: ``kill(-1, SIGKILL)`` then reaches exactly the processes of
@@ -138,63 +138,6 @@ def enter(box: dict[str, Any], isolation: str) -> None:
         XDG_CONFIG_HOME=os.path.join(box["tmp"], ".config"),
     )
     tempfile.tempdir = None  # the zygote may have cached the shared /tmp
-
-
-def _status(pid: int) -> tuple[int, str] | None:
-    """(real uid, state letter) of ``pid``, or ``None`` when it is gone."""
-    uid, state = -1, "?"
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("State:"):
-                    state = line.split()[1]
-                elif line.startswith("Uid:"):
-                    uid = int(line.split()[1])
-                    break
-    except OSError:
-        return None
-    return uid, state
-
-
-def uid_pids(uid: int) -> list[int]:
-    """Pids of this sandbox whose real uid is ``uid``, zombies included. Cheap: the owner of
-    ``/proc/<pid>`` is the process's uid, and only the few that show as root (the kernel, a
-    box process that made itself non-dumpable) have their status read."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            owner = os.stat(f"/proc/{name}").st_uid
-        except OSError:
-            continue
-        if owner == uid or (owner == 0 and (_status(int(name)) or (-1, ""))[0] == uid):
-            found.append(int(name))
-    return found
-
-
-def kill_uid(uid: int) -> int:
-    """From the supervisor (CAP_KILL): SIGKILL every live process of ``uid``; the number of its
-    processes still there (dying, or zombies not yet reaped). Each is signalled through a
-    pidfd, its uid checked once the pidfd holds it: a pid reused by another box's process
-    meanwhile is never signalled."""
-    left = 0
-    for pid in uid_pids(uid):
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-        try:
-            status = _status(pid)
-            if status is not None and status[0] == uid:
-                left += 1
-                if status[1] != "Z":
-                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        finally:
-            os.close(pidfd)
-    return left
 
 
 def box_roots(box: dict[str, Any]) -> tuple[str, ...]:

@@ -1,0 +1,93 @@
+"""A box's processes, found by its uid in ``/proc`` and signalled through pidfds.
+
+What runs in a box is whatever runs under its uid (``boxes``): its session process, what that
+started, commands, and daemons that ``setsid()`` and double-fork away from every group. The
+supervisor finds them by identity, never by command line or parentage, in one pass over
+``/proc`` for any number of boxes (``by_uid``): the owner of ``/proc/<pid>`` is the process's
+uid, and only the few that show as root (the kernel's own, a box process that made itself
+non-dumpable) have their status read. A pid is signalled only through a pidfd whose process is
+checked to still be of the uid: a pid reused meanwhile by another box's process is never hit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Collection
+
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def status(pid: int) -> tuple[int, str] | None:
+    """(real uid, state letter) of ``pid``, or ``None`` when it is gone."""
+    uid, state = -1, "?"
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    state = line.split()[1]
+                elif line.startswith("Uid:"):
+                    uid = int(line.split()[1])
+                    break
+    except OSError:
+        return None
+    return uid, state
+
+
+def by_uid(uids: Collection[int]) -> dict[int, list[int]]:
+    """Pids of this sandbox for each of ``uids`` that has any (zombies included), in one pass."""
+    found: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            owner = os.stat(f"/proc/{name}").st_uid
+        except OSError:
+            continue
+        if owner == 0 and 0 not in uids:
+            owner = (status(int(name)) or (-1, ""))[0]
+        if owner in uids:
+            found.setdefault(owner, []).append(int(name))
+    return found
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Pids of this sandbox whose real uid is ``uid``, zombies included."""
+    return by_uid({uid}).get(uid, [])
+
+
+def kill(pid: int, uid: int) -> bool:
+    """SIGKILL ``pid`` if it is still a live process of ``uid``; whether it is still there
+    (dying, or a zombie not yet reaped)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
+    try:
+        seen = status(pid)
+        if seen is None or seen[0] != uid:
+            return False
+        if seen[1] != "Z":
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def kill_uid(uid: int) -> int:
+    """From the supervisor (CAP_KILL): SIGKILL every live process of ``uid``; the number of its
+    processes still there (dying, or zombies not yet reaped)."""
+    return sum(kill(pid, uid) for pid in uid_pids(uid))
+
+
+def anon_kb(pid: int) -> int:
+    """``pid``'s anonymous resident memory (its heap, stacks and private copies; pages it still
+    shares with the process it was forked from count in full), 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            fields = f.read().split()
+    except OSError:
+        return 0
+    return (int(fields[1]) - int(fields[2])) * PAGE_KB  # resident less file-backed and shmem

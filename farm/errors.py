@@ -1,6 +1,7 @@
 """farm's exceptions: one root, a shallow tree, each carrying what it belongs to.
 
-Error kinds are defined once (``farm.models.ErrorKind``) and mapped to exceptions once, here.
+Error kinds are written once, in the kernel's protocol (``farm.kernel.protocol.Kind``), which
+``farm.models.ErrorKind`` mirrors; they are mapped to exceptions once, here.
 
 The root, ``FarmError``, and the kernel client's errors are defined in ``farm.kernel.client``
 (the kernel is stdlib only and imports nothing of farm's outside it, so its client's errors can

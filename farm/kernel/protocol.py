@@ -29,6 +29,9 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 # Codes of ``error`` frames after which the kernel keeps the connection; after any other, the
 # kernel closes it (the request was malformed or hostile).
 RECOVERABLE_CODES = frozenset({"no_such_session", "too_many_sessions", "unavailable", "bad_limits"})
+# Codes that say the request itself was bad (too large, malformed, limits past the caps):
+# nothing ran, and the session lives on; the host reports kind ``input``, never retries.
+INPUT_CODES = frozenset({"too_large", "bad_request", "bad_limits"})
 
 # --- values inside frames ----------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from farm.backoff import delays
 from farm.broker_errors import BROKER_DOWN
 from farm.kernel.client import KernelError, KernelRequestError
+from farm.kernel.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecResult, ItemOutcome
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.registry import cancel_key
@@ -44,7 +45,6 @@ CANCEL_POLL_S = 0.5
 LINGER_S = 0.005  # results of a chunk's items that end this close together share one push
 FORGET_S = 60.0  # a map whose chunks this worker has not seen for this long is forgotten
 RESULTS_TTL_S = 3600
-REFUSED_INPUT = {"too_large", "bad_request", "bad_limits"}
 
 
 class BatchRunner:
@@ -202,7 +202,7 @@ class BatchRunner:
                 }
             )
         except KernelRequestError as exc:
-            kind = ErrorKind.INPUT if exc.code in REFUSED_INPUT else ErrorKind.INFRA
+            kind = ErrorKind.INPUT if exc.code in INPUT_CODES else ErrorKind.INFRA
             done.cells.append(self._failure(item, kind, "BadRequest", str(exc)))
             return done
         except KernelError as exc:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.kernel.client import KernelError, KernelRequestError
 from farm.kernel.framing import DEFAULT_MAX_FRAME
+from farm.kernel.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecError, ExecResult
 from farm.worker import metrics
 from farm.worker.recorder import ExecRecorder
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 
 DUPLICATE_POLL_S = 0.05
 # Kernel refusals of a request that was whole and valid but not acceptable: bad input.
-REFUSED_INPUT = {"too_large", "bad_request"}
 
 
 class SessionCalls:
@@ -91,7 +91,7 @@ class SessionCalls:
             )
         except KernelRequestError as exc:
             self.worker._drop_kernel()  # the kernel may close a connection after an error reply
-            if exc.code in REFUSED_INPUT:  # nothing ran; the session and its variables live on
+            if exc.code in INPUT_CODES:  # nothing ran; the session and its variables live on
                 return self._failure(request, ErrorKind.INPUT, "BadRequest", str(exc)), held
             return self._lost(request, f"the sandbox no longer has it ({exc.code})"), None
         except KernelError as exc:
@@ -143,7 +143,7 @@ class SessionCalls:
             )
         except KernelRequestError as exc:
             worker._drop_kernel()
-            kind = ErrorKind.INPUT if exc.code in REFUSED_INPUT else ErrorKind.SANDBOX_LOST
+            kind = ErrorKind.INPUT if exc.code in INPUT_CODES else ErrorKind.SANDBOX_LOST
             return self._command_failure(request, kind, "BadRequest", str(exc))
         except KernelError as exc:
             worker._drop_kernel()

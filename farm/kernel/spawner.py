@@ -24,11 +24,11 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from itertools import count
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from . import procs, uids
+from . import leftovers, procs
 from .boxes import Box, BoxPool, Caps
 from .commands import CommandRun
 from .framing import FrameError, read_frame
@@ -42,6 +42,7 @@ _ids = count(1)
 SPAWN_TIMEOUT_S = 10.0
 SPARES = 2  # session processes kept ready for the next opens
 RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
+COALESCE_S = 0.002  # boxes that end this close together share one look at /proc and the files
 KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
 
 
@@ -51,6 +52,46 @@ class RequestError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+K = TypeVar("K")
+A = TypeVar("A")
+R = TypeVar("R")
+
+
+class Coalesce(Generic[K, A, R]):
+    """``await ask(key, arg)``: the answer for ``key`` of one ``work({key: arg, ...})`` call made
+    for every ask within ``COALESCE_S``. For work whose cost is the same for one key as for
+    many (a pass over ``/proc``, a listing of the shared directories): what a box's end costs
+    then no longer grows with the number of boxes that end at once."""
+
+    def __init__(self, work: Callable[[dict[K, A]], dict[K, R]]) -> None:
+        self.work = work
+        self.loop = asyncio.get_running_loop()
+        self.asked: dict[K, A] = {}
+        self.waiting: list[tuple[K, asyncio.Future[R]]] = []
+
+    async def ask(self, key: K, arg: A) -> R:
+        future: asyncio.Future[R] = self.loop.create_future()
+        if not self.waiting:
+            self.loop.call_later(COALESCE_S, self._run)
+        self.asked[key] = arg
+        self.waiting.append((key, future))
+        return await future
+
+    def _run(self) -> None:
+        asked, waiting = self.asked, self.waiting
+        self.asked, self.waiting = {}, []
+        try:
+            answers = self.work(asked)
+        except Exception as exc:  # each asker hears of it, none waits forever
+            for _, future in waiting:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for key, future in waiting:
+            if not future.done():
+                future.set_result(answers[key])
 
 
 class Spawner:
@@ -72,6 +113,14 @@ class Spawner:
         self.closing = False
         self._background: set[asyncio.Task[None]] = set()
         self.loop = asyncio.get_running_loop()
+        # Boxes end in bursts (a chunk's items end together): one look at /proc, and one search
+        # of the shared directories, serves every box that ends within a few milliseconds.
+        self.kills: Coalesce[int, None, int] = Coalesce(procs.kill_uids)
+        self.checks: Coalesce[int, dict[str, Any], bool] = Coalesce(
+            lambda boxes: dict(
+                zip(boxes, leftovers.nothing_left_all(list(boxes.values()), pool.isolation))
+            )
+        )
         zygote.setblocking(False)
         self.loop.add_reader(zygote, self._on_zygote)
         self.zygote_alive = True
@@ -179,7 +228,7 @@ class Spawner:
         killed = await self._kill(box, proc)
         if killed and not remove:
             return True
-        if killed and uids.nothing_left(box.describe(), self.pool.isolation):
+        if killed and await self.checks.ask(box.number, box.describe()):
             try:
                 for path in (box.workspace, box.tmp):
                     with contextlib.suppress(FileNotFoundError):
@@ -204,7 +253,7 @@ class Spawner:
                     os.killpg(group, signal.SIGKILL)
             return True
         deadline = self.loop.time() + KILL_S
-        while (left := procs.kill_uid(box.uid)) and self.loop.time() < deadline:
+        while (left := await self.kills.ask(box.uid, None)) and self.loop.time() < deadline:
             await asyncio.sleep(0.002)  # the zygote reaps them meanwhile; poll of a deadline
         return left == 0
 

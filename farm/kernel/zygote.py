@@ -33,7 +33,7 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from . import commands, session, uids
+from . import commands, leftovers, session, uids
 from .uids import prctl
 
 PR_SET_PDEATHSIG = 1
@@ -186,18 +186,18 @@ def _reset(box: dict[str, Any], isolation: str, pgid: int | None, remove: bool) 
         if not remove:
             return True
         own = (box["workspace"], box["tmp"])  # emptied here, removed by the zygote
-        roots = uids.box_roots(box)
-        left = [path for path in uids.owned_entries(box["uid"], roots) if path not in own]
+        roots = leftovers.box_roots(box)
+        left = [path for path in leftovers.owned_entries(box["uid"], roots) if path not in own]
         # As the box (its processes are all gone: nothing of its uid can signal this one).
         with uids.acting_as(box["uid"], box["gid"]):
-            uids.remove(left, keep_roots=own)
-            uids.remove_ipc(box["uid"])
-        return not [path for path in uids.owned_entries(box["uid"], roots) if path not in own]
+            leftovers.remove(left, keep_roots=own)
+            leftovers.remove_ipc(box["uid"])
+        return not [path for path in leftovers.owned_entries(box["uid"], roots) if path not in own]
     if pgid is not None:  # one uid for all: only the session's own process group can go
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
     if remove:
-        uids.remove((), keep_roots=(box["workspace"], box["tmp"]))
+        leftovers.remove((), keep_roots=(box["workspace"], box["tmp"]))
     return True
 
 

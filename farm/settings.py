@@ -5,6 +5,8 @@ Nothing else in farm reads ``os.environ`` (the kernel, being stdlib-only, reads 
 
 from __future__ import annotations
 
+import os
+import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -160,6 +162,11 @@ class FarmSettings(BaseSettings):
         options: dict[str, Any] = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_check_hostname": True}
         options.update({key: str(path) for key, path in files.items() if path is not None})
         return options
+
+    @property
+    def worker_name(self) -> str:
+        """This process's worker id: ``FARM_WORKER_ID``, else host-pid."""
+        return self.worker_id or f"{socket.gethostname()}-{os.getpid()}"
 
     @property
     def worker_threads(self) -> int:

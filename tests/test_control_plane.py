@@ -30,7 +30,7 @@ from farm.local import LocalFarm
 from farm.redis_server import RedisServer, ServerTLS, free_port
 from farm.registry import Registry
 from farm.settings import FarmSettings
-from farm.worker.__main__ import EXIT_REFUSED
+from farm.worker.startup import EXIT_REFUSED
 from tests.certs import Pki, make_pki
 from tests.waiting import wait_for
 
@@ -155,16 +155,22 @@ def test_the_cli_says_that_the_broker_refused_it(redis_server: RedisServer) -> N
     assert "Traceback" not in status.stderr and wrong not in status.stderr + status.stdout
 
 
+PYTHON_M = ["-m", "farm.worker"]
+CELERY_A = ["-m", "celery", "-A", "farm.worker", "worker", "--pool", "threads"]
+
+
 @contextmanager
-def worker_process(url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
-    """``python -m farm.worker`` (process backend) against ``url``, its output in a file;
-    killed with its process group at the end if it is still running."""
+def worker_process(
+    url: str, tmp_path: Path, command: list[str] = PYTHON_M
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``python -m farm.worker`` (or ``command``; process backend) against ``url``, its output
+    in a file; killed with its process group at the end if it is still running."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
     env.update(FARM_BROKER_URL=url, FARM_BACKEND="process", FARM_SOCKET_DIR=str(tmp_path))
     output = tmp_path / "worker.log"
     with output.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "farm.worker"],
+            [sys.executable, *command],
             env=env,
             cwd=ROOT,
             stdout=sink,
@@ -188,8 +194,14 @@ def worker_process(url: str, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[
     ],
     ids=["wrong-password", "no-password", "acl-user-without-farms-keys"],
 )
+@pytest.mark.parametrize("command", [PYTHON_M, CELERY_A], ids=["python-m", "celery-A"])
 def test_a_worker_the_broker_refuses_says_so_and_exits_at_start(
-    redis_server: RedisServer, tmp_path: Path, user: str, password: str | None, reason: str
+    redis_server: RedisServer,
+    tmp_path: Path,
+    user: str,
+    password: str | None,
+    reason: str,
+    command: list[str],
 ) -> None:
     """A worker with a wrong password (one rotated away), none, or an ACL user without farm's
     keys would sit in Celery's "Cannot connect ... Trying again" loop for hours (or run serving
@@ -200,7 +212,7 @@ def test_a_worker_the_broker_refuses_says_so_and_exits_at_start(
     auth = f"{user}:{password}@" if password else ""
     url = f"redis://{auth}127.0.0.1:{redis_server.port}/0"
     try:
-        with worker_process(url, tmp_path) as (proc, output):
+        with worker_process(url, tmp_path, command) as (proc, output):
             status = proc.wait(30)  # a refusal is not retried
             said = output.read_text()
     finally:

@@ -31,6 +31,7 @@ from farm.celeryconf import (
 )
 from farm.errors import FarmError
 from farm.settings import FarmSettings
+from farm.worker.startup import check_broker
 from farm.worker.worker import Worker
 
 log = logging.getLogger(__name__)
@@ -124,5 +125,9 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
 
 @functools.cache
 def worker_app() -> Celery:
-    """The app of this process's farm worker (``celery -A farm.worker``, ``farm worker``)."""
-    return make_worker_app()
+    """The app of this process's farm worker (``celery -A farm.worker``, ``farm worker``),
+    once the broker took this worker's credentials (a refusal ends the process, saying so:
+    ``farm.worker.startup``; checked here, before Celery, which would retry it for ever)."""
+    settings = FarmSettings()
+    check_broker(settings, settings.worker_name)
+    return make_worker_app(settings)

@@ -52,7 +52,7 @@ class HeldSession:
 class Worker:
     def __init__(self, settings: FarmSettings) -> None:
         self.settings = settings
-        self.id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.id = settings.worker_name
         self.image = settings.image
         self.generation = 0
         self.queue = ""

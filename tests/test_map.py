@@ -122,6 +122,37 @@ def test_leaving_an_async_map_early_cancels_the_rest(inproc_farm: Farm) -> None:
     assert next(read) == consumed + 1  # nothing more was read meanwhile
 
 
+def test_a_map_whose_items_name_another_image_needs_no_worker_of_the_default() -> None:
+    """Items that all name ``"image": "ds"`` run on a fleet that has only ``ds`` workers (the
+    map's own image is checked only for items that run on it: their records say it is not
+    served). The client is a fleet's: it starts no workers."""
+    from farm.local import LocalFarm
+
+    local = LocalFarm({"ds": 1}, backend="process").start()
+    try:
+        with Farm(local.settings()) as farm:
+            items = [{"id": i, "code": f"{i} * 2", "image": "ds"} for i in range(5)]
+            records = list(farm.map(items))
+            assert [(r.status, r.manifest["image"]) for r in records] == [("ok", "ds")] * 5
+            assert [r.cells[0].value.text for r in records] == ["0", "2", "4", "6", "8"]  # type: ignore[union-attr]
+            mixed = list(farm.map([{"id": "here", "code": "1", "image": "ds"}, "2"]))
+            assert [(r.id, r.status, r.kind) for r in mixed] == [
+                ("here", "ok", None),
+                (1, "error", "infra"),
+            ]
+            assert "no live worker serves image 'default'" in (mixed[1].message or "")
+    finally:
+        local.close()
+
+
+def test_a_local_farm_starts_workers_only_for_the_images_items_name() -> None:
+    with Farm.local(images={"ds": 1}, backend="process") as farm:
+        items = [{"id": i, "code": f"{i}", "image": "ds"} for i in range(3)]
+        assert [r.ok for r in farm.map(items)] == [True] * 3
+        assert {w["image"] for w in farm.workers()} == {"ds"}
+        assert set(farm.local_farm.worker_images.values()) == {"ds"}
+
+
 def test_only_infrastructure_failures_are_retried(inproc_farm: Farm) -> None:
     records = list(
         inproc_farm.map(

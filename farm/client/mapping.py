@@ -23,7 +23,9 @@ What happens to an item, whatever happens to the farm (checked once a second, on
   ends them the same way and then raises ``BrokerUnavailable``, with the items not yet sent
   never sent (``farm sweep --resume`` runs them);
 - leaving the loop early (``break``, an exception, ``close()``) cancels the map: nothing more is
-  sent, workers start none of its items and stop those that run.
+  sent, workers start none of its items and stop those that run;
+- an image is checked when the first item that runs on it is sent (a local farm starts a worker
+  for it then); with none serving it, its items' records say so (kind ``infra``).
 """
 
 from __future__ import annotations
@@ -103,8 +105,9 @@ class MapRun:
         self._source = enumerate(items)
         self._ahead: list[tuple[int, Item]] = []  # read from the source, not yet sent
         self._exhausted = False  # the source has no more items
-        farm._require_image(image)
-        self._images: dict[str, str | None] = {image: None}  # image -> why it is not served
+        # image -> why no worker serves it (None: one does), asked at the first item that
+        # names it: a map whose items all name other images needs no worker of ``image``
+        self._images: dict[str, str | None] = {}
         self.workers = {str(w["id"]): w for w in farm.broker.call(farm.workers, sent=False)}
         serving = [w for w in self.workers.values() if w.get("image") == image]
         capacity = sum(int(w.get("capacity") or 1) for w in serving) or 8

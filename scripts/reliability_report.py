@@ -6,8 +6,8 @@
    (``record_property``), so the table shows both even when a test fails.
 2. ``bench/soak.py`` runs with ``--json`` (skip it with ``--no-soak``).
 3. docs/reliability.md gets one row per case (area, case, expected, observed, result, time),
-   the failures, the soak figures, and the leftovers check (sandbox containers whose owning
-   process is gone; there must be none).
+   the co-tenancy cases in a section of their own, the failures, the soak figures, and the
+   leftovers check (sandbox containers whose owning process is gone; there must be none).
 
 The exit status is 1 when a test failed, the soak failed to run, or something was left over;
 the report is written in every case.
@@ -36,6 +36,7 @@ MODULES = {
     "tests/test_reliability_chaos.py": "chaos",
     "tests/test_cotenancy.py": "co-tenancy",
 }
+COTENANCY = "co-tenancy"  # its cases get a section of their own, not rows of the main table
 GENERIC_TESTS = {"test_hostile_code_gets_its_kind_and_harms_no_one_else"}
 OUT_DIR = REPO / "out" / "reliability"
 DOC = REPO / "docs" / "reliability.md"
@@ -207,11 +208,13 @@ def render(
         "|---|---|---|---|---|---:|",
     ]
     for r in rows:
-        mark = "pass" if r.result == "pass" else f"**{r.result}**"
+        if r.area == COTENANCY:
+            continue
         lines.append(
-            f"| {r.area} | {cell(r.case)} | {cell(r.expected)} | {cell(r.observed)} | {mark} "
-            f"| {r.seconds:.1f} |"
+            f"| {r.area} | {cell(r.case)} | {cell(r.expected)} | {cell(r.observed)} | "
+            f"{mark(r)} | {r.seconds:.1f} |"
         )
+    lines += render_cotenancy([r for r in rows if r.area == COTENANCY])
     failed = [r for r in rows if r.result != "pass"]
     if failed:
         lines += ["", "## Failures", ""]
@@ -219,6 +222,32 @@ def render(
     lines += ["", "## Soak (`bench/soak.py`)", ""]
     lines += render_soak(soak) if soak is not None else [f"Not run: {soak_error}."]
     return "\n".join(lines) + "\n"
+
+
+def mark(row: Row) -> str:
+    return "pass" if row.result == "pass" else f"**{row.result}**"
+
+
+def render_cotenancy(rows: list[Row]) -> list[str]:
+    """The co-tenancy section: what one session could do to another on the same sandbox."""
+    lines = [
+        "",
+        "## Co-tenancy",
+        "",
+        "Sessions that share a worker's sandbox are boxes: a uid, private directories and "
+        "limits of their own (`tests/test_cotenancy.py`). Each case runs from a real session "
+        "against another on the same real Docker worker, or fills one sandbox with a sweep.",
+        "",
+    ]
+    if not rows:
+        return [*lines, "Not run: the junit report has no co-tenancy case."]
+    lines += ["| case | expected | observed | result | s |", "|---|---|---|---|---:|"]
+    for r in rows:
+        lines.append(
+            f"| {cell(r.case)} | {cell(r.expected)} | {cell(r.observed)} | {mark(r)} "
+            f"| {r.seconds:.1f} |"
+        )
+    return lines
 
 
 def render_soak(soak: dict[str, Any]) -> list[str]:

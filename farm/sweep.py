@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from farm.client import Farm
-from farm.errors import BrokerUnavailable, InvalidRequest
+from farm.errors import BrokerUnavailable, InvalidRequest, SandboxUnavailable
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord
 
@@ -38,6 +38,7 @@ from farm.models.batch import BatchItem, BatchRecord
 SweepItem = BatchItem
 SweepRecord = BatchRecord
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
+REFRESH_S = 1.0  # the cache reads the live workers (their images' digests) at most this often
 
 
 class SweepSummary(BaseModel):
@@ -142,13 +143,14 @@ class Sweep:
         self.on_record = on_record
         self.on_start = on_start
         self._lock = threading.Lock()
-        self._workers: dict[str, dict[str, Any]] = {}
+        self._workers: list[dict[str, Any]] = []  # the live workers, as the cache last read them
+        self._workers_at = float("-inf")
+        self._asked: dict[str, float] = {}  # image -> when the cache last asked to serve it
         self._halt: BrokerUnavailable | None = None  # the outage that stopped the sweep
 
     def run(self, plan: SweepPlan, out_path: Path) -> SweepSummary:
         """Run what ``plan`` left to do, appending one line per item to ``out_path``."""
-        workers = self.farm.broker.call(self.farm.workers, sent=False)
-        self._workers = {str(w["id"]): w for w in workers}
+        self._read_workers()  # a broker that is down fails the sweep before its output is touched
         summary = SweepSummary(total=plan.total, skipped=plan.skipped)
         if self.on_start is not None:
             self.on_start(len(plan.todo) + len(plan.bad))
@@ -219,13 +221,15 @@ class Sweep:
     def _cache_key(self, item: SweepItem) -> str | None:
         """A digest of everything that can change an item's outcome: its cells (setup
         included), files and timeout, and the image it runs on as the workers serving it
-        report it (digest and limits); a change to any of them misses the cache."""
+        report it when the item is read (digest and limits); a change to any of them misses
+        the cache. No worker serving the image, no key: the item is neither looked up nor
+        stored (a record keyed without a digest would be served again for any build)."""
         if self.cache_dir is None:
             return None
         image = item.image or self.image
-        served = [
-            (w.get("sandbox") or {}) for w in self._workers.values() if w.get("image") == image
-        ]
+        served = self._sandboxes(image)
+        if not served:
+            return None
         basis = {
             "cells": item.all_cells(),
             "cmd": item.cmd,
@@ -239,6 +243,33 @@ class Sweep:
             ),
         }
         return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()
+
+    def _sandboxes(self, image: str) -> list[dict[str, Any]]:
+        """The sandboxes of the live workers serving ``image``, read again when the last read
+        is ``REFRESH_S`` old (a worker replaced meanwhile may run another build). When none
+        serves it, the farm is asked to serve it first, as the map would (a local farm starts
+        a worker), at most once per ``REFRESH_S`` and image."""
+
+        def serving() -> list[dict[str, Any]]:
+            return [(w.get("sandbox") or {}) for w in self._workers if w.get("image") == image]
+
+        now = time.monotonic()
+        if serving() and now - self._workers_at < REFRESH_S:
+            return serving()
+        if not serving():
+            if now - self._asked.get(image, float("-inf")) < REFRESH_S:
+                return []
+            self._asked[image] = now
+            try:
+                self.farm._require_image(image)
+            except SandboxUnavailable:
+                return []
+        self._read_workers()
+        return serving()
+
+    def _read_workers(self) -> None:
+        self._workers = self.farm.broker.call(self.farm.workers, sent=False)
+        self._workers_at = time.monotonic()
 
     def _cache_get(self, key: str | None) -> SweepRecord | None:
         if key is None or self.cache_dir is None:

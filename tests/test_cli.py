@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -200,6 +201,8 @@ def test_the_sweep_cache_keys_on_everything_that_changes_an_outcome(
         {"id": "three", "code": read_n, "files": {"n.txt": "3"}},  # same code, other file
         {"id": "quick", "code": "import time; time.sleep(0.3); 'done'", "timeout_s": 5},
         {"id": "tight", "code": "import time; time.sleep(0.3); 'done'", "timeout_s": 0.1},
+        {"id": "files-8", "code": FSIZE_MB, "limits": {"fsize_mb": 8}},  # same code, other box
+        {"id": "files-16", "code": FSIZE_MB, "limits": {"fsize_mb": 16}},
     ]
     source = write_jsonl(tmp_path / "in.jsonl", items)
     cache = tmp_path / "cache"
@@ -211,8 +214,83 @@ def test_the_sweep_cache_keys_on_everything_that_changes_an_outcome(
         assert records["three"]["cells"][0]["value"]["text"] == "30"
         assert records["quick"]["status"] == "ok"
         assert records["tight"]["kind"] == "timeout"
+        assert records["files-8"]["cells"][0]["value"]["text"] == "8"
+        assert records["files-16"]["cells"][0]["value"]["text"] == "16"
     assert all(record["cached"] for record in records.values())
-    assert len(list(cache.glob("*.json"))) == 4
+    assert len(list(cache.glob("*.json"))) == 6
+
+
+FSIZE_MB = "import resource\nresource.getrlimit(resource.RLIMIT_FSIZE)[0] // 2**20"
+# what an item sees of its image (a file a build puts there) and its sandbox (its memory cap)
+IMAGE_AND_SANDBOX = (
+    "import os\nmem = next(f for f in ('/sys/fs/cgroup/memory.max', "
+    "'/sys/fs/cgroup/memory/memory.limit_in_bytes') if os.path.exists(f))\n"
+    "(open('/etc/pytest-build').read(), int(open(mem).read()) // 2**20)"
+)
+
+
+def test_the_sweep_cache_keys_on_the_image_digest_and_the_sandbox_limits(
+    docker_env: Any, tmp_path: Path
+) -> None:
+    """An item on an image no worker serves when the sweep starts (a local farm starts one
+    for it as the item is sent): its record is cached under that image's digest, so a rebuilt
+    image, or the same image in sandboxes of other limits, runs it again, and an unchanged
+    one answers from the cache."""
+    import docker
+
+    from farm.local import LocalFarm
+    from farm.sandbox.images import own_sandbox_tag
+    from tests.conftest import remove_image_tags
+
+    tag = "farm-sandbox:pytest-cache"
+
+    built: list[str] = []
+
+    def build(version: str) -> None:
+        context = tmp_path / f"build-{version}"
+        context.mkdir()
+        (context / "build").write_text(version)
+        (context / "Dockerfile").write_text(
+            f"FROM {own_sandbox_tag()}\nCOPY build /etc/pytest-build\n"
+        )
+        image, _ = docker_env.images.build(path=str(context), tag=tag, rm=True)
+        built.append(image.id)
+
+    source = write_jsonl(
+        tmp_path / "in.jsonl", [{"id": "x", "image": "pytest-cache", "code": IMAGE_AND_SANDBOX}]
+    )
+    cache = tmp_path / "cache"
+
+    def sweep(farm: Farm) -> tuple[str, bool]:
+        out = tmp_path / "out.jsonl"
+        Sweep(farm, cache_dir=cache).run(plan_sweep(source, out), out)
+        (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+        assert record["status"] == "ok", record
+        return record["cells"][0]["value"]["text"], record["cached"]
+
+    seen = []
+    try:
+        build("1")
+        with Farm.local(images={"default": 1}) as farm:
+            seen += [sweep(farm), sweep(farm)]  # started on demand, then served: one key
+        build("2")
+        with Farm.local(images={"default": 1}) as farm:
+            seen.append(sweep(farm))
+        local = LocalFarm({"default": 1}, env={"FARM_SANDBOX_MEMORY_MB": "600"}).start()
+        with Farm(local.settings(), owned=local) as farm:
+            seen += [sweep(farm), sweep(farm)]
+    finally:
+        remove_image_tags(docker_env, tag)
+        for image_id in built:  # the first build, untagged by the second
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                docker_env.images.remove(image_id)
+    assert seen == [
+        ("('1', 512)", False),
+        ("('1', 512)", True),
+        ("('2', 512)", False),  # rebuilt: a new digest
+        ("('2', 600)", False),  # other sandbox limits
+        ("('2', 600)", True),
+    ]
 
 
 def test_attach_from_a_second_process(farm: Farm) -> None:

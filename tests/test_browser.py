@@ -243,6 +243,27 @@ def test_workspace_files_open_by_path(web: Session) -> None:
     assert "## From the workspace" in obs["content"]
 
 
+def test_a_sibling_boxs_files_are_refused(browser_farm: Farm, web: Session) -> None:
+    """Two sessions on the one browser worker share its sandbox: ``file://`` of the other
+    box's page (``/workspace/box-N/...``) is refused, by ``goto`` and by a link in a page of
+    the session's own, while that box opens the same URL itself."""
+    with browser_farm.session(image="browser") as sibling:
+        assert sibling.worker == web.worker
+        sibling.files.write("secret.html", "<title>Secret</title><h2>the sibling's secret</h2>")
+        where = sibling.run("import os; os.getcwd()").value.text.strip("'")  # type: ignore[union-attr]
+        own = web.run("import os; os.getcwd()").value.text.strip("'")  # type: ignore[union-attr]
+        assert where.startswith("/workspace/box-") and where != own
+        url = f"file://{where}/secret.html"
+        assert observe(sibling, f"browser.goto({url!r})")["title"] == "Secret"
+        obs = observe(web, f"browser.goto({url!r})")
+        assert obs["error"] and "outside the workspace" in obs["error"], obs["error"]
+        assert obs["title"] != "Secret" and "the sibling's secret" not in obs["content"]
+        web.files.write("to-sibling.html", f"<title>Mine</title><a id='go' href='{url}'>go</a>")
+        assert observe(web, "browser.goto('to-sibling.html')")["title"] == "Mine"
+        obs = observe(web, "browser.click('#go')")
+        assert obs["title"] != "Secret" and "the sibling's secret" not in obs["content"], obs
+
+
 @pytest.mark.parametrize("program", [b"chromium", b"playwright/driver/node"])
 def test_a_killed_browser_is_started_again(web: Session, program: bytes) -> None:
     web.run(CHROMIUM_PIDS).raise_for_error()

@@ -166,6 +166,31 @@ def test_paths_outside_the_workspace_are_refused(docs: Session, path: str) -> No
     assert "outside the workspace" in result.error.evalue
 
 
+def test_a_sibling_boxs_files_are_refused(docs_farm: Farm, docs: Session) -> None:
+    """Two sessions on the one docs worker share its sandbox: ``read_document`` of the other
+    box's file by its absolute path (``/workspace/box-N/...``) or through ``..`` is refused,
+    while that box reads the same path itself."""
+    with docs_farm.session(image="docs") as sibling:
+        assert sibling.worker == docs.worker
+        sibling.files.write("secret.txt", b"the sibling's secret")
+        where = workspace(sibling)
+        assert where.startswith("/workspace/box-") and where != workspace(docs)
+        path = f"{where}/secret.txt"
+        assert "the sibling's secret" in printed(sibling, f"print(read_document({path!r}))")
+        for tried in (path, f"../{where.rsplit('/', 1)[1]}/secret.txt"):
+            result = docs.run(f"print(read_document({tried!r}))")
+            assert result.error is not None, (tried, result.stdout)
+            assert result.error.ename == "WorkspaceError", result.error
+            assert "outside the workspace" in result.error.evalue
+            assert "secret" not in result.stdout
+
+
+def workspace(session: Session) -> str:
+    value = session.run("import os; os.getcwd()").value
+    assert value is not None
+    return str(value.text).strip("'")
+
+
 def test_a_corrupt_document_is_an_error_and_the_session_lives_on(docs: Session) -> None:
     docs.files.write("broken.pdf", b"%PDF-1.7\n this is not really a pdf \x00\x01\x02")
     docs.files.write("broken.docx", b"PK\x03\x04 not a zip archive at all")

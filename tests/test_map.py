@@ -6,7 +6,9 @@ cases (isolation per item, a worker killed mid-chunk) are in ``test_cotenancy.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,6 +122,42 @@ def test_leaving_an_async_map_early_cancels_the_rest(inproc_farm: Farm) -> None:
     assert seen[0] <= 8  # at most those in flight ran after the cancel; the rest never will
     assert stays(unchanged, 1.0)
     assert next(read) == consumed + 1  # nothing more was read meanwhile
+
+
+def test_cancelling_the_task_that_reads_an_async_map_cancels_the_map_and_frees_its_thread(
+    inproc_farm: Farm,
+) -> None:
+    """A task awaiting its next record is cancelled (a timeout around it, a shutdown): the
+    map is cancelled and the thread that waited for records returns, so ``asyncio.run``
+    ends (it waits for that thread); before, the thread waited for ever for results that a
+    cancelled map's items never publish."""
+    redis = inproc_farm.registry.redis
+    cancels, claims = f"{PREFIX}map:*:cancel", f"{PREFIX}exec:*"
+    before, claimed = set(redis.scan_iter(cancels)), set(redis.scan_iter(claims))
+
+    async def read_until_cancelled() -> None:
+        async def read() -> None:
+            async for _ in AsyncFarm(inproc_farm).map(["import time; time.sleep(60)"] * 4):
+                pass
+
+        task = asyncio.create_task(read())
+        running = await asyncio.to_thread(  # its chunk and an item claimed: items run
+            wait_for, lambda: len(set(redis.scan_iter(claims)) - claimed) >= 2, 10
+        )
+        assert running, "the map's items never started"
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    finished = threading.Event()
+
+    def run() -> None:
+        asyncio.run(read_until_cancelled())
+        finished.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    assert finished.wait(30), "asyncio.run never returned: a thread still waits for records"
+    assert wait_for(lambda: set(redis.scan_iter(cancels)) - before, 10), "not cancelled"
 
 
 def test_a_map_whose_items_name_another_image_needs_no_worker_of_the_default() -> None:

@@ -44,7 +44,10 @@ class AsyncFarm:
 
     async def map(self, items: Iterable[Any], **kwargs: Any) -> AsyncIterator[BatchRecord]:
         """``async for record in farm.map(items)``: ``Farm.map`` read off the event loop (the
-        items, a plain iterable, are read lazily in that thread too); leaving early cancels."""
+        items, a plain iterable, are read lazily in that thread too). Leaving early cancels
+        the map, and so does cancelling the task that reads it; as for any async generator,
+        the cancel of a ``break`` comes when the generator is closed, at once when nothing
+        else holds it, else at ``contextlib.aclosing(farm.map(items))``'s end."""
         run = await asyncio.to_thread(self.sync.map, items, **kwargs)
         records = iter(run)
         done: Any = object()

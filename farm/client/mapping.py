@@ -133,6 +133,8 @@ class MapRun:
                     self._done = True
                     return
                 self._receive()
+                if self._done:  # closed meanwhile, from another thread (a cancelled async map)
+                    return
                 if time.monotonic() - self._checked >= CHECK_EVERY_S:
                     self._check()
         except BrokerUnavailable:

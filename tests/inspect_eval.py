@@ -16,17 +16,26 @@ With ``editor``, the model calls ``text_editor`` instead, one of the tools Inspe
 into a sandbox (a helper it installs under ``/var/tmp`` and starts as the sample's user):
 create a file, view it, then ``bash`` reads it back.
 
-Usage: python tests/inspect_eval.py LOG_DIR [BROKER_URL [editor]]
+With ``pair``, two samples (``a`` and ``b``) run at once, each using ``text_editor``; the
+scripted model answers each by its own transcript (a callable: a list of outputs would be
+shared by both). Between their creating and viewing a file, each sample's ``bash`` finds the
+directory its tools server runs from (``/proc/PID/exe``), publishes it in ``/tmp``, waits for
+the other sample's (a sample that never meets the other fails the test: the two did not run at
+once), and tries to list and read the other's tools. It prints ``key=value`` lines: its host
+name and uid, both directories with their owner and mode, and what the two tries said.
+
+Usage: python tests/inspect_eval.py LOG_DIR [BROKER_URL [editor|pair]]
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 
 from inspect_ai import Task, eval
 from inspect_ai.dataset import Sample
-from inspect_ai.model import ModelOutput, ModelUsage, get_model
+from inspect_ai.model import ChatMessage, ModelOutput, ModelUsage, get_model
 from inspect_ai.scorer import includes
 from inspect_ai.solver import generate, use_tools
 from inspect_ai.tool import bash, python, text_editor
@@ -80,27 +89,92 @@ def editor_outputs() -> list[ModelOutput]:
     )
 
 
+PAIR = ("a", "b")
+RENDEZVOUS_S = 120  # how long a sample of the pair waits for the other to have its tools
+# The pair's meeting: this box's tools directory (its server's executable's), published in
+# /tmp; then the other's, waited for; then a try to list and one to read the other's tools.
+MEET = """
+set -u
+exe=""
+for pid in $(pgrep -u "$(id -u)"); do
+    case $(readlink "/proc/$pid/exe" 2>/dev/null) in
+        */inspect-sandbox-tools) exe=$(readlink "/proc/$pid/exe") ;;
+    esac
+done
+[ -n "$exe" ] || { echo "no tools server of this box" >&2; exit 1; }
+own=$(dirname "$exe")
+printf '%s\n' "$own" > /tmp/pair-{me}.part && chmod 644 /tmp/pair-{me}.part
+mv /tmp/pair-{me}.part /tmp/pair-{me}
+i=0
+while [ ! -s /tmp/pair-{other} ]; do
+    i=$((i + 1))
+    [ "$i" -le {tries} ] || { echo "sample {other} never came" >&2; exit 1; }
+    sleep 0.1
+done
+other=$(cat /tmp/pair-{other})
+echo "host=$(hostname)"
+echo "uid=$(id -u)"
+echo "own=$own"
+echo "own_stat=$(stat -c %u:%a "$own")"
+echo "other=$other"
+echo "other_stat=$(stat -c %u:%a "$other")"
+echo "list_other=$(ls "$other" 2>&1 >/dev/null)"
+echo "read_other=$(cat "$other/inspect-sandbox-tools" 2>&1 >/dev/null)"
+"""
+
+
+def pair_outputs(
+    messages: list[ChatMessage], tools: Sequence[object], choice: object, config: object
+) -> ModelOutput:
+    """The next step of the sample whose input names it (``sample a``): by how many tool
+    results its transcript holds."""
+    me = next(m.text for m in messages if m.role == "user").split()[-1]
+    other = PAIR[1 - PAIR.index(me)]
+    notes = f"/var/tmp/notes-{me}.txt"
+    meet = MEET.replace("{me}", me).replace("{other}", other)
+    meet = meet.replace("{tries}", str(RENDEZVOUS_S * 10))
+    steps = [
+        ("text_editor", {"command": "create", "path": notes, "file_text": f"notes of {me}\n"}),
+        ("bash", {"command": meet}),
+        ("text_editor", {"command": "view", "path": notes}),
+        ("bash", {"command": f"cat {notes}"}),
+    ]
+    done = sum(1 for m in messages if m.role == "tool")
+    if done < len(steps):
+        name, arguments = steps[done]
+        output = ModelOutput.for_tool_call(model=MODEL, tool_name=name, tool_arguments=arguments)
+    else:
+        output = ModelOutput.from_content(model=MODEL, content="The answer is 42.")
+    [output] = scripted(output)
+    return output
+
+
 def main(log_dir: str, broker_url: str | None = None, tools: str = "bash") -> None:
     imported = any(name.startswith("farm") for name in sys.modules)  # Inspect's lookups load it
-    if tools == "editor":
+    samples = [
+        Sample(
+            input="What is 6 * 7? Use the tools.",
+            target="42",
+            files={"data/hello.txt": "placed by Sample.files\n"},
+        )
+    ]
+    if tools == "pair":
+        model = get_model(MODEL, custom_outputs=pair_outputs)
+        solver = [use_tools([text_editor(), bash(timeout=RENDEZVOUS_S + 60)]), generate()]
+        samples = [Sample(id=me, input=f"What is 6 * 7? sample {me}", target="42") for me in PAIR]
+    elif tools == "editor":
         model = get_model(MODEL, custom_outputs=editor_outputs())
         solver = [use_tools([text_editor(), bash(timeout=60)]), generate()]
     else:
         model = get_model(MODEL, custom_outputs=bash_outputs())
         solver = [use_tools([bash(timeout=BASH_TIMEOUT_S), python(timeout=60)]), generate()]
     task = Task(
-        dataset=[
-            Sample(
-                input="What is 6 * 7? Use the tools.",
-                target="42",
-                files={"data/hello.txt": "placed by Sample.files\n"},
-            )
-        ],
+        dataset=samples,
         solver=solver,
         scorer=includes(),
         sandbox=("farm", {"broker_url": broker_url}) if broker_url else "farm",
     )
-    [log] = eval(task, model=model, log_dir=log_dir, display="none")
+    [log] = eval(task, model=model, log_dir=log_dir, display="none", max_samples=len(samples))
     print(json.dumps({"location": log.location, "farm_imported_by_the_task": imported}))
 
 

@@ -6,9 +6,11 @@ starts (with its default image, ``inspect``: the sandbox image plus procps, buil
   check farm cannot pass by design is a strict xfail naming why;
 - what the suite leaves out: output over the cap, concurrent commands, background processes,
   users, big commands up to Linux's limits, a missing cwd, ``inspect sandbox cleanup``, config
-  forms;
-- an offline eval with Inspect's mock model, in a fresh interpreter that finds the provider
-  through its entry point, whose log shows the tools' output from the box.
+  forms, a broker password refused when run but not when a log is read, the box's own
+  directory for Inspect's injected tools;
+- offline evals with Inspect's mock model, in a fresh interpreter that finds the provider
+  through its entry point, whose logs show the tools' output from the box (injected tools
+  too, in two samples at once in one sandbox).
 
 One farm and one sample box serve the module (the checks clean up after themselves), as in
 Inspect's own runner; at the end the farm must have removed every container it started.
@@ -34,7 +36,16 @@ from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import pytest
-from inspect_ai.log import read_eval_log_async
+from inspect_ai import Task, eval_async
+from inspect_ai.dataset import Sample
+from inspect_ai.log import (
+    EvalConfig,
+    EvalDataset,
+    EvalLog,
+    EvalSpec,
+    read_eval_log_async,
+    write_eval_log_async,
+)
 from inspect_ai.util import (
     OutputLimitExceededError,
     SandboxEnvironment,
@@ -43,6 +54,7 @@ from inspect_ai.util import (
     SandboxUnavailableError,
     SandboxUserUnsupportedError,
 )
+from inspect_ai.util._sandbox._cli import SANDBOX_TOOLS_DIR
 from inspect_ai.util._sandbox.limits import override_max_exec_output_size
 from inspect_ai.util._sandbox.self_check import *  # noqa: F403  (the 44 checks)
 
@@ -375,30 +387,78 @@ def test_configs_come_as_models_dicts_and_files(tmp_path: Path) -> None:
 
 
 SECRET = "s3cret-4711"
+# Brokers nobody listens on: a refusal that failed would fail fast, connecting there.
+PASSWORD_URLS = [f"redis://:{SECRET}@127.0.0.1:9/0", f"rediss://farm:{SECRET}@localhost:9/1"]
 
 
-@pytest.mark.parametrize(
-    "url", [f"redis://:{SECRET}@10.0.0.5:6379/0", f"rediss://farm:{SECRET}@redis:6380/1"]
-)
-@pytest.mark.parametrize("form", ["model", "task-dict", "file"])
-def test_a_broker_url_holding_a_password_is_refused_without_showing_it(
-    url: str, form: str, tmp_path: Path
-) -> None:
-    """Inspect writes the sandbox config into the eval log: a password there would travel with
-    every shared log. Every form of config refuses it, pointing to FARM_BROKER_PASSWORD, and
-    no error shows it (Inspect's own wrapping of the error included)."""
-    path = tmp_path / "farm.yaml"
-    path.write_text(f"broker_url: {url}\n")
-    with pytest.raises(ValueError) as caught:
-        if form == "model":
-            FarmSandboxConfig(broker_url=url)
-        elif form == "task-dict":  # Task(sandbox=("farm", {...})) deserializes it so
-            SandboxEnvironmentSpec("farm", {"broker_url": url})
-        else:
-            resolve_config(str(path))
+def said_safely(caught: pytest.ExceptionInfo[InvalidRequest]) -> None:
     said = str(caught.value)
     assert "must not hold the broker's password" in said, said
     assert "FARM_BROKER_PASSWORD" in said and SECRET not in said, said
+
+
+@pytest.mark.parametrize("url", PASSWORD_URLS)
+@pytest.mark.parametrize("form", ["model", "task-dict", "file"])
+async def test_a_broker_url_holding_a_password_is_refused_without_showing_it(
+    url: str, form: str, tmp_path: Path
+) -> None:
+    """Inspect writes the sandbox config into the eval log: a password there would travel with
+    every shared log. ``task_init`` and ``sample_init`` refuse every form of config holding
+    one, before reaching any farm, pointing to FARM_BROKER_PASSWORD, and no error shows it."""
+    path = tmp_path / "farm.yaml"
+    path.write_text(f"broker_url: {url}\n")
+    config: Any = {
+        "model": FarmSandboxConfig(broker_url=url),
+        "task-dict": SandboxEnvironmentSpec("farm", {"broker_url": url}).config,  # as a Task
+        "file": str(path),
+    }[form]
+    with pytest.raises(InvalidRequest) as caught:
+        await FarmSandboxEnvironment.task_init("refused", config)
+    said_safely(caught)
+    with pytest.raises(InvalidRequest) as caught:
+        await FarmSandboxEnvironment.sample_init("refused", config, {})
+    said_safely(caught)
+
+
+async def test_an_eval_with_a_password_in_its_broker_url_stops_before_writing_a_log(
+    tmp_path: Path,
+) -> None:
+    """Inspect runs ``task_init`` before it writes the eval's log: the refusal ends the eval,
+    and no file of the log directory holds the password."""
+    task = Task(
+        dataset=[Sample(input="never run")],
+        sandbox=("farm", {"broker_url": PASSWORD_URLS[0]}),  # type: ignore[arg-type]
+    )
+    logs = tmp_path / "logs"
+    with pytest.raises(InvalidRequest) as caught:
+        await eval_async(task, model="mockllm/model", log_dir=str(logs))
+    said_safely(caught)
+    files = [p for p in logs.rglob("*") if p.is_file()] if logs.exists() else []
+    assert not any(SECRET.encode() in p.read_bytes() for p in files), files
+
+
+@pytest.mark.parametrize("fmt", ["eval", "json"])
+async def test_a_log_holding_a_password_in_its_broker_url_loads(fmt: str, tmp_path: Path) -> None:
+    """A log written before the refusal existed (its config holding the password) still loads:
+    Inspect validates the sandbox config again when it reads a log (``SandboxEnvironmentSpec``
+    calls the provider's ``config_deserialize``). Running with that config is refused."""
+    url = PASSWORD_URLS[0]
+    spec = EvalSpec(
+        created="2025-01-01T00:00:00+00:00",
+        task="old",
+        dataset=EvalDataset(),
+        model="mockllm/model",
+        config=EvalConfig(),
+        sandbox=SandboxEnvironmentSpec("farm", {"broker_url": url}),
+    )
+    path = tmp_path / f"old.{fmt}"
+    await write_eval_log_async(EvalLog(eval=spec), str(path))
+    log = await read_eval_log_async(str(path))
+    assert log.eval.sandbox == SandboxEnvironmentSpec("farm", FarmSandboxConfig(broker_url=url))
+    assert log.eval.sandbox is not None
+    with pytest.raises(InvalidRequest) as caught:
+        await FarmSandboxEnvironment.task_init("old", log.eval.sandbox.config)
+    said_safely(caught)
 
 
 def test_a_broker_url_without_a_password_is_kept() -> None:
@@ -484,13 +544,9 @@ async def test_an_offline_eval_runs_its_tools_in_farm(
     assert recorded(farm_handle) == {farm_env.session.id}  # the eval's box was closed
 
 
-async def test_an_injected_tool_runs_in_farm_and_its_files_end_with_the_box(
-    farm_env: FarmSandboxEnvironment, farm_handle: FarmHandle, docker_env: Any, tmp_path: Path
-) -> None:
-    """``tests/inspect_eval.py editor``: ``text_editor``, which Inspect *injects* (it installs
-    its helper under ``/var/tmp`` as the sample's user and starts it there), creates and views
-    a file in the sample's box, and ``bash`` reads it back. What the box left in ``/var/tmp``
-    (the helper, the file) is gone once the sample's box is closed."""
+async def run_eval_script(farm_handle: FarmHandle, tmp_path: Path, mode: str) -> EvalLog:
+    """The log of ``tests/inspect_eval.py LOG_DIR URL MODE`` run in a fresh interpreter against
+    this module's farm (by a URL without its password, which goes in FARM_BROKER_PASSWORD)."""
     parts = urlsplit(farm_handle.farm.settings.broker_url)
     url = urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port}"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
@@ -501,13 +557,30 @@ async def test_an_injected_tool_runs_in_farm_and_its_files_end_with_the_box(
     script = ROOT / "tests" / "inspect_eval.py"
     with anyio.fail_after(280):
         run = await anyio.run_process(
-            [sys.executable, str(script), str(tmp_path / "logs"), url, "editor"],
+            [sys.executable, str(script), str(tmp_path / "logs"), url, mode],
             cwd=tmp_path,
             env=env,
             check=False,
         )
     assert run.returncode == 0, run.stderr.decode()[-4000:]
-    log = await read_eval_log_async(json.loads(run.stdout.decode().splitlines()[-1])["location"])
+    return await read_eval_log_async(json.loads(run.stdout.decode().splitlines()[-1])["location"])
+
+
+def var_tmp(container: Any) -> list[str]:
+    """What the sandbox's ``/var/tmp`` holds, as root lists it."""
+    listed = container.exec_run(["ls", "-A", "/var/tmp"], user="0:0")
+    assert listed.exit_code == 0, listed.output
+    return sorted(listed.output.decode().split())
+
+
+async def test_an_injected_tool_runs_in_farm_and_its_files_end_with_the_box(
+    farm_env: FarmSandboxEnvironment, farm_handle: FarmHandle, docker_env: Any, tmp_path: Path
+) -> None:
+    """``tests/inspect_eval.py editor``: ``text_editor``, which Inspect *injects* (it installs
+    its helper under ``/var/tmp`` as the sample's user and starts it there), creates and views
+    a file in the sample's box, and ``bash`` reads it back. What the box left in ``/var/tmp``
+    (the helper, the file) is gone once the sample's box is closed."""
+    log = await run_eval_script(farm_handle, tmp_path, "editor")
     assert log.status == "success", log.error
     assert log.samples is not None
     tools = [m for m in log.samples[0].messages if m.role == "tool"]
@@ -520,10 +593,86 @@ async def test_an_injected_tool_runs_in_farm_and_its_files_end_with_the_box(
     assert "six times seven" in viewed and read_back == "six times seven\n", (created, viewed)
     assert recorded(farm_handle) == {farm_env.session.id}  # the eval's box was closed
     (container,) = farm_containers(docker_env, list(farm_handle.farm.local_farm.workers))
+    assert wait_for(lambda: var_tmp(container) == [], 30), var_tmp(container)
 
-    def var_tmp() -> list[str]:
-        listed = container.exec_run(["ls", "-A", "/var/tmp"], user="0:0")
-        assert listed.exit_code == 0, listed.output
-        return sorted(listed.output.decode().split())
 
-    assert wait_for(lambda: var_tmp() == [], 30), var_tmp()
+async def test_what_names_inspects_tools_directory_names_the_box_own(
+    farm_handle: FarmHandle, docker_env: Any
+) -> None:
+    """Inspect's fixed tools path, in an argv element (a shell script's too), the working
+    directory, an environment value or a file path, is the box's own directory: made by the
+    box, mode 0700, closed to another box; a longer name that begins with the path is left
+    alone. A command that finds ``/var/tmp`` full there says so first, and what to set."""
+    opened = [await FarmSandboxEnvironment.sample_init("toolsdir", CONFIG, {}) for _ in "ab"]
+    (container,) = farm_containers(docker_env, list(farm_handle.farm.local_farm.workers))
+    try:
+        box, other = (envs["default"].as_type(FarmSandboxEnvironment) for envs in opened)
+        script = f'echo {SANDBOX_TOOLS_DIR}; pwd; echo "$WHERE"; echo {SANDBOX_TOOLS_DIR}.old'
+        ran = await box.exec(
+            ["sh", "-c", script], cwd=SANDBOX_TOOLS_DIR, env={"WHERE": f"{SANDBOX_TOOLS_DIR}/x"}
+        )
+        own = box.tools.path
+        assert re.fullmatch(r"/var/tmp/\.inspect-tools-[0-9a-f]{32}", own)
+        assert ran.stdout.splitlines() == [own, own, f"{own}/x", f"{SANDBOX_TOOLS_DIR}.old"]
+        uid = (await box.exec(["id", "-u"])).stdout.strip()
+        stat = await box.exec(["stat", "-c", "%u:%a", SANDBOX_TOOLS_DIR])
+        assert stat.stdout == f"{uid}:700\n"
+        await box.write_file(f"{SANDBOX_TOOLS_DIR}/notes", "mine")
+        assert await box.read_file(f"{own}/notes") == "mine"
+        assert await box.read_file(f"{SANDBOX_TOOLS_DIR}/notes") == "mine"
+        assert other.tools.path != own
+        with pytest.raises(PermissionError):
+            await other.read_file(f"{own}/notes")
+        denied = await other.exec(["ls", own])
+        assert not denied.success and "Permission denied" in denied.stderr
+        fill = f"head -c {100 * MIB} /dev/zero > {SANDBOX_TOOLS_DIR}/big"
+        full = await box.exec(["sh", "-c", fill])
+        assert full.returncode == 1
+        first, *rest = full.stderr.splitlines()
+        assert first.startswith("farm: the sandbox's /var/tmp is full"), full.stderr
+        assert "FARM_SANDBOX_TMP_MB" in first and "No space left on device" in rest[-1]
+    finally:
+        for envs in opened:
+            await FarmSandboxEnvironment.sample_cleanup("toolsdir", CONFIG, envs, False)
+    assert wait_for(lambda: var_tmp(container) == [], 30), var_tmp(container)
+
+
+async def test_samples_at_once_in_one_sandbox_each_get_injected_tools_of_their_own(
+    farm_env: FarmSandboxEnvironment, farm_handle: FarmHandle, docker_env: Any, tmp_path: Path
+) -> None:
+    """``tests/inspect_eval.py pair``: two samples run at once in the one sandbox of this
+    module's farm (one worker: the host name both saw is its container's) and both use
+    ``text_editor``. Each box's tools run from a directory of its own under ``/var/tmp``
+    (``.inspect-tools-<digest>``, the box's, mode 0700), not from Inspect's fixed path, which
+    the first box would have held until it ended (the other sample failing with
+    ``SandboxInjectionError``); each sample found the other's directory and could neither list
+    it nor read the launcher in it. Everything is gone from ``/var/tmp`` once both boxes are
+    closed."""
+    log = await run_eval_script(farm_handle, tmp_path, "pair")
+    assert log.status == "success", log.error
+    assert log.samples is not None and sorted(str(s.id) for s in log.samples) == ["a", "b"]
+    (container,) = farm_containers(docker_env, list(farm_handle.farm.local_farm.workers))
+    met: dict[str, dict[str, str]] = {}
+    for sample in log.samples:
+        tools = [m for m in sample.messages if m.role == "tool"]
+        assert [(m.function, m.error) for m in tools] == [
+            ("text_editor", None),
+            ("bash", None),
+            ("text_editor", None),
+            ("bash", None),
+        ], [m.text for m in tools]
+        _, meeting, viewed, read_back = (m.text for m in tools)
+        notes = f"notes of {sample.id}"
+        assert notes in viewed and read_back == notes + "\n", (viewed, read_back)
+        met[str(sample.id)] = dict(line.split("=", 1) for line in meeting.splitlines())
+    a, b = met["a"], met["b"]
+    assert a["host"] == b["host"] == container.attrs["Config"]["Hostname"]  # one sandbox
+    assert a["uid"] != b["uid"] and a["own"] != b["own"]
+    for me, other in ((a, b), (b, a)):
+        assert re.fullmatch(r"/var/tmp/\.inspect-tools-[0-9a-f]{32}", me["own"]), me
+        assert me["own_stat"] == f"{me['uid']}:700", me
+        assert (me["other"], me["other_stat"]) == (other["own"], other["own_stat"]), me
+        assert "Permission denied" in me["list_other"], me
+        assert "Permission denied" in me["read_other"], me
+    assert recorded(farm_handle) == {farm_env.session.id}  # the eval's boxes were closed
+    assert wait_for(lambda: var_tmp(container) == [], 30), var_tmp(container)

@@ -5,10 +5,15 @@ Inspect keeps sandbox configs in sets and writes them into the eval log, so the 
 ``config_deserialize``. A task may also name a YAML or JSON file (``sandbox=("farm",
 "farm.yaml")``, or a ``farm.yaml`` next to the task): one loader reads both into this model.
 
-A ``broker_url`` holding a password is refused: eval logs are shared, and whoever holds the
-broker's password can run code in every sandbox of that farm. The password goes in
+A ``broker_url`` holding a password is refused when the provider is to use it (``task_init``,
+``sample_init``: ``usable_config``): eval logs are shared, and whoever holds the broker's
+password can run code in every sandbox of that farm. The password goes in
 ``FARM_BROKER_PASSWORD``, which the provider's client (``Farm.connect``) adds to the URL. The
-refusal shows the URL with its password masked, so it cannot leak it either.
+refusal shows the URL with its password masked, so it cannot leak it either. The model itself
+accepts such a URL: Inspect validates the sandbox config again whenever it reads a log
+(``SandboxEnvironmentSpec``'s validator calls the provider's ``config_deserialize``), and a log
+written before the refusal existed must still load. Inspect runs ``task_init`` before it writes
+a log, so a refused config never reaches one.
 """
 
 from __future__ import annotations
@@ -19,8 +24,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from kombu.utils.url import maybe_sanitize_url
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from farm.errors import InvalidRequest
 from farm.models import BoxLimits
@@ -45,7 +49,7 @@ class FarmSandboxConfig(BaseModel):
     (built on first use by an embedded farm; on a farm of yours, `farm image build inspect
     --apt procps`). ``limits`` are each sample box's. ``timeout_s`` is a command's timeout when
     Inspect gives none; ``open_wait_s`` how long a sample waits for room on a full farm.
-    ``broker_url`` never holds the password (see the module's docstring).
+    ``broker_url`` must not hold the password (see the module's docstring).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
@@ -57,26 +61,21 @@ class FarmSandboxConfig(BaseModel):
     timeout_s: float = Field(MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
     open_wait_s: float = Field(600.0, gt=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _no_password(cls, data: Any) -> Any:
-        """Refuse a ``broker_url`` that carries a password: Inspect writes this config into the
-        eval log. The error shows the URL with its password masked, also when Inspect wraps it
-        in its own validation error (which would show the raw input)."""
-        url = data.get("broker_url") if isinstance(data, dict) else None
-        if isinstance(url, str) and urlsplit(url).password is not None:
-            why = PydanticCustomError(
-                "broker_password_in_config",
-                "broker_url must not hold the broker's password: Inspect writes the sandbox "
-                "config into the eval log (log.eval.sandbox), which people share. Give the URL "
-                "without it (redis://host:6379/0, or redis://USER@host:6379/0 for an ACL user) "
-                "and set FARM_BROKER_PASSWORD in the eval's environment",
-            )
-            masked = maybe_sanitize_url(url)
-            raise ValidationError.from_exception_data(
-                cls.__name__, [{"type": why, "loc": ("broker_url",), "input": masked}]
-            )
-        return data
+
+def usable_config(config: BaseModel | str | None) -> FarmSandboxConfig:
+    """``resolve_config``, refusing a ``broker_url`` that carries a password (``InvalidRequest``,
+    the URL shown with its password masked): what ``task_init`` and ``sample_init`` run with."""
+    resolved = resolve_config(config)
+    url = resolved.broker_url
+    if url is not None and urlsplit(url).password is not None:
+        raise InvalidRequest(
+            "broker_url must not hold the broker's password: Inspect writes the sandbox config "
+            "into the eval log (log.eval.sandbox), which people share. Give the URL without it "
+            "(redis://host:6379/0, or redis://USER@host:6379/0 for an ACL user) and set "
+            f"FARM_BROKER_PASSWORD in the eval's environment (broker_url: "
+            f"{maybe_sanitize_url(url)})"
+        )
+    return resolved
 
 
 def resolve_config(config: BaseModel | str | None) -> FarmSandboxConfig:

@@ -14,6 +14,11 @@ argv). Linux's limits apply as to any ``execve``: 128 KiB for one argument or en
 ``ARG_MAX`` for all of them; past them the command fails (126, ``Argument list too long`` on
 stderr), which Inspect's tools show the model as they would any failed command.
 
+Inspect's injected tools (``text_editor``, ``bash_session``...): Inspect installs them at one
+fixed path under ``/var/tmp`` and would own it for one box at a time; every mention of that path
+is made the box's own directory (``farm.integrations.inspect.toolsdir``), so each sample in a
+sandbox gets its own copy and server.
+
 Users: farm runs a box's code as the box's own non-root uid and nothing else (no root, no
 setuid: see the README's security model). ``user="root"`` and other existing accounts raise
 ``SandboxUserUnsupportedError`` (Inspect then judges root "unusable" and runs its tools as the
@@ -51,8 +56,20 @@ from farm.client import Session
 from farm.client.files import SessionFiles
 from farm.errors import FarmError, FileOperationError, InvalidRequest
 from farm.integrations.inspect import contract
-from farm.integrations.inspect.config import CONFIG_FILES, FarmSandboxConfig, resolve_config
+from farm.integrations.inspect.config import (
+    CONFIG_FILES,
+    FarmSandboxConfig,
+    resolve_config,
+    usable_config,
+)
 from farm.integrations.inspect.farms import FarmHandle, Farms
+from farm.integrations.inspect.toolsdir import (
+    FULL,
+    MAKE_SCRIPT,
+    NO_SPACE,
+    ToolsDir,
+    box_tools_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +121,9 @@ class FarmSandboxEnvironment(SandboxEnvironment):
         self.handle = handle
         self.config = config
         self.files = SessionFiles(session, scope="box")
+        self.tools = ToolsDir(box_tools_dir(session.id))
+        self._tools_made = False
+        self._tools_lock = anyio.Lock()
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -117,14 +137,15 @@ class FarmSandboxEnvironment(SandboxEnvironment):
 
     @classmethod
     async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
-        """Start or connect to the config's farm and make sure a worker serves its image."""
-        await _blocking(FARMS.acquire, resolve_config(config))
+        """Start or connect to the config's farm and make sure a worker serves its image (a
+        config whose ``broker_url`` holds a password is refused: ``config.usable_config``)."""
+        await _blocking(FARMS.acquire, usable_config(config))
 
     @classmethod
     async def sample_init(
         cls, task_name: str, config: SandboxEnvironmentConfigType | None, metadata: dict[str, str]
     ) -> dict[str, SandboxEnvironment]:
-        resolved = resolve_config(config)
+        resolved = usable_config(config)
         handle = await _blocking(FARMS.get, resolved)
         session = await _blocking(handle.open, resolved, task_name)
         return {"default": cls(session, handle, resolved)}
@@ -184,6 +205,11 @@ class FarmSandboxEnvironment(SandboxEnvironment):
             refusal = await self._user_refusal(user)
             if refusal is not None:
                 return refusal
+        given = (list(cmd), cwd, dict(env))
+        cmd, cwd, env = self.tools.command(cmd, cwd, env)
+        names_tools = (cmd, cwd, env) != given
+        if names_tools:
+            await self._make_tools_dir()
         cap, cap_str = contract.output_cap()
         result = await _blocking(
             self.session.exec,
@@ -195,7 +221,27 @@ class FarmSandboxEnvironment(SandboxEnvironment):
             max_output_bytes=cap,
             abandon=True,
         )
+        if names_tools and result.returncode and NO_SPACE in result.stderr:
+            result = result.model_copy(update={"stderr": FULL + result.stderr})
         return contract.exec_result(cmd, result, cap_str)
+
+    async def _make_tools_dir(self) -> None:
+        """Make the box's tools directory (mode 0700) before the first command or file that
+        names it: Inspect would make it too, but a path named first by ``write_file`` would get
+        a directory of the default mode."""
+        if self._tools_made:
+            return
+        async with self._tools_lock:
+            if self._tools_made:
+                return
+            made = await _blocking(
+                self.session.exec,
+                ["/bin/sh", "-c", MAKE_SCRIPT, "sh", self.tools.path],
+                abandon=True,
+            )
+            if made.error is not None or made.returncode != 0:
+                raise RuntimeError(made.stderr.strip() or f"farm: cannot make {self.tools.path}")
+            self._tools_made = True
 
     async def _user_refusal(self, user: str) -> ExecResult[str] | None:
         """None when ``user`` is the box's own (by uid); a failed result for a user the sandbox
@@ -225,8 +271,9 @@ class FarmSandboxEnvironment(SandboxEnvironment):
     async def write_file(self, file: str, contents: str | bytes) -> None:
         """Create or replace ``file`` (and its parent directories) as the box's user; a
         relative path is in the sample's working directory (the box's workspace)."""
+        path = await self._path(file)
         try:
-            await _blocking(self.files.write, file, contents, abandon=True)
+            await _blocking(self.files.write, path, contents, abandon=True)
         except FileOperationError as exc:
             raise contract.file_error(exc, file) from None
 
@@ -240,11 +287,19 @@ class FarmSandboxEnvironment(SandboxEnvironment):
         """The file's bytes (strict UTF-8 text with ``text``, line endings kept). Its size is
         checked against Inspect's read limit before any of it travels."""
         limit = SandboxEnvironmentLimits.MAX_READ_FILE_SIZE
+        path = await self._path(file)
         try:
-            data = await _blocking(self._read, file, limit, abandon=True)
+            data = await _blocking(self._read, path, limit, abandon=True)
         except FileOperationError as exc:
             raise contract.file_error(exc, file) from None
         return data.decode("utf-8") if text else data
+
+    async def _path(self, file: str) -> str:
+        """``file``, in the box's tools directory if it names Inspect's (made first)."""
+        path = self.tools.text(file)
+        if path != file:
+            await self._make_tools_dir()
+        return path
 
     def _read(self, file: str, limit: int) -> bytes:
         info = self.files.stat(file)

@@ -58,6 +58,9 @@ class BoxSettings(BaseSettings):
 IMAGE_LIMITS: dict[str, dict[str, Any]] = {
     "browser": {"memory_mb": 2048, "pids": 512, "tmp_mb": 512, "nofile": 4096},
     "docs": {"memory_mb": 1024},
+    # Inspect AI's samples: each that uses Inspect's injected tools keeps ~32 MiB of them in
+    # /var/tmp and ~33 MiB in their server: room for eight at once (README, Inspect).
+    "inspect": {"memory_mb": 1024, "tmp_mb": 272},
 }
 IMAGE_BOX_LIMITS: dict[str, dict[str, Any]] = {
     "browser": {"memory_mb": 1536, "pids": 256, "nofile": 2048},

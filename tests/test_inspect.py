@@ -466,6 +466,18 @@ def test_a_broker_url_without_a_password_is_kept() -> None:
         assert FarmSandboxConfig(broker_url=url).broker_url == url
 
 
+def test_the_inspect_images_sandboxes_have_room_for_eight_samples_tools() -> None:
+    """Each sample that uses Inspect's injected tools keeps ~32 MiB in /var/tmp and ~33 MiB in
+    their server (README): the inspect image's sandboxes default to room for eight, explicit
+    settings still win."""
+    from farm.settings import FarmSettings
+
+    limits = FarmSettings(image="inspect").limits
+    assert (limits.tmp_mb, limits.memory_mb) == (272, 1024)
+    explicit = FarmSettings(image="inspect", limits={"tmp_mb": 64}).limits  # type: ignore[arg-type]
+    assert (explicit.tmp_mb, explicit.memory_mb) == (64, 1024)
+
+
 def test_farm_imports_neither_framework() -> None:
     """The integrations are optional: farm's client and CLI import neither framework."""
     code = (

@@ -141,3 +141,24 @@ def test_box_defaults_over_the_sandboxs_caps_stop_the_kernel_at_its_start() -> N
     too_many = BoxSettings(nofile=1 << 30)
     with pytest.raises(SandboxStartError), ProcessSandbox(box=too_many):
         pass
+
+
+def test_with_events_each_cell_ends_with_its_result_before_the_next_says_anything(
+    client: KernelClient,
+) -> None:
+    """A worker journals an item's cells as they run: each cell's ``done`` event (its result)
+    comes before anything of the next cell, so each cell's record closes in order."""
+    seen: list[tuple[str, str]] = []
+    reply = client.item(
+        "item-ev",
+        ["print('a')", "print('b')", "1 / 0"],
+        timeout_s=10,
+        on_event=lambda exec_id, event: seen.append((exec_id, event["type"])),
+    )
+    ends = [i for i, (_, kind) in enumerate(seen) if kind == "done"]
+    assert [seen[i][0] for i in ends] == ["item-ev-0", "item-ev-1", "item-ev-2"]
+    for i, end in enumerate(ends):
+        before = seen[: end + 1] if i == 0 else seen[ends[i - 1] + 1 : end + 1]
+        assert {exec_id for exec_id, _ in before} == {f"item-ev-{i}"}, seen
+    assert ("item-ev-0", "stream") in seen
+    assert [c.status for c in outcome(reply).cells] == ["ok", "ok", "error"]

@@ -50,6 +50,21 @@ def test_unordered_records_come_as_items_finish(inproc_farm: Farm) -> None:
     assert first.id != 0
 
 
+def assert_only_the_running_items_end(redis: Any, key: str) -> None:
+    """After a cancel, a map's result list grows by what was in flight (at most the window of
+    8), then stays as it is: the rest never runs."""
+    seen = [redis.llen(key)]
+
+    def unchanged() -> bool:
+        now = redis.llen(key)
+        same, seen[0] = now == seen[0], now
+        return same
+
+    assert wait_for(lambda: stays(unchanged, 0.5), 15)  # the items running at the cancel end
+    assert seen[0] <= 8  # at most those in flight ran after the cancel; the rest never will
+    assert stays(unchanged, 1.0)
+
+
 def test_items_are_read_lazily_and_leaving_early_cancels_the_rest(inproc_farm: Farm) -> None:
     read = itertools.count()
 
@@ -64,17 +79,7 @@ def test_items_are_read_lazily_and_leaving_early_cancels_the_rest(inproc_farm: F
     run.close()
     consumed = next(read)
     assert consumed <= 20 + 8 + MAX_CHUNK  # only the window was ever read
-    redis, key = inproc_farm.registry.redis, results_key(run.map_id)
-    seen = [redis.llen(key)]
-
-    def unchanged() -> bool:
-        now = redis.llen(key)
-        same, seen[0] = now == seen[0], now
-        return same
-
-    assert wait_for(lambda: stays(unchanged, 0.5), 15)  # the items running at the cancel end
-    assert seen[0] <= 8  # at most those in flight ran after the cancel; the rest never will
-    assert stays(unchanged, 1.0)
+    assert_only_the_running_items_end(inproc_farm.registry.redis, results_key(run.map_id))
 
 
 def test_leaving_an_async_map_early_cancels_the_rest(inproc_farm: Farm) -> None:
@@ -110,17 +115,7 @@ def test_leaving_an_async_map_early_cancels_the_rest(inproc_farm: Farm) -> None:
     consumed = next(read)
     assert consumed <= 20 + 8 + MAX_CHUNK  # only the window was ever read
     map_id = keys[0].removeprefix(f"{PREFIX}map:").removesuffix(":cancel")
-    key = results_key(map_id)
-    seen = [redis.llen(key)]
-
-    def unchanged() -> bool:
-        now = redis.llen(key)
-        same, seen[0] = now == seen[0], now
-        return same
-
-    assert wait_for(lambda: stays(unchanged, 0.5), 15)  # the items running at the cancel end
-    assert seen[0] <= 8  # at most those in flight ran after the cancel; the rest never will
-    assert stays(unchanged, 1.0)
+    assert_only_the_running_items_end(redis, results_key(map_id))
     assert next(read) == consumed + 1  # nothing more was read meanwhile
 
 

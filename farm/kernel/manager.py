@@ -246,7 +246,10 @@ class SessionManager:
             for number, code in enumerate(request["cells"]):
                 exec_id = f"{request['exec_id']}-{number}"
                 run = {**cell, "session_id": session_id, "epoch": epoch, "code": code}
-                result = await self.execute({**run, "exec_id": exec_id}, emit_for(exec_id))
+                emit = emit_for(exec_id)
+                result = await self.execute({**run, "exec_id": exec_id}, emit)
+                if emit is not None:
+                    emit({"type": "done", "result": result})
                 outcome["cells"].append(result)
                 epoch = result["epoch"]
                 if result["status"] != "ok":

@@ -41,6 +41,7 @@ log = logging.getLogger("farm.kernel")
 
 INTERVAL_S = 0.05
 IDLE_INTERVAL_S = 0.25
+MEASURE_EVERY_S = 0.5  # a box's processes are measured by proportional share at most this often
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -69,32 +70,31 @@ def reading_as(uid: int) -> Iterator[None]:
 
 
 def pss_anon_kb(pid: int) -> int | None:
-    """``pid``'s proportional share of anonymous memory (``None``: not readable, or gone)."""
+    """``pid``'s proportional share of anonymous memory: 0 when it is gone (or a zombie: it
+    holds none), ``None`` when it may not be read (it made itself non-dumpable)."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
                 if line.startswith("Pss_Anon:"):
                     return int(line.split()[1])
-    except (OSError, ValueError):
+    except PermissionError:
         return None
-    return None
+    except (OSError, ValueError):  # gone meanwhile (a fork bomb's children come and go)
+        return 0
+    return 0  # no mappings left: exiting
 
 
-def overdraft(box: Watched, pids: list[int]) -> tuple[dict[int, int], int]:
-    """(kB of each of the box's processes, their total), by the upper bound first and, when that
-    is over the budget, by proportional share."""
-    sizes = {pid: procs.anon_kb(pid) for pid in pids}
-    if sum(sizes.values()) > box.budget_kb:
-        with reading_as(box.uid):
-            shares = {pid: pss_anon_kb(pid) for pid in pids}
-        sizes = {pid: share if share is not None else sizes[pid] for pid, share in shares.items()}
-    return sizes, sum(sizes.values())
+def proportional(box: Watched, sizes: dict[int, int]) -> dict[int, int]:
+    """``sizes`` (upper bounds) measured again by proportional share, where readable."""
+    with reading_as(box.uid):
+        shares = {pid: pss_anon_kb(pid) for pid in sizes}
+    return {pid: share if share is not None else sizes[pid] for pid, share in shares.items()}
 
 
-def enforce(box: Watched, pids: list[int]) -> int:
+def enforce(box: Watched, sizes: dict[int, int]) -> int:
     """Kill the box's largest processes, its session process last, until it fits its budget;
     the number killed."""
-    sizes, total = overdraft(box, pids)
+    total = sum(sizes.values())
     killed = 0
     order = sorted(sizes, key=lambda pid: (pid == box.session_pid, -sizes[pid]))
     for pid in order:
@@ -122,6 +122,11 @@ class MemoryWatch:
         self.boxes = boxes
         self.loop = asyncio.get_running_loop()
         self.handle: asyncio.TimerHandle | None = self.loop.call_later(IDLE_INTERVAL_S, self.tick)
+        # uid -> (when, upper bound, proportional total) of the box's last proportional
+        # measure: a box of many forked processes (a pool, a fork bomb) is over its budget by
+        # the upper bound at every look, and measuring each process's share at every look
+        # would keep the supervisor busy while those processes take the CPU.
+        self.measured: dict[int, tuple[float, int, int]] = {}
 
     def tick(self) -> None:
         """One look at every box; the next comes sooner while some box runs several
@@ -133,10 +138,29 @@ class MemoryWatch:
                 for uid, pids in procs.by_uid(watched).items():
                     if len(pids) > 1:
                         busy = True
-                        enforce(watched[uid], pids)
+                        self.hold(watched[uid], pids)
+            self.measured = {u: m for u, m in self.measured.items() if u in watched}
         except Exception:
             log.exception("the memory watch failed a round")
         self.handle = self.loop.call_later(INTERVAL_S if busy else IDLE_INTERVAL_S, self.tick)
+
+    def hold(self, box: Watched, pids: list[int]) -> None:
+        """Hold one box to its budget: by the upper bound when that fits; else by proportional
+        share, measured again only when ``MEASURE_EVERY_S`` passed or the upper bound grew by
+        more than the room the last measure left."""
+        sizes = {pid: procs.anon_kb(pid) for pid in pids}
+        upper = sum(sizes.values())
+        if upper <= box.budget_kb:
+            return
+        now = self.loop.time()
+        when, then_upper, then_total = self.measured.get(box.uid, (-MEASURE_EVERY_S, 0, 0))
+        room = box.budget_kb - then_total
+        if now - when < MEASURE_EVERY_S and room > 0 and upper - then_upper < room:
+            return  # it fitted a moment ago and has not grown by what would fill it
+        sizes = proportional(box, sizes)
+        self.measured[box.uid] = (now, upper, sum(sizes.values()))
+        if enforce(box, sizes):
+            self.measured.pop(box.uid, None)
 
     def stop(self) -> None:
         if self.handle is not None:

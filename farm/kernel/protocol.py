@@ -116,7 +116,15 @@ class CallEvent(TypedDict):
     batch: bool
 
 
-CellEvent = StartedEvent | RunningEvent | StreamEvent | DisplayEvent | CallEvent
+class DoneEvent(TypedDict):
+    """A cell of an ``item`` ended (only with ``events``): its result, so the host can close
+    the cell's record at once and in order, before the item's next cell says anything."""
+
+    type: Literal["done"]
+    result: CellResult
+
+
+CellEvent = StartedEvent | RunningEvent | StreamEvent | DisplayEvent | CallEvent | DoneEvent
 
 # --- host <-> supervisor -----------------------------------------------------------------------
 

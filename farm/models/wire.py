@@ -114,6 +114,11 @@ class CallEvent(Model):
     batch: bool
 
 
+class DoneEvent(Model):
+    type: Literal["done"]
+    result: ExecResult
+
+
 class EventFrame(Model):
     """An intermediate frame of an ``execute`` with ``events`` (``farm.events`` holds the typed
     events the worker makes of them)."""
@@ -121,7 +126,7 @@ class EventFrame(Model):
     type: Literal["event"]
     exec_id: str
     event: Annotated[
-        StartedEvent | RunningEvent | StreamEvent | DisplayEvent | CallEvent,
+        StartedEvent | RunningEvent | StreamEvent | DisplayEvent | CallEvent | DoneEvent,
         Field(discriminator="type"),
     ]
 

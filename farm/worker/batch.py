@@ -177,7 +177,12 @@ class BatchRunner:
 
         def on_event(exec_id: str, event: dict[str, Any]) -> None:
             recorder = recorders.get(exec_id)
-            if recorder is not None:
+            if recorder is None:
+                return
+            if event.get("type") == "done":  # the cell ended: its record closes now, in order
+                del recorders[exec_id]
+                recorder.finish({**event["result"], "worker": worker.id})
+            else:
                 recorder.on_kernel_event(event)
 
         with self._lock:
@@ -192,7 +197,7 @@ class BatchRunner:
                 files={path: text.encode() for path, text in item.files.items()},
                 argv=item.argv,
                 grace_s=worker.settings.limits.grace_s,
-                on_event=on_event if recorders else None,
+                on_event=on_event if recorders else None,  # cell events, each cell's end
             )
             outcome = ItemOutcome.model_validate(
                 {
@@ -212,7 +217,7 @@ class BatchRunner:
             return done
         finally:
             self._forget(chunk.map_id, session_id)
-        for result in outcome.cells:
+        for result in outcome.cells:  # cells whose end the kernel could not tell (none, usually)
             recorder = recorders.get(result.exec_id)
             if recorder is not None:
                 recorder.finish(result.model_dump(mode="json"))

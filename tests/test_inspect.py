@@ -637,7 +637,10 @@ async def test_what_names_inspects_tools_directory_names_the_box_own(
             await other.read_file(f"{own}/notes")
         denied = await other.exec(["ls", own])
         assert not denied.success and "Permission denied" in denied.stderr
-        fill = f"head -c {100 * MIB} /dev/zero > {SANDBOX_TOOLS_DIR}/big"
+        fill = (  # files of 100 MiB (a file is capped by the sandbox's fsize) until it is full
+            f"i=0; while head -c {100 * MIB} /dev/zero > {SANDBOX_TOOLS_DIR}/big$i; "
+            "do i=$((i + 1)); done; exit 1"
+        )
         full = await box.exec(["sh", "-c", fill])
         assert full.returncode == 1
         first, *rest = full.stderr.splitlines()

@@ -368,7 +368,7 @@ UID_PROCESSES = textwrap.dedent(
 )
 
 
-def test_nothing_outlives_its_box(one_worker: Farm, record_property: Any) -> None:
+def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_property: Any) -> None:
     """A session leaves a daemon (setsid, double fork), files in its workspace, in /tmp and in
     /dev/shm, a POSIX message queue (/dev/mqueue) and System V shared memory; once it is
     closed, none of it exists, and the next session given its uid finds nothing of it."""
@@ -394,7 +394,7 @@ def test_nothing_outlives_its_box(one_worker: Farm, record_property: Any) -> Non
     assert watcher.run(UID_PROCESSES).ok
     uid, cwd, shm, mq = value(a, leftovers)
     assert shm >= 0 and mq >= 0
-    container = _container(one_worker)
+    container = _container(one_worker, docker_env)
     before = _listing(container, uid, cwd)  # the check below sees each leftover where it is
     assert "work.txt" in (before[cwd] or []) and "left.txt" in (before["/tmp"] or []), before
     assert "left" in (before["/dev/shm"] or []), before
@@ -450,11 +450,9 @@ def _listing(container: Any, uid: int, workspace: str) -> dict[str, list[str] | 
     return listing
 
 
-def _container(farm: Farm) -> Any:
-    import docker
-
+def _container(farm: Farm, client: Any) -> Any:
     (worker,) = farm.workers()
-    return docker.from_env().containers.get(worker["sandbox"]["container_id"])
+    return client.containers.get(worker["sandbox"]["container_id"])
 
 
 SOLUTION_ITEM = (

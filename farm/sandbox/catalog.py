@@ -35,8 +35,8 @@ from farm.sandbox.images import (
     LABEL_BASE,
     LABEL_KERNEL_HASH,
     SandboxImage,
-    connect,
     default_repo_root,
+    docker_client,
     ensure_sandbox_image,
     kernel_source_hash,
     tagged_image,
@@ -100,15 +100,15 @@ def build_image(
         return ensure_variant_image(
             name, client, force=force, repo_root=repo_root, allow_hosts=allow_hosts
         )
-    client = client if client is not None else connect()
-    recorded = _recorded_spec(client, name)
-    if recorded is None:
-        raise InvalidRequest(
-            f"nothing to build for {name!r}: give packages (--pip, -r, --apt), a base (--from) "
-            f"or a spec file (-f {name}.toml); farm's own images are "
-            f"{', '.join(['default', *sorted(VARIANTS)])}"
-        )
-    return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
+    with docker_client(client) as client:
+        recorded = _recorded_spec(client, name)
+        if recorded is None:
+            raise InvalidRequest(
+                f"nothing to build for {name!r}: give packages (--pip, -r, --apt), a base (--from) "
+                f"or a spec file (-f {name}.toml); farm's own images are "
+                f"{', '.join(['default', *sorted(VARIANTS)])}"
+            )
+        return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
 
 
 def prepare_served_image(name: str, client: docker.DockerClient | None = None) -> EnvSpec | None:
@@ -121,9 +121,7 @@ def prepare_served_image(name: str, client: docker.DockerClient | None = None) -
     if name == "default" or name in VARIANTS:
         build_image(name, client=client)
         return VARIANTS.get(name)
-    own = client is None
-    client = client if client is not None else connect()
-    try:
+    with docker_client(client) as client:
         if tagged_image(client, sandbox_tag(name)) is None:
             raise SandboxUnavailable(
                 f"no worker serves image {name!r} and there is no image {sandbox_tag(name)}; "
@@ -134,9 +132,6 @@ def prepare_served_image(name: str, client: docker.DockerClient | None = None) -
         if spec is not None:
             ensure_env_image(spec, client)
         return spec
-    finally:
-        if own:
-            client.close()
 
 
 def list_images(
@@ -144,22 +139,23 @@ def list_images(
 ) -> list[ImageSummary]:
     """Every ``farm-sandbox:NAME`` image on this Docker host, by name (pinned tags counted
     with the image they pin, not listed)."""
-    client = client if client is not None else connect()
-    root = (repo_root or default_repo_root()).resolve()
-    current = {}
-    for kind, dockerfile in (("default", DOCKERFILE), ("env", ENV_DOCKERFILE)):
-        try:
-            current[kind] = kernel_source_hash(root, dockerfile)
-        except (ImageBuildError, OSError):  # an installed farm has no sources: none "current"
-            current[kind] = ""
-    found = []
-    for image in client.images.list(name=SANDBOX_REPOSITORY):
-        names = [t.partition(":")[2] for t in image.tags if t.startswith(f"{SANDBOX_REPOSITORY}:")]
-        plain = [n for n in names if not _is_pin(n)]
-        for name in plain:
-            pins = sum(1 for n in names if _is_pin(n) and n.startswith(f"{name}{PIN}"))
-            found.append(_summary(image, name, pins, current))
-    return sorted(found, key=lambda s: s.name)
+    with docker_client(client) as client:
+        root = (repo_root or default_repo_root()).resolve()
+        current = {}
+        for kind, dockerfile in (("default", DOCKERFILE), ("env", ENV_DOCKERFILE)):
+            try:
+                current[kind] = kernel_source_hash(root, dockerfile)
+            except (ImageBuildError, OSError):  # an installed farm has no sources: none "current"
+                current[kind] = ""
+        found = []
+        for image in client.images.list(name=SANDBOX_REPOSITORY):
+            ours = [t for t in image.tags if t.startswith(f"{SANDBOX_REPOSITORY}:")]
+            names = [t.partition(":")[2] for t in ours]
+            plain = [n for n in names if not _is_pin(n)]
+            for name in plain:
+                pins = sum(1 for n in names if _is_pin(n) and n.startswith(f"{name}{PIN}"))
+                found.append(_summary(image, name, pins, current))
+        return sorted(found, key=lambda s: s.name)
 
 
 def image_digest(attrs: dict[str, Any], image_id: str) -> str:

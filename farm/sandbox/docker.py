@@ -92,6 +92,7 @@ class DockerSandbox(Sandbox):
         self.address = f"unix:{self.dir / 'kernel.sock'}"
         self._token = auth.new_token()
         self._client = client
+        self._own_client: docker.DockerClient | None = None
         self.container: Container | None = None
         self.kernel_version: str | None = None
         self._digest: str | None = None  # of the image this container runs (info())
@@ -104,7 +105,7 @@ class DockerSandbox(Sandbox):
     @property
     def docker(self) -> docker.DockerClient:
         if self._client is None:
-            self._client = docker.from_env()
+            self._client = self._own_client = docker.from_env()
         return self._client
 
     def _prepare_dir(self) -> None:
@@ -259,6 +260,9 @@ class DockerSandbox(Sandbox):
             except docker.errors.DockerException as exc:
                 log.warning("could not remove sandbox container %s: %s", container.short_id, exc)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self._own_client is not None:  # the client this sandbox opened (not one it was given)
+            self._own_client.close()
+            self._own_client = self._client = None
 
     def container_state(self) -> dict[str, Any]:
         """Docker's view: ``Status``, ``OOMKilled``, ``ExitCode``... ({} when gone)."""
@@ -317,7 +321,9 @@ def remove_orphans(
     An owner is gone when it is not in ``live_owners`` (when given, e.g. from the worker
     registry), or when it ran on this host and its process no longer exists.
     """
-    client = client or docker.from_env()
+    if client is None:
+        with contextlib.closing(docker.from_env()) as own:
+            return remove_orphans(own, live_owners=live_owners)
     removed = []
     here = socket.gethostname()
     for container in client.containers.list(

@@ -47,8 +47,8 @@ from farm.sandbox.images import (
     BUILD_TOTAL_TIMEOUT_S,
     KERNEL_DIR,
     SandboxImage,
-    connect,
     default_repo_root,
+    docker_client,
     ensure_sandbox_image,
     image_exists,
     try_pull,
@@ -100,41 +100,41 @@ def ensure_env_image(
         raise InvalidRequest(f"{spec.name}: read its requirements files first (EnvSpec.resolve)")
     tag = tag or spec.tag
     root = (repo_root or default_repo_root()).resolve()
-    client = client if client is not None else connect()
-    from_id = _from_image_id(client, spec.from_image, tag) if spec.from_image else ""
+    with docker_client(client) as client:
+        from_id = _from_image_id(client, spec.from_image, tag) if spec.from_image else ""
 
-    def prepare(base: str) -> Path:
-        env = _python_of(base, tag) if spec.pip or spec.from_image else {}
-        return _build_context(spec, _download_wheels(spec, base, env, client, root, tag), root)
+        def prepare(base: str) -> Path:
+            env = _python_of(base, tag) if spec.pip or spec.from_image else {}
+            return _build_context(spec, _download_wheels(spec, base, env, client, root, tag), root)
 
-    # One builder at a time per name on this checkout: two would share the wheel and context
-    # directories. The second one then finds the image current.
-    lock_path = root / CONTEXT_DIR / f"{spec.name}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("w") as lock:
-        _wait_for_lock(lock.fileno(), tag)
-        try:
-            return ensure_sandbox_image(
-                client,
-                tag=tag,
-                force=force,
-                repo_root=root,
-                dockerfile=ENV_DOCKERFILE,
-                buildargs={"APT_PACKAGES": " ".join(spec.apt), **(buildargs or {})},
-                labels={
-                    LABEL_ENV: spec.name,
-                    LABEL_ENV_HASH: spec.digest(),
-                    LABEL_ENV_SPEC: spec.canonical(),
-                    LABEL_FROM_ID: from_id,
-                    **(labels or {}),
-                },
-                prepare=prepare,
-                base=spec.from_image,
-                # Only apt fetches anything in the build; without it the build is offline.
-                network_mode=None if spec.apt else "none",
-            )
-        except ImageBuildError as exc:
-            raise explain(exc, tag) from exc
+        # One builder at a time per name on this checkout: two would share the wheel and context
+        # directories. The second one then finds the image current.
+        lock_path = root / CONTEXT_DIR / f"{spec.name}.lock"
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with lock_path.open("w") as lock:
+            _wait_for_lock(lock.fileno(), tag)
+            try:
+                return ensure_sandbox_image(
+                    client,
+                    tag=tag,
+                    force=force,
+                    repo_root=root,
+                    dockerfile=ENV_DOCKERFILE,
+                    buildargs={"APT_PACKAGES": " ".join(spec.apt), **(buildargs or {})},
+                    labels={
+                        LABEL_ENV: spec.name,
+                        LABEL_ENV_HASH: spec.digest(),
+                        LABEL_ENV_SPEC: spec.canonical(),
+                        LABEL_FROM_ID: from_id,
+                        **(labels or {}),
+                    },
+                    prepare=prepare,
+                    base=spec.from_image,
+                    # Only apt fetches anything in the build; without it the build is offline.
+                    network_mode=None if spec.apt else "none",
+                )
+            except ImageBuildError as exc:
+                raise explain(exc, tag) from exc
 
 
 def explain(exc: ImageBuildError, tag: str) -> ImageBuildError:

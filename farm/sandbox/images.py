@@ -22,6 +22,7 @@ command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
@@ -92,6 +93,20 @@ def connect() -> docker.DockerClient:
             f"Docker is not reachable ({exc}); run scripts/bootstrap to install and start it"
         ) from exc
     return client
+
+
+@contextlib.contextmanager
+def docker_client(client: docker.DockerClient | None) -> Iterator[docker.DockerClient]:
+    """``client``, or a new one (``connect``) that is closed at the block's end: who opens a
+    Docker client closes it (an open one holds a socket to the daemon until it is)."""
+    if client is not None:
+        yield client
+        return
+    own = connect()
+    try:
+        yield own
+    finally:
+        own.close()
 
 
 def kernel_source_hash(repo_root: Path, dockerfile_path: Path = DOCKERFILE) -> str:
@@ -272,6 +287,8 @@ def _build_log(lines: Iterator[dict[str, Any]], tail: deque[str]) -> str | None:
             if partial.strip():
                 tail.append(partial.rstrip())
             tail.append(ANSI_ESCAPE.sub("", str(chunk["error"])).rstrip())
+            for _ in lines:  # the error ends the build: read its stream to the end, which lets
+                pass  # docker-py give the connection back (else its socket is never closed)
             raise ImageBuildError("sandbox image build failed:\n" + "\n".join(tail))
         aux = chunk.get("aux")
         if isinstance(aux, dict) and "ID" in aux:
@@ -307,50 +324,50 @@ def ensure_sandbox_image(
     ``network_mode="none"`` when the build needs no network (nothing to fetch: it must not).
     """
     root = (repo_root or default_repo_root()).resolve()
-    client = client if client is not None else connect()
-    want = {LABEL_KERNEL_HASH: kernel_source_hash(root, dockerfile), **(labels or {})}
-    pinned = pinned_tag(tag, want)
-    previous = tagged_image(client, tag)
-    if previous is not None and not force and _is_current(tag, previous[1], want):
-        logger.debug("%s is current (%s)", tag, previous[0])
-        _tag(client, previous[0], pinned)
-        return SandboxImage(tag=tag, image_id=previous[0], built=False)
-    kept = tagged_image(client, pinned)
-    if kept is not None and not force and _is_current(pinned, kept[1], want):
-        logger.info("%s: back to the build of these sources (%s)", tag, pinned)
-        _tag(client, kept[0], tag)  # another checkout's build moved the plain tag: move it back
-        return SandboxImage(tag=tag, image_id=kept[0], built=False)
+    with docker_client(client) as client:
+        want = {LABEL_KERNEL_HASH: kernel_source_hash(root, dockerfile), **(labels or {})}
+        pinned = pinned_tag(tag, want)
+        previous = tagged_image(client, tag)
+        if previous is not None and not force and _is_current(tag, previous[1], want):
+            logger.debug("%s is current (%s)", tag, previous[0])
+            _tag(client, previous[0], pinned)
+            return SandboxImage(tag=tag, image_id=previous[0], built=False)
+        kept = tagged_image(client, pinned)
+        if kept is not None and not force and _is_current(pinned, kept[1], want):
+            logger.info("%s: back to the build of these sources (%s)", tag, pinned)
+            _tag(client, kept[0], tag)  # another checkout's build moved the plain tag: move it back
+            return SandboxImage(tag=tag, image_id=kept[0], built=False)
 
-    base = base or ensure_base(client, repo_root=root)
-    context = prepare(base) if prepare is not None else root
-    logger.info("building %s from %s", tag, base)
-    tail: deque[str] = deque(maxlen=40)
-    try:
-        lines = client.api.build(
-            path=str(context),
-            dockerfile=dockerfile.as_posix(),
-            tag=tag,
-            buildargs={"BASE": base, **(buildargs or {})},
-            labels={**want, LABEL_BASE: base},
-            nocache=force,
-            rm=True,
-            forcerm=True,
-            pull=False,
-            network_mode=network_mode,
-            decode=True,
-            timeout=BUILD_READ_TIMEOUT_S,
-        )
-        built_id = _build_log(lines, tail)
-        image_id = str(client.images.get(tag).id)
-    except docker.errors.DockerException as exc:
-        raise ImageBuildError(f"building {tag} failed: {exc}\n" + "\n".join(tail)) from exc
-    if built_id is not None and built_id != image_id:
-        raise ImageBuildError(f"built {built_id} but {tag} now names {image_id}")
-    _tag(client, image_id, pinned)
-    _prune_pins(client, tag, keep=PINS_KEPT)
-    if previous is not None and previous[0] != image_id:
-        _remove_superseded(client, previous[0])
-    return SandboxImage(tag=tag, image_id=image_id, built=True, base=base)
+        base = base or ensure_base(client, repo_root=root)
+        context = prepare(base) if prepare is not None else root
+        logger.info("building %s from %s", tag, base)
+        tail: deque[str] = deque(maxlen=40)
+        try:
+            lines = client.api.build(
+                path=str(context),
+                dockerfile=dockerfile.as_posix(),
+                tag=tag,
+                buildargs={"BASE": base, **(buildargs or {})},
+                labels={**want, LABEL_BASE: base},
+                nocache=force,
+                rm=True,
+                forcerm=True,
+                pull=False,
+                network_mode=network_mode,
+                decode=True,
+                timeout=BUILD_READ_TIMEOUT_S,
+            )
+            built_id = _build_log(lines, tail)
+            image_id = str(client.images.get(tag).id)
+        except docker.errors.DockerException as exc:
+            raise ImageBuildError(f"building {tag} failed: {exc}\n" + "\n".join(tail)) from exc
+        if built_id is not None and built_id != image_id:
+            raise ImageBuildError(f"built {built_id} but {tag} now names {image_id}")
+        _tag(client, image_id, pinned)
+        _prune_pins(client, tag, keep=PINS_KEPT)
+        if previous is not None and previous[0] != image_id:
+            _remove_superseded(client, previous[0])
+        return SandboxImage(tag=tag, image_id=image_id, built=True, base=base)
 
 
 def _tag(client: docker.DockerClient, image_id: str, ref: str) -> None:

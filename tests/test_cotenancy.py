@@ -306,7 +306,7 @@ def test_a_box_whose_processes_together_pass_its_memory_loses_them_not_a_neighbo
 
 
 def test_forked_workers_that_share_their_parents_memory_are_not_counted_twice(
-    pair: tuple[Session, Session],
+    pair: tuple[Session, Session], record_property: Any
 ) -> None:
     """Four forked children of a 100 MB parent touch little of their own: by what each maps
     they would be 500 MB, by what they really add (a few MB each) far below the box's 256."""
@@ -317,6 +317,13 @@ def test_forked_workers_that_share_their_parents_memory_are_not_counted_twice(
         "        time.sleep(1.0)\n        os._exit(0)\n    pids.append(pid)\n"
         "[os.waitpid(p, 0)[1] for p in pids]",
         timeout_s=30,
+    )
+    record(
+        record_property,
+        "a 100 MB parent and four forked children (500 MB by what each maps) are ok, none "
+        "killed (their shares are measured)",
+        f"{pool.kind or 'ok'}, exits {pool.value.text if pool.value else None}; "
+        f"killed: {'farm: killed' in pool.stderr}",
     )
     assert pool.ok and pool.value is not None and pool.value.text == "[0, 0, 0, 0]", pool
     assert "farm: killed" not in pool.stderr

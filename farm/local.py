@@ -234,13 +234,13 @@ class LocalFarm:
             client = docker.from_env()
         except Exception:
             return
-        for worker_id in list(self.workers):  # the supervisor thread may still add one
-            for container in client.containers.list(
-                ignore_removed=True, all=True, filters={"label": f"farm.owner={worker_id}"}
-            ):
-                with contextlib.suppress(docker.errors.NotFound):  # its worker removed it first
-                    container.remove(force=True)
-        client.close()
+        with contextlib.closing(client):
+            for worker_id in list(self.workers):  # the supervisor thread may still add one
+                for container in client.containers.list(
+                    ignore_removed=True, all=True, filters={"label": f"farm.owner={worker_id}"}
+                ):
+                    with contextlib.suppress(docker.errors.NotFound):  # its worker removed it
+                        container.remove(force=True)
 
     def __enter__(self) -> LocalFarm:
         return self.start()

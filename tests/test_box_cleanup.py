@@ -321,3 +321,26 @@ def _root_listing(sandbox: Any, directory: str) -> list[str]:
     done = sandbox.container.exec_run(["ls", "-A", directory], user="0:0")
     assert done.exit_code == 0, done.output.decode()
     return sorted(done.output.decode().split())
+
+
+@pytest.mark.docker
+def test_a_box_that_could_not_be_emptied_is_out_of_use_until_it_can_be(
+    docker_sandbox: Any,
+) -> None:
+    """A writes into B's open directory, then B closes it to A (0755): A's end cannot remove
+    A's file, so A's number is quarantined (never given to a session that would find the
+    file); once B ends, its directory goes whole with A's file in it, and A's number comes back
+    at the next try instead of staying out of use for good (two boxes could otherwise use up a
+    sandbox's boxes)."""
+    with docker_sandbox.kernel() as client:
+        b, a = Cells(client), Cells(client)
+        b.value("import os\nos.makedirs('/tmp/lend')\nos.chmod('/tmp/lend', 0o777)\n1")
+        a.value("open('/tmp/lend/mine', 'w').write('of box A')")
+        b.value("os.chmod('/tmp/lend', 0o755)\n1")
+        assert client.ping()["quarantined"] == 0
+        client.close_session(a.id)
+        assert wait_for(lambda: client.ping()["quarantined"] == 1, 30), client.ping()
+        assert _root_listing(docker_sandbox, "/tmp/lend") == ["mine"]
+        client.close_session(b.id)
+        assert wait_for(lambda: client.ping()["quarantined"] == 0, 60), client.ping()
+        assert "lend" not in _root_listing(docker_sandbox, "/tmp")

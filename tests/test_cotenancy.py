@@ -305,6 +305,25 @@ def test_a_box_whose_processes_together_pass_its_memory_loses_them_not_a_neighbo
     assert value(a, "mine + 1") == 42 and value(b, "len(kept)") == 100 * 2**20
 
 
+def test_shared_memory_a_box_maps_counts_against_its_budget(
+    pair: tuple[Session, Session],
+) -> None:
+    """``MAP_SHARED`` anonymous memory (``mmap.mmap(-1, n)``, what multiprocessing's shared
+    arrays use) is not data to ``RLIMIT_DATA``: two processes mapping 150 MB each still meet
+    the box's 256 MB as the memory watch counts them."""
+    a, b = pair
+    b.run("kept = 41")
+    mapped = a.run(
+        HOGS.replace(
+            "x = bytearray(120 * 2**20); x[::4096] = bytes(len(x[::4096]))",
+            "import mmap; m = mmap.mmap(-1, 150 * 2**20); m.write(bytes(150 * 2**20))",
+        ).replace("range(3)", "range(2)"),
+        timeout_s=30,
+    )
+    assert mapped.kind == "oom" and "over its 256 MB" in mapped.stderr, mapped
+    assert value(b, "kept + 1") == 42
+
+
 def test_forked_workers_that_share_their_parents_memory_are_not_counted_twice(
     pair: tuple[Session, Session], record_property: Any
 ) -> None:

@@ -162,3 +162,49 @@ def test_with_events_each_cell_ends_with_its_result_before_the_next_says_anythin
         assert {exec_id for exec_id, _ in before} == {f"item-ev-{i}"}, seen
     assert ("item-ev-0", "stream") in seen
     assert [c.status for c in outcome(reply).cells] == ["ok", "ok", "error"]
+
+
+def test_a_box_closed_before_it_opened_never_runs(client: KernelClient) -> None:
+    """A map cancelled at once may close an item's box before the kernel opened it: the open
+    that comes after is refused and runs nothing (not the whole item after its cancel)."""
+    with pytest.raises(KernelRequestError, match="no_such_session"):
+        client.close_session("closed-first")
+    with pytest.raises(KernelRequestError, match="no_such_session.*closed already"):
+        client.item(
+            "item-late", ["open('ran', 'w').write('x')"], timeout_s=5, session_id="closed-first"
+        )
+    assert client.ping()["sessions"] == 0
+
+
+@pytest.fixture
+def small_frames() -> Iterator[ProcessSandbox]:
+    """A kernel whose frames hold 64 KiB (the default is 64 MiB): what must fit, fits."""
+    with ProcessSandbox(
+        extra_args=["--max-frame", str(64 * 1024), "--log-level", "WARNING"]
+    ) as box:
+        yield box
+
+
+def test_an_items_results_and_their_events_fit_one_frame_together(
+    small_frames: ProcessSandbox,
+) -> None:
+    """Each cell's output is capped, but an item's results (and, with events, each cell's
+    done event) share frames: six cells of 15 kB each are cut to fit, never a lost kernel."""
+    cells = [f"print('{n}' * 15000)" for n in range(6)]
+    done: list[int] = []
+    with small_frames.kernel() as c:
+        reply = c.item(
+            "big",
+            cells,
+            timeout_s=10,
+            max_output_bytes=16 * 1024,
+            # control characters: JSON writes each in six bytes, 96 kB in all unless cut
+            argv=["sh", "-c", "head -c 16000 /dev/zero | tr '\\0' '\\001'"],
+            on_event=lambda _, event: done.append(1) if event["type"] == "done" else None,
+        )
+        result = outcome(reply)
+        assert [cell.status for cell in result.cells] == ["ok"] * 6 and len(done) == 6
+        assert all("did not fit in one frame" in cell.stderr for cell in result.cells)
+        assert result.command is not None and result.command.stdout_truncated
+        assert len(result.command.stdout) < 16000  # cut to fit
+        assert c.ping()["type"] == "pong"  # the connection lives

@@ -10,7 +10,8 @@ Invariants:
 - a number is held by at most one live session; it returns to the pool only after every process
   of its uid is gone and every file of its uid is removed (``reset`` reported ``ok``), so a
   process or file left by one session can never meet the next session with that uid;
-- a box whose cleanup failed (a process that would not die) is never reused (quarantined);
+- a box whose cleanup failed (a process that would not die, a file it could not remove) is not
+  reused (quarantined) until a later reset of it succeeds;
 - limits are within the sandbox's own caps (its cgroup's memory and pids, its hard rlimits).
 
 ``isolation="uids"`` (the docker sandbox: the kernel runs as root with CAP_SETUID/SETGID/
@@ -180,7 +181,9 @@ class BoxPool:
         )
 
     def give_back(self, box: Box, *, clean: bool) -> None:
-        """Return ``box`` after its reset: reused when ``clean``, else quarantined for good."""
+        """Return ``box`` after its reset: reused when ``clean``, else quarantined until a
+        later reset of it succeeds (its leftovers may go with a neighbour's end)."""
+        self.quarantined.discard(box.number)
         if clean:
             self.free.append(box.number)
             self.free.sort()

@@ -95,8 +95,9 @@ class Cell:
 
 def over_budget(result: dict[str, Any], kills: list[tuple[int, int, int, int]]) -> dict[str, Any]:
     """A call during which the memory watch (``memwatch``) killed processes of its box: each
-    kill said on stderr, and a call that failed is ``oom`` (its failure follows from the kill:
-    a pool whose worker died, a child's exit status, a session process that is gone)."""
+    kill said on stderr, and a cell that failed is ``oom`` (its failure follows from the kill:
+    a pool whose worker died, a child's exit status, a session process that is gone). A
+    command's result has no error to mark (the host judges its exit status): it gets the note."""
     if not kills:
         return result
     notes = "".join(

@@ -42,13 +42,11 @@ import time
 from typing import Any, NoReturn
 
 from .output import CappedBuffer, drain_into
-from .uids import prctl
+from .uids import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
 DRAIN_S = 0.2  # after the command exits, how long output still held by its children is read
 KILL_WAIT_S = 5.0
 TREE_PASSES = 50  # at most this many looks for processes started while the tree was stopped
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 
 
 def exec_in_box(request: dict[str, Any]) -> None:

@@ -29,14 +29,13 @@ CAP_DAC_READ_SEARCH, which the kernel does not hold.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
-from .uids import acting_as
+from .uids import acting_as, libc
 
 IPC_RMID = 0
 EMPTY_TMPFS_DIR = 40  # tmpfs reports 20 bytes a directory entry, "." and ".." included
@@ -44,8 +43,6 @@ SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/dev/mqueue")
 FAST_SEARCH_MAX = 1024  # entries the supervisor looks at before it leaves a box to a helper
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SYSVIPC = {"shm": ("shmctl", 7), "msg": ("msgctl", 7), "sem": ("semctl", 4)}  # table: uid column
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def box_roots(box: dict[str, Any]) -> tuple[str, ...]:
@@ -253,7 +250,7 @@ def remove_ipc(uid: int) -> None:
     """As the box's uid: remove the System V shared memory, queues and semaphores it made
     (they outlive processes, like files)."""
     for table, ipc_id in list(_ipc_rows(uid)):
-        function = getattr(_libc, _SYSVIPC[table][0])
+        function = getattr(libc, _SYSVIPC[table][0])
         if table == "sem":
             function(ipc_id, 0, IPC_RMID)
         else:

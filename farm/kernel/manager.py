@@ -29,7 +29,8 @@ from typing import Any
 
 from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
 from .boxes import Box, BoxPool, Caps, LimitsError
-from .cell import Cell, over_budget
+from .cell import Cell, fit, over_budget
+from .commands import kill_tree
 from .framing import FrameError, encode
 from .memwatch import MemoryWatch, Watched
 from .process import SessionProcess
@@ -38,6 +39,7 @@ from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
 FILE_TIMEOUT_S = 120.0  # one chunk of a file operation (a listing of a big tree may be slow)
+CLOSED_EARLY_KEPT = 4096  # ids of boxes closed before they opened, remembered
 _OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
@@ -65,6 +67,8 @@ class Session:
         self.lock = asyncio.Lock()
         self.last_used = time.monotonic()
         self.memory_kills: list[tuple[int, int, int, int]] = []  # MemoryWatch: pid, kB, of kB
+        self.closed = False  # closed: whatever starts for it now must not outlive its box
+        self.one_shot = False  # an item's: closed right after its last step, never replaced
 
     def watched(self) -> Watched | None:
         """The box as the memory watch holds it to its budget (none without one)."""
@@ -95,6 +99,7 @@ class SessionManager:
         self.grace_s = grace_s
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
+        self.closed_early: dict[str, None] = {}  # ids closed before they opened, oldest first
         self.watch = MemoryWatch(self._watched) if pool.isolation == "uids" else None
         self.opens = 0
         self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
@@ -115,6 +120,9 @@ class SessionManager:
             )
         if session_id is not None and session_id in self.sessions:
             raise RequestError("bad_request", f"session {session_id!r} exists already")
+        if session_id is not None and session_id in self.closed_early:
+            del self.closed_early[session_id]
+            raise RequestError("no_such_session", f"session {session_id!r} was closed already")
         try:
             checked = self.caps.check(limits)
         except LimitsError as exc:
@@ -154,7 +162,13 @@ class SessionManager:
         the background and only then given back to the pool."""
         session = self.sessions.pop(session_id, None)
         if session is None:
+            # The host may close an item's box before it opened (a map cancelled at once): the
+            # id is remembered so that the open, when it comes, is refused and runs nothing.
+            self.closed_early[session_id] = None
+            while len(self.closed_early) > CLOSED_EARLY_KEPT:
+                del self.closed_early[next(iter(self.closed_early))]
             raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
+        session.closed = True
         # Killed before its socket is closed: closing first would wake it to read the end of
         # its input and exit by itself, which costs more than the kill its box gets anyway.
         session.proc.signal(signal.SIGKILL, group=True)
@@ -180,11 +194,22 @@ class SessionManager:
 
     async def _replace(self, session: Session) -> None:
         """A fresh process in the same box (files kept), once every process of the old one is
-        gone: nothing the lost namespace started survives into the new epoch."""
+        gone: nothing the lost namespace started survives into the new epoch. None for a
+        session closed meanwhile (its end resets the box; a process started now could outlive
+        it) or a one-shot item's (closed next)."""
         session.proc.close(self.loop)
         session.epoch += 1
+        if session.closed or session.one_shot:
+            return
         await self.spawner.reset(session.box, session.proc, remove=False)
-        session.proc = await self.spawner.spawn(session.box, session.tools)
+        if session.closed:
+            return
+        proc = await self.spawner.spawn(session.box, session.tools)
+        if session.closed:  # closed while it started: it goes with the box
+            proc.signal(signal.SIGKILL, group=True)
+            proc.close(self.loop)
+            return
+        session.proc = proc
         log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
 
     async def file(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +219,8 @@ class SessionManager:
         async with session.lock:
             if session.proc.exit is not None:
                 await self._replace(session)
+            if session.closed:
+                raise RequestError("no_such_session", f"session {session.id!r} was closed")
             frame = {"type": "file", **{k: v for k, v in request.items() if k != "type"}}
             try:
                 reply = await session.proc.exchange(frame, FILE_TIMEOUT_S)
@@ -210,6 +237,10 @@ class SessionManager:
         session run at once, beside its cells."""
         session = self._session(request["session_id"])
         run = await self.spawner.command(session.box, request, request["max_output_bytes"])
+        if session.closed:  # closed while it started: it goes with the box, unrun
+            kill_tree(run.pid)
+            run.close()
+            raise RequestError("no_such_session", f"session {session.id!r} was closed")
         session.last_used = time.monotonic()
         kills = len(session.memory_kills)
         outcome = over_budget(
@@ -229,6 +260,7 @@ class SessionManager:
         a batch item's cost is its box, not its messages."""
         opened = await self.open(request["tools"], request["limits"], request["session_id"])
         session_id, epoch = opened["session_id"], opened["epoch"]
+        self.sessions[session_id].one_shot = True
         outcome: dict[str, Any] = {
             "session_id": session_id,
             "cells": [],
@@ -236,6 +268,7 @@ class SessionManager:
             "file_error": None,
         }
         cell = {k: request[k] for k in ("timeout_s", "max_output_bytes")}
+        room = request["room"]
         try:
             for path, data in request["files"].items():
                 write = {"session_id": session_id, "op": "write", "path": path, "data": data}
@@ -247,7 +280,7 @@ class SessionManager:
                 exec_id = f"{request['exec_id']}-{number}"
                 run = {**cell, "session_id": session_id, "epoch": epoch, "code": code}
                 emit = emit_for(exec_id)
-                result = await self.execute({**run, "exec_id": exec_id}, emit)
+                result = fit(await self.execute({**run, "exec_id": exec_id}, emit), room)
                 if emit is not None:
                     emit({"type": "done", "result": result})
                 outcome["cells"].append(result)
@@ -265,7 +298,7 @@ class SessionManager:
                     "stdin": b"",
                     "stdin_path": None,
                 }
-                outcome["command"] = (await self.command(command))["result"]
+                outcome["command"] = fit((await self.command(command))["result"], room)
             return outcome
         finally:
             if session_id in self.sessions:  # a host's close_session may have ended it

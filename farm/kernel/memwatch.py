@@ -13,11 +13,15 @@ of each such box's processes. A box over its budget loses its largest processes 
 session process until it fits (the session process, and so the box's variables, stay whenever
 they alone fit), and the cell or command running then is told (``oom``, with what was killed).
 
-The first sum counts the pages forked children still share with their parent in each of them:
-an upper bound. Before a box is cut its processes are measured again by their proportional
-share (``Pss_Anon``, which the supervisor may read only with the box's uid as its file-system
-uid), so a pool of forked workers that share most of their memory is not punished for sharing;
-a process that made itself non-dumpable keeps its upper bound.
+What counts is each process's anonymous memory and the shared memory it maps (``MAP_SHARED``
+anonymous maps, ``/dev/shm``, System V segments, memfds: none of them is bounded by
+``RLIMIT_DATA``). The first sum counts the pages forked children still share with their parent
+in each of them: an upper bound. Before a box is cut its processes are measured again by their
+proportional share (``Pss_Anon`` and ``Pss_Shmem``, which the supervisor may read only with the
+box's uid as its file-system uid), so a pool of forked workers that share most of their memory
+is not punished for sharing; a process that made itself non-dumpable keeps its upper bound.
+Memory no process maps (a System V segment no one attaches, a memfd whose maps are gone) is
+not counted: it stays within the sandbox's limit and is removed with the box.
 
 What this does not do: the watch polls, so a box that allocates faster than it looks can reach
 the sandbox's limit first, and then the OOM killer chooses (among the boxes, never the kernel).
@@ -30,19 +34,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from . import procs
+from .uids import libc
 
 log = logging.getLogger("farm.kernel")
 
 INTERVAL_S = 0.05
 IDLE_INTERVAL_S = 0.25
 MEASURE_EVERY_S = 0.5  # a box's processes are measured by proportional share at most this often
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass(frozen=True)
@@ -60,34 +63,35 @@ class Watched:
 def reading_as(uid: int) -> Iterator[None]:
     """For the block, this process opens files with ``uid`` as its file-system uid and gid (and
     nothing else changes: no process of ``uid`` may signal or trace it meanwhile)."""
-    _libc.setfsgid(uid)
-    _libc.setfsuid(uid)
+    libc.setfsgid(uid)
+    libc.setfsuid(uid)
     try:
         yield
     finally:
-        _libc.setfsuid(0)
-        _libc.setfsgid(0)
+        libc.setfsuid(0)
+        libc.setfsgid(0)
 
 
-def pss_anon_kb(pid: int) -> int | None:
-    """``pid``'s proportional share of anonymous memory: 0 when it is gone (or a zombie: it
-    holds none), ``None`` when it may not be read (it made itself non-dumpable)."""
+def pss_kb(pid: int) -> int | None:
+    """``pid``'s proportional share of anonymous and shared memory: 0 when it is gone (or a
+    zombie: it holds none), ``None`` when it may not be read (it made itself non-dumpable)."""
+    kb = 0
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("Pss_Anon:"):
-                    return int(line.split()[1])
+                if line.startswith(("Pss_Anon:", "Pss_Shmem:")):
+                    kb += int(line.split()[1])
     except PermissionError:
         return None
     except (OSError, ValueError):  # gone meanwhile (a fork bomb's children come and go)
         return 0
-    return 0  # no mappings left: exiting
+    return kb
 
 
 def proportional(box: Watched, sizes: dict[int, int]) -> dict[int, int]:
     """``sizes`` (upper bounds) measured again by proportional share, where readable."""
     with reading_as(box.uid):
-        shares = {pid: pss_anon_kb(pid) for pid in sizes}
+        shares = {pid: pss_kb(pid) for pid in sizes}
     return {pid: share if share is not None else sizes[pid] for pid, share in shares.items()}
 
 
@@ -148,7 +152,7 @@ class MemoryWatch:
         """Hold one box to its budget: by the upper bound when that fits; else by proportional
         share, measured again only when ``MEASURE_EVERY_S`` passed or the upper bound grew by
         more than the room the last measure left."""
-        sizes = {pid: procs.anon_kb(pid) for pid in pids}
+        sizes = {pid: procs.private_kb(pid) for pid in pids}
         upper = sum(sizes.values())
         if upper <= box.budget_kb:
             return

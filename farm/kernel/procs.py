@@ -15,8 +15,6 @@ import os
 import signal
 from collections.abc import Collection
 
-PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
-
 
 def status(pid: int) -> tuple[int, str] | None:
     """(real uid, state letter) of ``pid``, or ``None`` when it is gone."""
@@ -88,12 +86,17 @@ def kill_uids(uids: Collection[int]) -> dict[int, int]:
     return {uid: sum(kill(pid, uid) for pid in found.get(uid, [])) for uid in uids}
 
 
-def anon_kb(pid: int) -> int:
-    """``pid``'s anonymous resident memory (its heap, stacks and private copies; pages it still
-    shares with the process it was forked from count in full), 0 when it is gone."""
+def private_kb(pid: int) -> int:
+    """``pid``'s own resident memory, as the memory watch counts it: anonymous pages (its heap,
+    stacks, private copies; pages it still shares with the process it was forked from count in
+    full) and shared memory it maps (``MAP_SHARED`` anonymous maps, ``/dev/shm`` files, System V
+    segments, memfds), 0 when it is gone."""
+    kb = 0
     try:
-        with open(f"/proc/{pid}/statm") as f:
-            fields = f.read().split()
-    except OSError:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssShmem:")):
+                    kb += int(line.split()[1])
+    except (OSError, ValueError):
         return 0
-    return (int(fields[1]) - int(fields[2])) * PAGE_KB  # resident less file-backed and shmem
+    return kb

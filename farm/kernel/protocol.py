@@ -18,7 +18,7 @@ Three conversations, from the outside in:
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict, get_args
+from typing import Any, Literal, TypedDict, Union, get_args
 
 # Why a run failed: the one place the kinds are written (``farm.models.ErrorKind`` mirrors them).
 Kind = Literal[
@@ -124,7 +124,9 @@ class DoneEvent(TypedDict):
     result: CellResult
 
 
-CellEvent = StartedEvent | RunningEvent | StreamEvent | DisplayEvent | CallEvent | DoneEvent
+# Union[...], not ``|``: TypedDict classes take ``|`` only from Python 3.10, and this module is
+# imported by the kernel under any image's python3 >= 3.9.
+CellEvent = Union[StartedEvent, RunningEvent, StreamEvent, DisplayEvent, CallEvent, DoneEvent]
 
 # --- host <-> supervisor -----------------------------------------------------------------------
 
@@ -173,6 +175,7 @@ class Pong(TypedDict):
     opens: int  # sessions opened so far
     spare_opens: int  # of which took a process made ahead of time
     spares: int  # such processes ready now
+    quarantined: int  # boxes out of use until a reset of them succeeds
 
 
 class _OpenSessionRequired(TypedDict):

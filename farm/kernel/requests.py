@@ -75,6 +75,9 @@ class Requests:
             "events": events,
             "timeout_s": self.timeout(message),
             "max_output_bytes": self.max_output(message),
+            # each cell's result, each done event and the command's fit in this much of the
+            # reply frame (outputs are capped, but many results share one frame)
+            "room": self.max_frame // (len(cells) + 2),
         }
 
     def timeout(self, message: dict[str, Any]) -> float:

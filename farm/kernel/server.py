@@ -226,10 +226,7 @@ class KernelServer:
             def emit_for(exec_id: str) -> Emit | None:
                 return _emitter(writer, exec_id) if emitters else None
 
-            outcome = await self.manager.item(request, emit_for)
-            # Each cell's outputs are capped, but many cells' results share one frame.
-            room = self.max_frame // (len(outcome["cells"]) + 2)
-            outcome["cells"] = [fit(result, room) for result in outcome["cells"]]
+            outcome = await self.manager.item(request, emit_for)  # fitted to the frame there
             return {"type": "item_result", "result": outcome}
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
 
@@ -249,6 +246,7 @@ class KernelServer:
             "opens": self.manager.opens,
             "spare_opens": self.manager.spare_opens,
             "spares": len(self.manager.spawner.spares),
+            "quarantined": len(self.pool.quarantined),
         }
 
 

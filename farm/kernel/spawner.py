@@ -24,7 +24,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from itertools import count
 from typing import Any, Generic, TypeVar
 
@@ -42,6 +42,7 @@ _ids = count(1)
 SPAWN_TIMEOUT_S = 10.0
 SPARES = 2  # session processes kept ready for the next opens
 RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
+QUARANTINE_RETRY_S = 5.0  # a box that would not reset is tried again after this, doubling
 COALESCE_S = 0.002  # boxes that end this close together share one look at /proc and the files
 KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
 
@@ -106,6 +107,9 @@ class Spawner:
         self.starting: set[int] = set()
         self.early_exits: dict[int, dict[str, Any]] = {}
         self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
+        # box number -> processes being started for it, not yet in its uid (or its groups): a
+        # reset waits for them, so its kill finds them and no box is given back with one
+        self.forking: dict[int, int] = {}
         self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
         self.resets: dict[int, asyncio.Future[bool]] = {}
         self.spares: list[tuple[Box, SessionProcess]] = []  # ready processes, no session yet
@@ -168,7 +172,21 @@ class Spawner:
         send_request(self.zygote, message)
 
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
-        """A new session process in ``box``, once it said it is ready."""
+        """A new session process in ``box``, once it said it is ready (in its box)."""
+        with self._starting(box):
+            return await self._spawn(box, tools)
+
+    @contextlib.contextmanager
+    def _starting(self, box: Box) -> Iterator[None]:
+        self.forking[box.number] = self.forking.get(box.number, 0) + 1
+        try:
+            yield
+        finally:
+            self.forking[box.number] -= 1
+            if not self.forking[box.number]:
+                del self.forking[box.number]
+
+    async def _spawn(self, box: Box, tools: bool) -> SessionProcess:
         config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
         pid, fds = await self._forked({"op": "spawn", "session": config})
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
@@ -191,10 +209,11 @@ class Spawner:
         """Start a command in ``box`` (``commands.py``); it runs as soon as this returns."""
         fields = ("argv", "cwd", "env", "stdin_path")
         message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
-        pid, fds = await self._forked(message)
-        run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
-        self._register(pid, run)
-        self.groups.setdefault(box.number, set()).add(pid)  # its own group, for dirs resets
+        with self._starting(box):  # until its group is known: a reset kills it by its group
+            pid, fds = await self._forked(message)
+            run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
+            self._register(pid, run)
+            self.groups.setdefault(box.number, set()).add(pid)  # its own group (setsid)
         return run
 
     def _register(self, pid: int, proc: SessionProcess | CommandRun) -> None:
@@ -221,10 +240,14 @@ class Spawner:
 
     async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
         """Kill every process of ``box`` (and, with ``remove``, every file of it); ``True``
-        once done, ``False`` when something would not go. The common case costs no fork: the
-        supervisor kills the box's processes itself (``procs.kill_uid``) and removes its two
-        empty directories; a box that leaves files (or processes that will not die) gets a
-        zygote helper that does the rest as the box's uid."""
+        once done, ``False`` when something would not go. It first waits for the processes
+        being started for the box (they would be missed). The common case costs no fork: the
+        supervisor kills the box's processes itself (``procs.kill_uids``, coalesced) and
+        removes its two empty directories; a box that leaves files (or processes that will not
+        die) gets a zygote helper that does the rest as the box's uid."""
+        deadline = self.loop.time() + SPAWN_TIMEOUT_S + KILL_S
+        while self.forking.get(box.number) and self.loop.time() < deadline:
+            await asyncio.sleep(0.002)  # a process entering the box: poll of a deadline
         killed = await self._kill(box, proc)
         if killed and not remove:
             return True
@@ -246,11 +269,10 @@ class Spawner:
             proc.signal(signal.SIGKILL, group=True)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(proc.exited.wait(), KILL_S)
-        groups = self.groups.pop(box.number, set())
+        for group in self.groups.pop(box.number, set()):  # its commands, in their box or not yet
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
         if self.pool.isolation == "dirs":  # one uid for all: the box's own groups go, no more
-            for group in groups:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(group, signal.SIGKILL)
             return True
         deadline = self.loop.time() + KILL_S
         while (left := await self.kills.ask(box.uid, None)) and self.loop.time() < deadline:
@@ -313,9 +335,32 @@ class Spawner:
 
     def end_box(self, box: Box, proc: SessionProcess | None) -> None:
         async def reset_then_give_back() -> None:
-            self.pool.give_back(box, clean=await self.reset(box, proc, remove=True))
+            try:
+                clean = await self.reset(box, proc, remove=True)
+            except Exception:  # e.g. out of fds for pidfds: not reused, never lost unsaid
+                log.exception("box %d (uid %d) could not be reset", box.number, box.uid)
+                clean = False
+            self.pool.give_back(box, clean=clean)
+            if not clean:
+                self._retry(box, QUARANTINE_RETRY_S)
 
         self._in_background(reset_then_give_back())
+
+    def _retry(self, box: Box, after_s: float) -> None:
+        """Reset a quarantined box again after ``after_s`` (doubling, up to ten minutes): what
+        kept it (a file of its uid in a neighbour's directory it could not empty) may go with
+        that neighbour's end; until then its number stays out of use."""
+
+        async def again() -> None:
+            clean = await self._reset_by_helper(box, None, remove=True)
+            self.pool.give_back(box, clean=clean)
+            if clean:
+                log.info("box %d (uid %d) is clean again", box.number, box.uid)
+            else:
+                self._retry(box, min(after_s * 2, 600.0))
+
+        if not self.closing:
+            self.loop.call_later(after_s, lambda: self._in_background(again()))
 
     def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
         task = self.loop.create_task(work)

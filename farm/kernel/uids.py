@@ -5,7 +5,7 @@ zygote: a uid change applies to the whole process): the box's limits, its uid an
 groups and no capabilities (the bounding set is empty since the zygote's start), no way to gain
 any (``no_new_privs``), its directories and environment.
 
-A box's end is normally the supervisor's alone (``procs.kill_uid``, CAP_KILL through pidfds,
+A box's end is normally the supervisor's alone (``procs.kill_uids``, CAP_KILL through pidfds,
 then ``leftovers.nothing_left``). When that does not finish (a process stuck in the kernel), a
 zygote helper kills *as the box's uid*: ``kill(-1, SIGKILL)`` then reaches exactly the
 processes of that uid in this sandbox (daemons that ``setsid()`` and double-fork included) and
@@ -24,18 +24,21 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from . import procs
+
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 KILL_DEADLINE_S = 10.0
 BOX_NICE = 10  # CFS weight 110 against the kernel's 1024
 
-_libc = ctypes.CDLL(None, use_errno=True)
+libc = ctypes.CDLL(None, use_errno=True)  # the kernel's one handle on libc (prctl, setfsuid)
 
 
 def prctl(option: int, value: int) -> None:
-    if _libc.prctl(option, value, 0, 0, 0) != 0:
+    if libc.prctl(option, value, 0, 0, 0) != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, f"prctl({option}, {value}): {os.strerror(errno)}")
 
@@ -119,25 +122,6 @@ def enter(box: dict[str, Any], isolation: str) -> None:
     tempfile.tempdir = None  # the zygote may have cached the shared /tmp
 
 
-def _uid_processes(uid: int) -> list[int]:
-    """Pids in this sandbox whose real uid is ``uid``, zombies included (they still count)."""
-    found = []
-    me = os.getpid()
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        try:
-            with open(f"/proc/{name}/status") as f:
-                for line in f:
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            found.append(int(name))
-                        break
-        except OSError:  # gone meanwhile
-            continue
-    return found
-
-
 def kill_all(uid: int, deadline_s: float = KILL_DEADLINE_S) -> bool:
     """As ``uid`` (after ``become``): SIGKILL every process of the uid until none is left
     (reaped, not just dead); False at the deadline (a process stuck in the kernel)."""
@@ -145,7 +129,7 @@ def kill_all(uid: int, deadline_s: float = KILL_DEADLINE_S) -> bool:
     deadline = time.monotonic() + deadline_s
     while True:
         os.kill(-1, signal.SIGKILL)  # every process we may signal: exactly this uid's
-        if not _uid_processes(uid):
+        if not [pid for pid in procs.uid_pids(uid) if pid != os.getpid()]:
             return True
         if time.monotonic() > deadline:
             return False

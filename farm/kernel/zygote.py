@@ -34,14 +34,12 @@ import sys
 from typing import Any, NoReturn
 
 from . import commands, leftovers, session, uids
-from .uids import prctl
+from .uids import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
-PR_SET_PDEATHSIG = 1
 # Above any fd a process here may hold: the hard nofile limit (where close_range is missing or
 # refused by a seccomp profile, Python closes one fd at a time up to it).
 _HARD_NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 MAX_FD = 1 << 20 if _HARD_NOFILE in (resource.RLIM_INFINITY, -1) else min(_HARD_NOFILE, 1 << 20)
-PR_SET_CHILD_SUBREAPER = 36
 
 
 def _close_other_fds(keep: set[int]) -> None:

@@ -60,6 +60,7 @@ class Pong(Model):
     opens: int = Field(description="sessions opened so far")
     spare_opens: int = Field(description="of which took a process made ahead of time")
     spares: int = Field(description="such processes ready now")
+    quarantined: int = Field(description="boxes out of use until a reset of them succeeds")
 
 
 class OpenSession(Model):

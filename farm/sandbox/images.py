@@ -85,10 +85,13 @@ def default_repo_root() -> Path:
 
 def connect() -> docker.DockerClient:
     """A Docker client that has answered a ping, or :class:`DockerUnavailable`."""
+    client = None
     try:
         client = docker.from_env(timeout=PING_TIMEOUT_S)
         client.ping()
     except docker.errors.DockerException as exc:
+        if client is not None:
+            client.close()
         raise DockerUnavailable(
             f"Docker is not reachable ({exc}); run scripts/bootstrap to install and start it"
         ) from exc
@@ -287,8 +290,9 @@ def _build_log(lines: Iterator[dict[str, Any]], tail: deque[str]) -> str | None:
             if partial.strip():
                 tail.append(partial.rstrip())
             tail.append(ANSI_ESCAPE.sub("", str(chunk["error"])).rstrip())
-            for _ in lines:  # the error ends the build: read its stream to the end, which lets
-                pass  # docker-py give the connection back (else its socket is never closed)
+            with contextlib.suppress(docker.errors.DockerException, OSError, ValueError):
+                for _ in lines:  # the error ends the build: read its stream to the end, which
+                    pass  # lets docker-py give the connection back (else its socket leaks)
             raise ImageBuildError("sandbox image build failed:\n" + "\n".join(tail))
         aux = chunk.get("aux")
         if isinstance(aux, dict) and "ID" in aux:

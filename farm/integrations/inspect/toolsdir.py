@@ -17,8 +17,9 @@ box's. Inspect's framework-directory helper names the directory as two arguments
 (parent, then leaf): that pair is rewritten too. Inspect's contract for such a directory holds:
 its parent, ``/var/tmp``, is root's and sticky (mode 1733), and the directory itself is the
 box's, mode 0700, made by the box before the first command that names it. A command naming it
-that fails on a full ``/var/tmp`` (about 31 MiB per box; the default 64 MB holds two) says so
-first, with what to set (``FULL``): Inspect shows that in its ``SandboxInjectionError``.
+that fails on a full ``/var/tmp`` (about 31 MiB per box; the inspect image's default 272 MB
+holds eight, other images' 64 MB two) says so first, with what to set (``FULL``): Inspect
+shows that in its ``SandboxInjectionError``.
 
 Why the digest is keyed by a secret of this process (not the bare session id, a box number or
 a uid): another box could otherwise create the directory first and make it unusable (Inspect
@@ -55,7 +56,7 @@ MAKE_SCRIPT = (
 
 
 # What a command naming the tools directory says first when it found /var/tmp full (the tree
-# takes about 31 MiB per box: FARM_SANDBOX_TMP_MB, 64 by default, holds two).
+# takes about 31 MiB per box: FARM_SANDBOX_TMP_MB, 272 for the inspect image, holds eight).
 FULL = (
     "farm: the sandbox's /var/tmp is full: each sample using Inspect's injected tools keeps "
     "about 32 MiB there (and its server about 33 MiB of memory); give the farm's workers a "

@@ -75,17 +75,12 @@ def reading_as(uid: int) -> Iterator[None]:
 def pss_kb(pid: int) -> int | None:
     """``pid``'s proportional share of anonymous and shared memory: 0 when it is gone (or a
     zombie: it holds none), ``None`` when it may not be read (it made itself non-dumpable)."""
-    kb = 0
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith(("Pss_Anon:", "Pss_Shmem:")):
-                    kb += int(line.split()[1])
+        return procs.kb_fields(f"/proc/{pid}/smaps_rollup", ("Pss_Anon:", "Pss_Shmem:"))
     except PermissionError:
         return None
     except (OSError, ValueError):  # gone meanwhile (a fork bomb's children come and go)
         return 0
-    return kb
 
 
 def proportional(box: Watched, sizes: dict[int, int]) -> dict[int, int]:

@@ -91,12 +91,14 @@ def private_kb(pid: int) -> int:
     stacks, private copies; pages it still shares with the process it was forked from count in
     full) and shared memory it maps (``MAP_SHARED`` anonymous maps, ``/dev/shm`` files, System V
     segments, memfds), 0 when it is gone."""
-    kb = 0
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(("RssAnon:", "RssShmem:")):
-                    kb += int(line.split()[1])
+        return kb_fields(f"/proc/{pid}/status", ("RssAnon:", "RssShmem:"))
     except (OSError, ValueError):
         return 0
-    return kb
+
+
+def kb_fields(path: str, names: tuple[str, ...]) -> int:
+    """The sum of the ``names`` fields (``Name:  123 kB`` lines) of a ``/proc`` file; raises
+    what opening or reading it raises (a process gone, one that may not be read)."""
+    with open(path) as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(names))

@@ -9,10 +9,10 @@ import os
 import socket
 import ssl
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from farm.errors import InvalidRequest
@@ -25,11 +25,39 @@ class SandboxLimits(BaseSettings):
 
     memory_mb: int = Field(512, ge=64, description="--memory and --memory-swap")
     cpus: float = Field(1.0, gt=0, description="--cpus")
-    pids: int = Field(512, ge=16, description="--pids-limit (each box has its own share)")
+    pids: int = Field(
+        4096,
+        ge=64,
+        description="--pids-limit: every live box's pids plus the kernel's reserve must fit "
+        "(the kernel refuses a box that would not): 32 sessions of 64 and spares by default",
+    )
     nofile: int = Field(1024, ge=64, description="ulimit nofile")
     fsize_mb: int = Field(256, ge=1, description="ulimit fsize: largest file a process writes")
     tmp_mb: int = Field(64, ge=1, description="size of the /tmp tmpfs")
     workspace_mb: int = Field(256, ge=1, description="size of the /workspace tmpfs")
+    disk_mb: int = Field(
+        6144,
+        ge=16,
+        description="room for the boxes' private disks together (tmpfs: added to --memory, "
+        "since their pages live there; the kernel refuses a box that would not fit)",
+    )
+    apparmor_profile: str | None = Field(
+        None, description="an AppArmor profile for the sandbox (deploy/apparmor/farm-sandbox)"
+    )
+    seccomp_profile: Path | None = Field(
+        None, description="a seccomp profile (JSON file) for the sandbox instead of Docker's own"
+    )
+    isolation: Literal["namespaces", "uids"] = Field(
+        "namespaces",
+        description="what a box is: a uid plus namespaces, or only a uid (what a host that "
+        "forbids namespaces falls back to; here by choice, e.g. to compare them)",
+    )
+    require_namespaces: bool = Field(
+        False,
+        validation_alias=AliasChoices("FARM_REQUIRE_NAMESPACES", "require_namespaces"),
+        description="refuse to start a sandbox whose boxes cannot have namespaces "
+        "(instead of falling back to uid boxes, loudly)",
+    )
     network: str = Field("none", description="docker network mode; 'none' = no network at all")
     read_only: bool = True
     runtime: str | None = Field(None, description="e.g. 'runsc' for gVisor")
@@ -49,6 +77,12 @@ class BoxSettings(BaseSettings):
     pids: int = Field(64, ge=4, description="processes and threads of a box (RLIMIT_NPROC)")
     fsize_mb: int | None = Field(None, ge=1, description="largest file (default: the sandbox's)")
     nofile: int = Field(512, ge=16, description="open files of each process")
+    disk_mb: int | None = Field(
+        None,
+        ge=1,
+        description="the box's private /workspace, /tmp, /var/tmp and /dev/shm together, MB "
+        "(default: the kernel's, 128 or a quarter of the sandbox's disk_mb)",
+    )
 
 
 # Limits that differ by image, applied where no FARM_SANDBOX_* (or FARM_BOX_*) variable says
@@ -56,14 +90,14 @@ class BoxSettings(BaseSettings):
 # 300-600 MiB and a hundred threads for a few pages, Chromium's shared memory in /tmp
 # (--disable-dev-shm-usage). The default image keeps the defaults above.
 IMAGE_LIMITS: dict[str, dict[str, Any]] = {
-    "browser": {"memory_mb": 2048, "pids": 512, "tmp_mb": 512, "nofile": 4096},
+    "browser": {"memory_mb": 2048, "tmp_mb": 512, "nofile": 4096},
     "docs": {"memory_mb": 1024},
     # Inspect AI's samples: each that uses Inspect's injected tools keeps ~32 MiB of them in
     # /var/tmp and ~33 MiB in their server: room for eight at once (README, Inspect).
     "inspect": {"memory_mb": 1024, "tmp_mb": 272},
 }
 IMAGE_BOX_LIMITS: dict[str, dict[str, Any]] = {
-    "browser": {"memory_mb": 1536, "pids": 256, "nofile": 2048},
+    "browser": {"memory_mb": 1536, "pids": 256, "nofile": 2048, "disk_mb": 256},
     "docs": {"memory_mb": 768},
 }
 

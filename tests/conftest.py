@@ -5,6 +5,7 @@ process over the process backend, and local farms of worker processes with Docke
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -126,6 +127,31 @@ def make_docker_sandbox(docker_env: Any, tmp_path_factory: Any, **kwargs: Any) -
 @pytest.fixture(scope="module")
 def docker_sandbox(docker_env: Any, tmp_path_factory: Any) -> Iterator[Any]:
     with make_docker_sandbox(docker_env, tmp_path_factory) as sandbox:
+        yield sandbox
+
+
+# A host that forbids what boxes' namespaces need (as AppArmor's docker-default forbids mount):
+# Docker's seccomp profile replaced by one that refuses mount and allows the rest.
+NO_MOUNT_PROFILE = {
+    "defaultAction": "SCMP_ACT_ALLOW",
+    "syscalls": [{"names": ["mount"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+}
+
+
+def no_mount_limits(tmp_path_factory: Any, **settings: Any) -> Any:
+    """Sandbox limits under ``NO_MOUNT_PROFILE``: its kernel falls back to uid boxes."""
+    from farm.settings import SandboxLimits
+
+    profile = tmp_path_factory.mktemp("seccomp") / "no-mount.json"
+    profile.write_text(json.dumps(NO_MOUNT_PROFILE))
+    return SandboxLimits(seccomp_profile=profile, **settings)
+
+
+@pytest.fixture(scope="module")
+def uid_sandbox(docker_env: Any, tmp_path_factory: Any) -> Iterator[Any]:
+    """A docker sandbox whose boxes fell back to uids (the host forbids mount)."""
+    limits = no_mount_limits(tmp_path_factory)
+    with make_docker_sandbox(docker_env, tmp_path_factory, limits=limits) as sandbox:
         yield sandbox
 
 

@@ -6,8 +6,9 @@ files as the box's uid), so a wrong "something left" costs every item two forks 
 "nothing left" leaves a box's files to the next box of its number; ``leftovers.owned_entries`` is
 the helper's search, which must find the box's files wherever another box let it write them.
 
-In a docker sandbox: a box's files in a neighbour's world-writable directory or opened
-workspace, and in ``/var/tmp``, are gone before a session gets its uid again.
+In a docker sandbox whose boxes fell back to uids (``uid_sandbox``): a box's files in a
+neighbour's world-writable directory or opened workspace, and in ``/var/tmp``, are gone before
+a session gets its uid again.
 """
 
 from __future__ import annotations
@@ -260,12 +261,12 @@ FIND = (
 
 @pytest.mark.docker
 def test_a_box_files_in_a_neighbours_open_directories_do_not_meet_its_next_session(
-    docker_sandbox: Any,
+    uid_sandbox: Any,
 ) -> None:
     """B writes into A's world-writable /tmp directory, A's workspace opened to everyone and
     /var/tmp, then closes: a new session with B's uid finds none of it, A's directories hold
     nothing of B's, and root's listing of /var/tmp is empty again."""
-    with docker_sandbox.kernel() as client:
+    with uid_sandbox.kernel() as client:
         a = Cells(client)
         workspace = ast.literal_eval(str(a.value(OPEN_UP)))
         b = Cells(client)
@@ -275,16 +276,16 @@ def test_a_box_files_in_a_neighbours_open_directories_do_not_meet_its_next_sessi
         opened = _sessions_until_uid(client, uid)
         assert opened[-1].value(FIND.format(ws=workspace)) == "[]"
         assert a.value("os.listdir('/tmp/open-x'), os.listdir('.')") == "([], [])"
-        assert _root_listing(docker_sandbox, "/var/tmp") == []
+        assert _root_listing(uid_sandbox, "/var/tmp") == []
         for session in (a, *opened):
             client.close_session(session.id)
 
 
 @pytest.mark.docker
-def test_var_tmp_is_private_per_box_and_emptied_at_its_end(docker_sandbox: Any) -> None:
+def test_var_tmp_is_private_per_box_and_emptied_at_its_end(uid_sandbox: Any) -> None:
     """``/var/tmp`` (Inspect's tools install there) is writable, sticky and closed to listing:
     a box's file there is its own (0600), and it is removed when the box ends."""
-    with docker_sandbox.kernel() as client:
+    with uid_sandbox.kernel() as client:
         a, b = Cells(client), Cells(client)
         mode = a.value(
             "import os, stat\nopen('/var/tmp/mine', 'w').write('a')\n"
@@ -299,9 +300,9 @@ def test_var_tmp_is_private_per_box_and_emptied_at_its_end(docker_sandbox: Any) 
         ):
             refused = b.run(f"import os\n{code}")
             assert refused.error is not None and refused.error.ename == "PermissionError", code
-        assert _root_listing(docker_sandbox, "/var/tmp") == ["mine"]
+        assert _root_listing(uid_sandbox, "/var/tmp") == ["mine"]
         client.close_session(a.id)
-        assert wait_for(lambda: _root_listing(docker_sandbox, "/var/tmp") == [], 30)
+        assert wait_for(lambda: _root_listing(uid_sandbox, "/var/tmp") == [], 30)
         client.close_session(b.id)
 
 
@@ -325,14 +326,14 @@ def _root_listing(sandbox: Any, directory: str) -> list[str]:
 
 @pytest.mark.docker
 def test_a_box_that_could_not_be_emptied_is_out_of_use_until_it_can_be(
-    docker_sandbox: Any,
+    uid_sandbox: Any,
 ) -> None:
     """A writes into B's open directory, then B closes it to A (0755): A's end cannot remove
     A's file, so A's number is quarantined (never given to a session that would find the
     file); once B ends, its directory goes whole with A's file in it, and A's number comes back
     at the next try instead of staying out of use for good (two boxes could otherwise use up a
     sandbox's boxes)."""
-    with docker_sandbox.kernel() as client:
+    with uid_sandbox.kernel() as client:
         b, a = Cells(client), Cells(client)
         b.value("import os\nos.makedirs('/tmp/lend')\nos.chmod('/tmp/lend', 0o777)\n1")
         a.value("open('/tmp/lend/mine', 'w').write('of box A')")
@@ -340,7 +341,7 @@ def test_a_box_that_could_not_be_emptied_is_out_of_use_until_it_can_be(
         assert client.ping()["quarantined"] == 0
         client.close_session(a.id)
         assert wait_for(lambda: client.ping()["quarantined"] == 1, 30), client.ping()
-        assert _root_listing(docker_sandbox, "/tmp/lend") == ["mine"]
+        assert _root_listing(uid_sandbox, "/tmp/lend") == ["mine"]
         client.close_session(b.id)
         assert wait_for(lambda: client.ping()["quarantined"] == 0, 60), client.ping()
-        assert "lend" not in _root_listing(docker_sandbox, "/tmp")
+        assert "lend" not in _root_listing(uid_sandbox, "/tmp")

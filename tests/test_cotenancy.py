@@ -88,7 +88,7 @@ def test_each_session_has_its_own_identity_and_no_privilege(
     record(
         record_property,
         "distinct non-root uid/gid per session, no groups, CapEff/Prm/Bnd/Inh/Amb 0, "
-        "no_new_privs, private 0700 workspace (HOME) and TMPDIR, umask 077",
+        "no_new_privs, its own 0700 /workspace (HOME) and /tmp (TMPDIR), umask 077",
         f"A {a}; B {b}",
     )
     assert a["uid"] != b["uid"] and a["gid"] != b["gid"]
@@ -97,8 +97,8 @@ def test_each_session_has_its_own_identity_and_no_privilege(
         assert f["groups"] == []
         assert f["caps"] == ["0000000000000000"] * 5 and f["nnp"] == "1"
         assert (f["cwd_mode"], f["cwd_owner"]) == ("0o700", f["uid"])
-        assert f["home"] == f["cwd"] and f["tmp_mode"] == "0o700" and f["umask"] == 0o077
-    assert len({a["cwd"], b["cwd"]}) == 2 and len({a["tmp"], b["tmp"]}) == 2
+        assert f["home"] == f["cwd"] == "/workspace" and f["tmp"] == "/tmp"
+        assert f["tmp_mode"] == "0o1777" and f["umask"] == 0o077  # /tmp of its own machine
 
 
 PROBES = textwrap.dedent(
@@ -131,108 +131,102 @@ PROBES = textwrap.dedent(
 )
 
 
+def _outer_pid(container: Any, uid: int, inner: int) -> int:
+    """The pid in the sandbox of the process of ``uid`` whose pid in its box is ``inner``
+    (``NSpid``: the first is the sandbox's, the last the box's)."""
+    code = (
+        "import os, sys\n"
+        "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    s = dict(l.split(':', 1) for l in open(f'/proc/{p}/status'))\n"
+        "    ids = s['NSpid'].split()\n"
+        "    if s['Uid'].split()[0] == sys.argv[1] and ids[-1] == sys.argv[2]:\n"
+        "        print(ids[0])"
+    )
+    done = container.exec_run(["python3", "-c", code, str(uid), str(inner)], user="0:0")
+    assert done.exit_code == 0, done.output.decode()
+    return int(done.output.split()[0])
+
+
 def test_a_neighbours_files_memory_and_environment_are_out_of_reach(
-    pair: tuple[Session, Session], record_property: Any
+    one_worker: Farm, docker_env: Any, pair: tuple[Session, Session], record_property: Any
 ) -> None:
+    """B aims at A's files (by every path and API) and at A's session process by its pid in
+    the sandbox: none of them exists in B's machine, and its own pid 1 refuses B."""
     a, b = pair
     mine = facts(a)
-    pid, cwd = mine["pid"], mine["cwd"]
-    name = Path(cwd).name
+    pid = _outer_pid(_container(one_worker, docker_env), mine["uid"], mine["pid"])
     address = value(a, "id(secret)")
     assert b.run(PROBES).ok
-    zygote = value(b, "os.getppid()")
-    kernel = value(b, f"int(open('/proc/{zygote}/stat').read().rsplit(')', 1)[1].split()[1])")
     got = attempts(
         b,
         {
-            "list the workspaces": "os.listdir('/workspace')",
-            "relative path": f"open('../{name}/mine.txt').read()",
-            "absolute path": f"open('{cwd}/mine.txt').read()",
+            "absolute path": "open('/workspace/mine.txt').read()",
             "its cwd link": f"os.listdir('/proc/{pid}/cwd/')",
-            "its root link": f"os.listdir('/proc/{pid}/root/workspace/{name}')",
+            "its root link": f"os.listdir('/proc/{pid}/root/workspace')",
             "its memory": f"open('/proc/{pid}/mem', 'rb').read(1)",
             "its environment": f"open('/proc/{pid}/environ').read()",
             "its fds": f"os.listdir('/proc/{pid}/fd')",
+            "signal it": f"os.kill({pid}, 0)",
             "process_vm_readv": f"vm_readv({pid}, {address})",
             "ptrace attach": f"ptrace_attach({pid})",
-            "ptrace attach the zygote": f"ptrace_attach({zygote})",
-            "ptrace attach the kernel": f"ptrace_attach({kernel})",
-            "the tools, absolute": f"read('{cwd}/mine.txt')",
-            "the tools, relative": f"read('../{name}/mine.txt')",
+            "ptrace attach its pid 1": "ptrace_attach(1)",
+            "the tools": "read('/workspace/mine.txt')",
         },
     )
-    refused = {key: "PermissionError" for key in got}
-    for key in ("the tools, absolute", "the tools, relative"):
-        refused[key] = "WorkspaceError"  # the tools' confinement answers before the OS does
-    command = b.exec(["cat", f"{cwd}/mine.txt"])  # a command runs as B's box too
-    got["a command"] = "refused" if command.returncode and "ermission" in command.stderr else "read"
-    refused["a command"] = "refused"
-    for scope in ("workspace", "box"):  # the files API: confined, or left to the OS
+    refused = dict.fromkeys(got, "FileNotFoundError")
+    refused.update({"signal it": "ProcessLookupError"})
+    refused.update({"ptrace attach its pid 1": "PermissionError"})
+    refused.update({"ptrace attach": "OSError ESRCH"})
+    refused["process_vm_readv"] = "PermissionError"  # Docker's profile: only with SYS_PTRACE
+    refused["the tools"] = got["the tools"] if "hunter2" not in got["the tools"] else "not read"
+    command = b.exec(["cat", "/workspace/mine.txt"])  # a command runs in B's machine too
+    got["a command"] = "read" if "hunter2" in command.stdout else "not there"
+    refused["a command"] = "not there"
+    for scope in ("workspace", "box"):  # the files API sees B's own files only
         try:
-            SessionFiles(b, scope=scope).read(f"{cwd}/mine.txt")
+            SessionFiles(b, scope=scope).read("/workspace/mine.txt")
             got[f"files API ({scope})"] = "read"
         except FileOperationError as exc:
             got[f"files API ({scope})"] = exc.ename
-    refused["files API (workspace)"] = "WorkspaceError"
-    refused["files API (box)"] = "PermissionError"
-    record(record_property, f"B refused everything: {refused}", f"B got {got}")
+        refused[f"files API ({scope})"] = "FileNotFoundError"
+    record(record_property, f"B reached nothing: {refused}", f"B got {got}")
     assert got == refused, got
     assert value(a, "secret") == "hunter2-" + "a" * 10
 
 
-def test_no_signal_reaches_a_neighbour_the_zygote_or_the_kernel(
-    pair: tuple[Session, Session], record_property: Any
+KERNEL_PID = (  # the kernel: the first python3 running farm.kernel (pid 1 is docker-init)
+    "import os\nprint(min(int(p) for p in filter(str.isdigit, os.listdir('/proc'))\n"
+    "    if open(f'/proc/{p}/cmdline', 'rb').read().startswith(b'python3\\0-m\\0farm.kernel')))"
+)
+
+
+def test_no_signal_reaches_a_neighbour_the_boxs_init_or_the_kernel(
+    one_worker: Farm, docker_env: Any, pair: tuple[Session, Session], record_property: Any
 ) -> None:
     a, b = pair
-    pid = facts(a)["pid"]
-    assert b.run(UID_PROCESSES).ok
-    roots = value(b, "uid_processes(0)")
-    zygote = value(b, "import os\nos.getppid()")
-    kernel = value(b, f"int(open('/proc/{zygote}/stat').read().rsplit(')', 1)[1].split()[1])")
-    assert {zygote, kernel} <= set(roots)
+    mine = facts(a)
+    container = _container(one_worker, docker_env)
+    pid = _outer_pid(container, mine["uid"], mine["pid"])
+    kernel = int(container.exec_run(["python3", "-c", KERNEL_PID], user="0:0").output)
+    assert value(b, "import os\nos.getppid()") == 1  # its parent: the box's own init
     tries = {}
     for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP, signal.SIGINT, signal.SIGUSR1):
         tries[f"{sig.name} neighbour"] = f"os.kill({pid}, {sig.value})"
         tries[f"{sig.name} neighbour's group"] = f"os.killpg({pid}, {sig.value})"
-        tries[f"{sig.name} zygote"] = f"os.kill({zygote}, {sig.value})"
         tries[f"{sig.name} kernel"] = f"os.kill({kernel}, {sig.value})"
-        tries[f"{sig.name} kernel's group"] = f"os.killpg(os.getpgid({kernel}), {sig.value})"
+        tries[f"{sig.name} its init"] = f"os.kill(1, {sig.value})"
     got = attempts(b, tries)
     record(
         record_property,
-        "PermissionError for KILL/TERM/STOP/INT/USR1 to A, A's group, the zygote, the kernel "
-        "and the kernel's group; A's variables intact",
+        "A and the kernel do not exist for B (ProcessLookupError); B's own init refuses it "
+        "(PermissionError); A's variables intact",
         f"{sorted(set(got.values()))} for {len(got)} attempts; "
         f"A's secret {value(a, 'secret')[:7]}...",
     )
-    assert set(got.values()) == {"PermissionError"}, got
+    for name, what in got.items():
+        assert what == ("PermissionError" if "init" in name else "ProcessLookupError"), got
     assert value(a, "secret") == "hunter2-" + "a" * 10
     assert b.run("1 + 1").ok and a.run("1 + 1").ok
-
-
-def test_shared_absolute_paths_never_let_one_session_read_or_replace_anothers_file(
-    pair: tuple[Session, Session], record_property: Any
-) -> None:
-    a, b = pair
-    seen = {}
-    for path in ("/tmp/shared.txt", "/dev/shm/shared"):
-        assert a.run(f"open({path!r}, 'w').write('from A')").ok
-        got = attempts(
-            b,
-            {
-                "read": f"open({path!r}).read()",
-                "overwrite": f"open({path!r}, 'w').write('from B')",
-                "remove": f"os.remove({path!r})",
-                "list": f"os.listdir({str(Path(path).parent)!r})",
-            },
-        )
-        seen[path] = got
-        record(
-            record_property, "B cannot read, overwrite, remove or list: PermissionError", f"{seen}"
-        )
-        assert got == dict.fromkeys(got, "PermissionError"), (path, got)
-        assert value(a, f"open({path!r}).read()") == "from A"
-    assert value(b, "import tempfile\nopen(tempfile.mktemp(), 'w').write('own') and 'ok'") == "ok"
 
 
 def test_a_fork_bomb_and_a_memory_bomb_starve_only_their_own_box(
@@ -376,28 +370,11 @@ def test_limits_are_per_session_within_the_sandboxs_caps(
     assert bad.kind == "input" and "cap" in (bad.error.evalue if bad.error else "")
 
 
-UID_PROCESSES = textwrap.dedent(
-    """
-    import os
-
-    def uid_processes(uid):
-        found = []
-        for pid in filter(str.isdigit, os.listdir('/proc')):
-            try:
-                status = open(f'/proc/{pid}/status').read()
-            except OSError:  # gone meanwhile
-                continue
-            if status.split('Uid:')[1].split()[0] == str(uid):
-                found.append(int(pid))
-        return found
-    """
-)
-
-
 def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_property: Any) -> None:
     """A session leaves a daemon (setsid, double fork), files in its workspace, in /tmp and in
     /dev/shm, a POSIX message queue (/dev/mqueue) and System V shared memory; once it is
-    closed, none of it exists, and the next session given its uid finds nothing of it."""
+    closed, no process of its uid is left in the sandbox, and the next session given its uid
+    finds an empty machine."""
     a = one_worker.session()
     leftovers = textwrap.dedent(
         """
@@ -413,33 +390,18 @@ def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_prop
                 while True:
                     time.sleep(0.05)
             os._exit(0)
-        (os.getuid(), os.getcwd(), shm, mq)
+        (os.getuid(), shm, mq)
         """
     )
-    watcher = session_on(one_worker, a.worker)
-    assert watcher.run(UID_PROCESSES).ok
-    uid, cwd, shm, mq = value(a, leftovers)
+    uid, shm, mq = value(a, leftovers)
     assert shm >= 0 and mq >= 0
+    seen = value(a, LOOK)
+    assert seen[0] == ["work.txt"] and "left.txt" in seen[1], seen
+    assert seen[2:4] == [["left"], ["left-mq"]] and len(seen[4]) == 1, seen
     container = _container(one_worker, docker_env)
-    before = _listing(container, uid, cwd)  # the check below sees each leftover where it is
-    assert "work.txt" in (before[cwd] or []) and "left.txt" in (before["/tmp"] or []), before
-    assert "left" in (before["/dev/shm"] or []), before
-    assert "left-mq" in (before["/dev/mqueue"] or []), before
-    uid_alive = f"uid_processes({uid})"
-    assert wait_for(lambda: len(value(watcher, uid_alive)) >= 2, 10), "no daemon to outlive it"
+    assert wait_for(lambda: len(_uid_processes(container, uid)) >= 2, 10), "no daemon to outlive"
     a.close()
-    assert wait_for(lambda: value(watcher, uid_alive) == [], 30), "a process of the box lives"
-    shm_left = f"[r for r in open('/proc/sysvipc/shm') if r.split()[7:8] == ['{uid}']]"
-    assert wait_for(lambda: value(watcher, shm_left) == [], 30), "its shared memory lives"
-    left = _listing(container, uid, cwd)
-    record(
-        record_property,
-        "no process of the uid, no files in its workspace, /tmp, /dev/shm, /dev/mqueue, no SysV "
-        "shm; the next session with the uid finds an empty workspace",
-        f"processes of uid {uid}: {value(watcher, uid_alive)}; root's listing: {left}",
-    )
-    assert left[cwd] in (None, []), left  # gone, or empty
-    assert not [n for d in SHARED_DIRS for n in left[d] or [] if "left" in n], left
+    assert wait_for(lambda: _uid_processes(container, uid) == [], 30), "a process of A lives"
     reused = []
     try:
         for _ in range(12):  # until a session gets the uid back (the lowest free box)
@@ -448,32 +410,35 @@ def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_prop
                 break
         else:
             pytest.fail(f"no session got uid {uid} back")
-        assert value(reused[-1], "import os\nos.listdir('.')") == []
+        found = value(reused[-1], LOOK)
+        record(
+            record_property,
+            "no process of the uid once A is closed; the next session with the uid finds an "
+            "empty workspace, /tmp, /dev/shm, /dev/mqueue and no SysV shared memory",
+            f"A had {seen}; the next session with uid {uid} finds {found}",
+        )
+        assert found == [[], [], [], [], []], found
     finally:
         for s in reused:
             s.close()
-        watcher.close()
 
 
-SHARED_DIRS = ("/tmp", "/dev/shm", "/dev/mqueue")
-LISTING = (
-    "import json, os, sys\n"
-    "print(json.dumps({d: sorted(os.listdir(d)) if os.path.exists(d) else None "
-    "for d in sys.argv[1:]}))"
+LOOK = (  # a box's workspace, /tmp, /dev/shm, /dev/mqueue and SysV shared memory
+    "import os\n[sorted(os.listdir(d)) for d in ('.', '/tmp', '/dev/shm', '/dev/mqueue')] + "
+    "[open('/proc/sysvipc/shm').read().splitlines()[1:]]"
 )
 
 
-def _listing(container: Any, uid: int, workspace: str) -> dict[str, list[str] | None]:
-    """The listing of ``workspace`` (None when it is gone) as the box's uid (root has no
-    CAP_DAC_OVERRIDE in the sandbox: a 0700 workspace is closed to it) and of the shared
-    directories as root; a listing that fails (a directory missing or unreadable) fails."""
-    listing: dict[str, list[str] | None] = {}
-    for user, dirs in ((f"{uid}:{uid}", (workspace,)), ("0:0", SHARED_DIRS)):
-        done = container.exec_run(["python3", "-c", LISTING, *dirs], user=user)
-        assert done.exit_code == 0, done.output.decode()
-        listing.update(json.loads(done.output))
-    assert all(listing[d] is not None for d in SHARED_DIRS), listing
-    return listing
+def _uid_processes(container: Any, uid: int) -> list[int]:
+    """The processes of ``uid`` in the sandbox, as its root sees them."""
+    code = (
+        "import os, sys\nprint([int(p) for p in filter(str.isdigit, os.listdir('/proc')) "
+        "if open(f'/proc/{p}/status').read().split('Uid:')[1].split()[0] == sys.argv[1]])"
+    )
+    done = container.exec_run(["python3", "-c", code, str(uid)], user="0:0")
+    assert done.exit_code == 0, done.output.decode()
+    found: list[int] = eval(done.output)
+    return found
 
 
 def _container(farm: Farm, client: Any) -> Any:

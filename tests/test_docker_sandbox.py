@@ -59,20 +59,22 @@ def test_user_code_runs_unprivileged_in_a_hardened_container(docker_sandbox: Doc
     assert int(facts["cap_eff"], 16) == 0 and int(facts["cap_bnd"], 16) == 0
     assert facts["nnp"] == "1"
     assert not facts["root_writable"]
-    assert facts["tmp"] and not facts["workspace"]  # /workspace holds the boxes' workspaces
-    assert facts["cwd"].startswith("/workspace/box-")
+    assert facts["tmp"] and facts["workspace"]  # the box's own /tmp and /workspace
+    assert facts["cwd"] == "/workspace"
     assert facts["nofile"] == (1024, 1024)
     assert facts["core"] == (0, 0)
     assert facts["fsize"] == (256 * 1024 * 1024,) * 2
-    assert "init" in facts["pid1"]  # docker-init reaps zombies
+    assert "python" in facts["pid1"]  # the box's own init (the kernel's fork) reaps zombies
 
 
 def test_cgroup_limits_are_in_force(docker_sandbox: DockerSandbox) -> None:
     state = docker_sandbox.docker.api.inspect_container(docker_sandbox.container.id)
     host = state["HostConfig"]
-    assert host["Memory"] == host["MemorySwap"] == 512 * 1024 * 1024
-    assert host["PidsLimit"] == 512
-    assert sorted(host["CapAdd"]) == ["CHOWN", "KILL", "SETGID", "SETPCAP", "SETUID"]
+    # the boxes' disks (6144 MB together) are tmpfs: in the sandbox's memory
+    assert host["Memory"] == host["MemorySwap"] == (512 + 6144) * 1024 * 1024
+    assert host["PidsLimit"] == 4096
+    caps = ["CHOWN", "KILL", "NET_ADMIN", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"]
+    assert sorted(host["CapAdd"]) == caps
     assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
     assert host["NanoCpus"] == 1_000_000_000
     assert host["ReadonlyRootfs"] is True
@@ -82,7 +84,7 @@ def test_cgroup_limits_are_in_force(docker_sandbox: DockerSandbox) -> None:
         "def size(p):\n    s = os.statvfs(p); return s.f_blocks * s.f_frsize // 2**20\n"
         "(size('/tmp'), size('/workspace'))",
     )
-    assert sizes == (64, 256)
+    assert sizes == (128, 128)  # one disk of the box's own (disk_mb) for both
 
 
 def test_the_sandbox_has_no_network_at_all(docker_sandbox: DockerSandbox) -> None:

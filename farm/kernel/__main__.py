@@ -35,8 +35,8 @@ import sys
 import traceback  # noqa: F401
 import typing  # noqa: F401
 
-from . import auth, repl, zygote  # noqa: F401
-from .boxes import BoxPool, Caps, LimitsError
+from . import auth, namespaces, repl, zygote  # noqa: F401
+from .boxes import BoxPool, Caps, Isolation, LimitsError
 from .framing import DEFAULT_MAX_FRAME
 from .server import KernelServer, serve_forever
 from .uids import prctl
@@ -51,6 +51,10 @@ REQUIRED_CAPS = {
     7: "CAP_SETUID",
     8: "CAP_SETPCAP",
 }
+NAMESPACE_CAPS = {
+    namespaces.CAP_NET_ADMIN: "CAP_NET_ADMIN",
+    namespaces.CAP_SYS_ADMIN: "CAP_SYS_ADMIN",
+}
 
 
 # A box's limits the host may preset (``--box-memory-mb`` ...); a session asks for others.
@@ -59,6 +63,7 @@ BOX_DEFAULTS = {
     "pids": "processes and threads",
     "fsize_mb": "largest file, MB",
     "nofile": "open files per process",
+    "disk_mb": "private disk (/workspace, /tmp, /var/tmp, /dev/shm together), MB",
 }
 
 
@@ -88,10 +93,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--isolation",
-        choices=["uids", "dirs"],
-        default="uids" if os.geteuid() == 0 else "dirs",
-        help="uids: each box runs as a uid of its own (needs root with CAP_SETUID, SETGID, "
-        "SETPCAP, CHOWN, KILL); dirs: private directories only, one uid for all",
+        choices=["namespaces", "uids", "dirs"],
+        default="namespaces" if os.geteuid() == 0 else "dirs",
+        help="namespaces: each box is a uid plus mount, pid, network, IPC and UTS namespaces "
+        "(also needs CAP_SYS_ADMIN and CAP_NET_ADMIN; falls back to uids where the host "
+        "forbids them); uids: each box runs as a uid of its own (needs root with CAP_SETUID, "
+        "SETGID, SETPCAP, CHOWN, KILL); dirs: private directories only, one uid for all",
+    )
+    parser.add_argument(
+        "--require-namespaces",
+        action="store_true",
+        help="refuse to start where boxes cannot have namespaces, instead of falling back",
+    )
+    parser.add_argument(
+        "--disk-mb",
+        type=int,
+        help="room for the boxes' private disks together, MB (tmpfs: in the sandbox's memory)",
     )
     parser.add_argument("--box-uid-base", type=int, default=20000, help="box N runs as uid base+N")
     for name, what in BOX_DEFAULTS.items():
@@ -138,6 +155,27 @@ def prepare_shared_dirs(pool: BoxPool, *, warned: bool = False) -> None:
             os.chmod(path, 0o1733)
         except OSError as exc:  # not there, or not ours: boxes keep it as the image made it
             logging.getLogger("farm.kernel").warning("cannot close %s to listing: %s", path, exc)
+
+
+def choose_isolation(args: argparse.Namespace) -> tuple[Isolation, str | None]:
+    """The isolation boxes get here, and why it is less than asked (``None``: as asked).
+    Namespaces are tried as a box would be made; where the host forbids them the kernel
+    falls back to uid boxes and says so loudly, or refuses to start if told to."""
+    isolation: Isolation = args.isolation
+    if isolation != "namespaces":
+        return isolation, None
+    missing = [name for bit, name in NAMESPACE_CAPS.items() if not _effective_caps() >> bit & 1]
+    why = f"no {' and no '.join(missing)}" if missing else namespaces.probe()
+    if why is None:
+        return isolation, None
+    if args.require_namespaces:
+        raise SystemExit(f"boxes cannot have namespaces here ({why}) and they are required")
+    logging.getLogger("farm.kernel").error(
+        "BOXES HAVE NO NAMESPACES: %s. Falling back to uid boxes: sessions share the "
+        "loopback network, the disk and the process table (README, Security model)",
+        why,
+    )
+    return "uids", why
 
 
 def _effective_caps() -> int:
@@ -187,8 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.listen:
         host, _, port_text = args.listen.rpartition(":")
         port = int(port_text)
+    isolation, fallback = choose_isolation(args)
     pool = BoxPool(
-        isolation=args.isolation,
+        isolation=isolation,
         workspace_root=os.path.realpath(args.workspace or os.getcwd()),
         tmp_root=os.path.realpath(args.tmp_root),
         uid_base=args.box_uid_base,
@@ -196,11 +235,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     preset = {name: value for name in BOX_DEFAULTS if (value := getattr(args, f"box_{name}"))}
     try:
-        caps = Caps.of_this_sandbox(preset)
+        caps = Caps.of_this_sandbox(preset, disk_mb=args.disk_mb)
     except LimitsError as exc:
         raise SystemExit(f"the boxes' default limits do not fit this sandbox: {exc}") from None
+    pool.caps = caps
     prepare_shared_dirs(pool, warned=args.dirs_warned)
-    _, zygote_sock = zygote.start(args.isolation)
+    _, zygote_sock = zygote.start(isolation)
+    if isolation == "namespaces":  # only the zygote (and each box's maker) keeps them
+        namespaces.drop_capabilities(namespaces.CAP_SYS_ADMIN, namespaces.CAP_NET_ADMIN)
     token = _read_token(args)
     prctl(PR_SET_DUMPABLE, 0)
     server = KernelServer(
@@ -213,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         pool=pool,
         caps=caps,
         tool_limit=args.tool_output_chars,
+        fallback=fallback,
     )
 
     def ready(where: str) -> None:

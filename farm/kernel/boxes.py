@@ -1,22 +1,16 @@
 """Boxes: every session is a box, and a box is a number (ioi/isolate's model, inside a sandbox).
 
-From the number derive everything that makes a session private: its uid and gid
-(``uid_base + number``), its workspace (``<workspace root>/box-N``: the working directory and
-``HOME``, mode 0700), its temporary directory (``/tmp/box-N``: ``TMPDIR``, mode 0700) and its
-limits (processes per uid, memory, file size, open files). What belongs to a box is found and
-removed by that identity (its uid), never by matching names or command lines.
-
-Invariants:
-- a number is held by at most one live session; it returns to the pool only after every process
-  of its uid is gone and every file of its uid is removed (``reset`` reported ``ok``), so a
-  process or file left by one session can never meet the next session with that uid;
-- a box whose cleanup failed (a process that would not die, a file it could not remove) is not
-  reused (quarantined) until a later reset of it succeeds;
-- limits are within the sandbox's own caps (its cgroup's memory and pids, its hard rlimits).
-
-``isolation="uids"`` (the docker sandbox: the kernel runs as root with CAP_SETUID/SETGID/
-SETPCAP/CHOWN/KILL) switches each box to its own uid. ``"dirs"`` (the process backend, run as an
-ordinary user) keeps the private directories and limits but cannot separate uids.
+From the number derive its uid and gid (``uid_base + number``) and its limits. With
+``namespaces`` isolation (the docker sandbox) the box is a machine of its own (``namespaces``):
+``/workspace``, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` on a private disk of ``disk_mb``, its own
+processes, loopback and IPC; with ``uids`` (the fallback where the host forbids namespaces) its
+directories are ``<workspace root>/box-N`` and ``/tmp/box-N`` (0700); ``dirs`` (the process
+backend) keeps the directories and limits but one uid for all. Invariants:
+- a number is held by at most one live box, and is free again only once nothing of the box is
+  left (its pid 1 reaped; with ``uids``, every process and file of its uid removed);
+- budgets add up: the pids and disk of every live box (spares included), with the kernel's
+  reserve, fit the sandbox's caps, so no set of boxes within their limits starves another box
+  or the kernel: ``take`` refuses a box that would not fit.
 """
 
 from __future__ import annotations
@@ -28,10 +22,14 @@ from typing import Any, Literal
 
 from .protocol import BoxLimits
 
-Isolation = Literal["uids", "dirs"]
+Isolation = Literal["namespaces", "uids", "dirs"]
 MB = 1024 * 1024
 DEFAULT_PIDS = 64
 DEFAULT_NOFILE = 1024
+DEFAULT_DISK_MB = 128
+# Processes of the sandbox no box may take: the kernel's own (supervisor, zygote, what they
+# start) and each box's pid 1 (root: outside every box's RLIMIT_NPROC)
+KERNEL_PIDS = 32
 _MEMORY_FILES = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 _PIDS_FILES = ("/sys/fs/cgroup/pids.max", "/sys/fs/cgroup/pids/pids.max")
 _UNLIMITED = 1 << 62
@@ -67,21 +65,27 @@ class Caps:
     pids: int | None
     fsize_mb: int | None
     nofile: int | None
+    disk_mb: int | None = None  # the boxes' disks together (tmpfs: in the sandbox's memory)
     # The host's defaults for its boxes (the kernel's --box-* arguments): a session that asks
     # for no other limits gets these, and so can take a spare process made with them.
     preset: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of_this_sandbox(cls, preset: dict[str, int] | None = None) -> Caps:
+    def of_this_sandbox(
+        cls, preset: dict[str, int] | None = None, disk_mb: int | None = None
+    ) -> Caps:
         """This sandbox's caps; ``preset`` limits over the built-in defaults (``LimitsError``
         when one is over a cap: a sandbox that could open no session must not start)."""
         memory = _cgroup_value(_MEMORY_FILES)
         fsize = _hard(resource.RLIMIT_FSIZE)
+        if memory and disk_mb:
+            memory -= disk_mb * MB  # the boxes' disks live in it: the rest is for processes
         caps = cls(
-            memory_mb=memory // MB if memory else None,
+            memory_mb=memory // MB if memory and memory > 0 else None,
             pids=_cgroup_value(_PIDS_FILES),
             fsize_mb=fsize // MB if fsize else None,
             nofile=_hard(resource.RLIMIT_NOFILE),
+            disk_mb=disk_mb,
         )
         if preset:
             caps.check(preset)
@@ -91,11 +95,14 @@ class Caps:
     def defaults(self) -> BoxLimits:
         """A box's limits when the host names none: the host's ``preset``, and for what it
         leaves out, half the sandbox's memory, a quarter of its pids (at most
-        ``DEFAULT_PIDS``), its file size, and ``DEFAULT_NOFILE`` files."""
+        ``DEFAULT_PIDS``), its file size, ``DEFAULT_NOFILE`` files and, where boxes
+        have disks of their own, ``DEFAULT_DISK_MB`` (at most a quarter of their room)."""
         limits: BoxLimits = {
             "pids": min(DEFAULT_PIDS, max(self.pids // 4, 8)) if self.pids else DEFAULT_PIDS,
             "nofile": min(DEFAULT_NOFILE, self.nofile or DEFAULT_NOFILE),
         }
+        if self.disk_mb:  # boxes with disks of their own (namespaces)
+            limits["disk_mb"] = min(DEFAULT_DISK_MB, max(self.disk_mb // 4, 1))
         if self.memory_mb:
             limits["memory_mb"] = max(self.memory_mb // 2, 16)
         if self.fsize_mb:
@@ -112,13 +119,15 @@ class Caps:
             cap: int | None = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise LimitsError(f"limit {name!r} must be a positive integer, not {value!r}")
+            if name == "pids" and cap is not None:
+                cap -= KERNEL_PIDS + 1  # a box never holds what the kernel keeps for itself
             if cap is not None and value > cap:
                 raise LimitsError(f"limit {name}={value} is over this sandbox's cap of {cap}")
             limits[name] = value  # type: ignore[literal-required]
         return limits
 
 
-BOX_LIMITS = ("memory_mb", "pids", "fsize_mb", "nofile")
+BOX_LIMITS = ("memory_mb", "pids", "fsize_mb", "nofile", "disk_mb")
 
 
 @dataclass
@@ -155,28 +164,58 @@ class BoxPool:
         tmp_root: str = "/tmp",
         uid_base: int = 20000,
         count: int = 256,
+        caps: Caps | None = None,
     ) -> None:
         self.isolation = isolation
+        self.caps = caps
         self.workspace_root = workspace_root
         self.tmp_root = tmp_root
         self.uid_base = uid_base
         self.count = count
         self.free = list(range(count))
         self.quarantined: set[int] = set()
+        self.held: dict[int, BoxLimits] = {}  # number -> limits, until given back clean
+
+    @property
+    def per_uid(self) -> bool:
+        """Whether each box runs as a uid of its own."""
+        return self.isolation != "dirs"
+
+    def committed(self, name: str) -> int:
+        """How much of a limit the boxes alive (or being emptied) hold together."""
+        return sum(limits.get(name, 0) for limits in self.held.values())  # type: ignore[misc]
+
+    def room(self, limits: BoxLimits) -> str | None:
+        """Why a box with ``limits`` does not fit beside the boxes alive now, or ``None``."""
+        caps = self.caps
+        if caps is None:
+            return None
+        # each box's pid 1 counts in the pids, beside the box's own
+        wanted = {"pids": limits.get("pids", 0) + 1, "disk_mb": limits.get("disk_mb", 0)}
+        held = {"pids": self.committed("pids") + len(self.held)}
+        held["disk_mb"] = self.committed("disk_mb")
+        caps_now = {"pids": caps.pids and caps.pids - KERNEL_PIDS, "disk_mb": caps.disk_mb}
+        for name, cap in caps_now.items():
+            if cap and held[name] + wanted[name] > cap:
+                return f"the boxes alive hold {held[name]} of this sandbox's {cap} {name}"
+        return None
 
     def take(self, limits: BoxLimits) -> Box | None:
-        """The lowest free box with ``limits``, or ``None`` when every box is in use."""
-        if not self.free:
+        """The lowest free box with ``limits``, or ``None`` when every box is in use (or its
+        budgets would not fit: ``room``)."""
+        if not self.free or self.room(limits) is not None:
             return None
         number = self.free.pop(0)
-        uid = self.uid_base + number if self.isolation == "uids" else os.getuid()
-        gid = self.uid_base + number if self.isolation == "uids" else os.getgid()
+        self.held[number] = limits
+        uid = self.uid_base + number if self.per_uid else os.getuid()
+        gid = self.uid_base + number if self.per_uid else os.getgid()
+        own = self.isolation == "namespaces"  # the box's own /workspace and /tmp
         return Box(
             number=number,
             uid=uid,
             gid=gid,
-            workspace=os.path.join(self.workspace_root, f"box-{number}"),
-            tmp=os.path.join(self.tmp_root, f"box-{number}"),
+            workspace="/workspace" if own else os.path.join(self.workspace_root, f"box-{number}"),
+            tmp="/tmp" if own else os.path.join(self.tmp_root, f"box-{number}"),
             limits=limits,
         )
 
@@ -185,6 +224,7 @@ class BoxPool:
         later reset of it succeeds (its leftovers may go with a neighbour's end)."""
         self.quarantined.discard(box.number)
         if clean:
+            self.held.pop(box.number, None)
             self.free.append(box.number)
             self.free.sort()
         else:

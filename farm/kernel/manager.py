@@ -32,9 +32,10 @@ from .boxes import Box, BoxPool, Caps, LimitsError
 from .cell import Cell, fit, over_budget
 from .commands import kill_tree
 from .framing import FrameError, encode
+from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .process import SessionProcess
-from .spawner import RequestError, Spawner
+from .spawner import Spawner
 from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
@@ -100,7 +101,7 @@ class SessionManager:
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
         self.closed_early: dict[str, None] = {}  # ids closed before they opened, oldest first
-        self.watch = MemoryWatch(self._watched) if pool.isolation == "uids" else None
+        self.watch = MemoryWatch(self._watched) if pool.per_uid else None
         self.opens = 0
         self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
         self.loop = asyncio.get_running_loop()

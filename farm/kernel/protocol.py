@@ -76,6 +76,7 @@ class BoxLimits(TypedDict, total=False):
     pids: int  # RLIMIT_NPROC of the box's uid: processes and threads
     fsize_mb: int  # RLIMIT_FSIZE: the largest file a process may write
     nofile: int  # RLIMIT_NOFILE
+    disk_mb: int  # the box's private disk (/workspace, /tmp, /var/tmp, /dev/shm together)
 
 
 class CallError(TypedDict):
@@ -170,7 +171,8 @@ class Pong(TypedDict):
     uptime_s: float
     grace_s: float
     max_frame: int
-    isolation: Literal["uids", "dirs"]
+    isolation: Literal["namespaces", "uids", "dirs"]
+    isolation_fallback: str | None  # why boxes have no namespaces although asked to
     box_limits: BoxLimits
     opens: int  # sessions opened so far
     spare_opens: int  # of which took a process made ahead of time

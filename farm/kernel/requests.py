@@ -12,8 +12,8 @@ import base64
 import math
 from typing import Any
 
+from .links import RequestError
 from .process import DEFAULT_OUTPUT_BYTES
-from .spawner import RequestError
 
 MAX_TIMEOUT_S = 24 * 3600.0
 

@@ -22,10 +22,10 @@ from . import KERNEL_VERSION, auth
 from .boxes import BoxPool, Caps
 from .cell import fit
 from .framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
+from .links import RequestError
 from .manager import SessionManager
 from .protocol import RECOVERABLE_CODES
 from .requests import Requests, field
-from .spawner import RequestError
 from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
@@ -50,8 +50,10 @@ class KernelServer:
         pool: BoxPool,
         caps: Caps | None = None,
         tool_limit: int = 3000,
+        fallback: str | None = None,
     ) -> None:
         self._token = token
+        self.fallback = fallback  # why boxes have no namespaces although asked to
         self.pool = pool
         self.caps = caps
         self.tool_limit = tool_limit
@@ -242,6 +244,7 @@ class KernelServer:
             "grace_s": self.grace_s,
             "max_frame": self.max_frame,
             "isolation": self.pool.isolation,
+            "isolation_fallback": self.fallback,
             "box_limits": self.manager.caps.defaults(),
             "opens": self.manager.opens,
             "spare_opens": self.manager.spare_opens,

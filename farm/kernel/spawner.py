@@ -1,25 +1,23 @@
-"""``Spawner``: the supervisor's side of the zygote — processes into boxes, signals, resets.
+"""``Spawner``: the supervisor's side of the zygotes — boxes, processes in them, resets.
 
-The supervisor (the kernel's asyncio process) never forks: it asks the zygote
-(``zygote.py``), whose children do each privileged step, to start processes in boxes and to
-empty what the supervisor's own kill (CAP_KILL, through pidfds) and search could not. This
-keeps the conversation (JSON datagrams, fds for spawned processes) and the box pool
-(``boxes.BoxPool``) in one place:
+The supervisor (the kernel's asyncio process) never forks: it asks the zygote (``zygote.py``)
+to make boxes and, through each box's pid 1 (``namespaces`` isolation; the zygote itself with
+``uids``), to start processes in them. A ``Link`` is one such conversation (JSON datagrams, fds
+for spawned processes); the box pool (``boxes.BoxPool``) is kept here too:
 
 - ``spawn(box, tools)`` starts a session process in a box and returns once the process said it
   is ready (a process that could not enter its box is an error here, not at its first cell);
-- ``reset(box, proc, remove=...)`` kills every process of the box and, when the box ends,
-  every file of it; ``end_box`` does that in the background and gives the number back only
-  when it succeeded (a failed reset quarantines the box);
+- ``reset(box, proc, remove=...)`` kills every process of the box and, when the box ends, all
+  of it (its pid 1: its namespaces and disk go with it); ``end_box`` does that in the
+  background and gives the number back only once nothing of the box is left;
 - ``SPARES`` processes with default limits are kept ready, so that opening a session usually
-  costs no fork at all: the zygote forks the next spare while nothing waits.
+  costs no fork at all: the zygote makes the next spare while nothing waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -29,12 +27,13 @@ from itertools import count
 from typing import Any, Generic, TypeVar
 
 from . import leftovers, procs
+from .box_protocol import send_request
 from .boxes import Box, BoxPool, Caps
 from .commands import CommandRun
 from .framing import FrameError, read_frame
+from .links import BoxInit, Link, RequestError
 from .process import SessionProcess
 from .protocol import BoxLimits
-from .zygote import send_request
 
 log = logging.getLogger("farm.kernel")
 _ids = count(1)
@@ -45,14 +44,6 @@ RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
 QUARANTINE_RETRY_S = 5.0  # a box that would not reset is tried again after this, doubling
 COALESCE_S = 0.002  # boxes that end this close together share one look at /proc and the files
 KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
-
-
-class RequestError(Exception):
-    """A request the kernel refuses; ``code`` travels in the error frame."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 K = TypeVar("K")
@@ -97,21 +88,15 @@ class Coalesce(Generic[K, A, R]):
 
 class Spawner:
     def __init__(self, zygote: socket.socket, pool: BoxPool, caps: Caps, tool_limit: int) -> None:
-        self.zygote = zygote
+        self.zygote = Link(zygote, in_box=False)
         self.pool = pool
         self.caps = caps
         self.tool_limit = tool_limit
-        self.by_pid: dict[int, SessionProcess | CommandRun] = {}
-        # Exits the zygote reported for a process forked but not registered yet (a command
-        # that ends at once: "spawned" and "exited" arrive in one read), kept for _register.
-        self.starting: set[int] = set()
-        self.early_exits: dict[int, dict[str, Any]] = {}
+        self.boxes: dict[int, tuple[Link, BoxInit]] = {}  # box number -> its pid 1 (namespaces)
         self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
         # box number -> processes being started for it, not yet in its uid (or its groups): a
         # reset waits for them, so its kill finds them and no box is given back with one
         self.forking: dict[int, int] = {}
-        self.pending: list[asyncio.Future[tuple[int, list[int]]]] = []
-        self.resets: dict[int, asyncio.Future[bool]] = {}
         self.spares: list[tuple[Box, SessionProcess]] = []  # ready processes, no session yet
         self.refilling = 0
         self.closing = False
@@ -125,51 +110,43 @@ class Spawner:
                 zip(boxes, leftovers.nothing_left_all(list(boxes.values()), pool.isolation))
             )
         )
-        zygote.setblocking(False)
         self.loop.add_reader(zygote, self._on_zygote)
-        self.zygote_alive = True
         # Set when the zygote dies: its sessions died with it (PDEATHSIG) and no new one can
         # start, so the kernel stops and its sandbox is replaced (``serve_forever``).
         self.zygote_lost = asyncio.Event()
         self.loop.call_soon(self.refill)
 
-    def _on_zygote(self) -> None:
-        while True:
-            try:
-                data, fds, _, _ = socket.recv_fds(self.zygote, 4096, 3)
-            except BlockingIOError:
-                return
-            if not data:
-                self.zygote_alive = False
-                self.loop.remove_reader(self.zygote)
-                log.error("the zygote exited; no new sessions can start")
-                self.zygote_lost.set()
-                gone = RequestError("unavailable", "the zygote is gone")
-                waiting: list[asyncio.Future[Any]] = [*self.pending, *self.resets.values()]
-                for future in waiting:
-                    if not future.done():
-                        future.set_exception(gone)
-                return
-            message = json.loads(data)
-            if message["op"] == "spawned":
-                self.starting.add(message["pid"])
-                self.pending.pop(0).set_result((message["pid"], fds))
-            elif message["op"] == "exited":
-                proc = self.by_pid.pop(message["pid"], None)
-                if proc is not None:
-                    proc.exit = message
-                    proc.exited.set()
-                elif message["pid"] in self.starting:
-                    self.early_exits[message["pid"]] = message
-            elif message["op"] == "reset_done":
-                done = self.resets.pop(message["id"], None)
-                if done is not None and not done.done():
-                    done.set_result(bool(message["ok"]))
+    @property
+    def zygote_alive(self) -> bool:
+        return self.zygote.alive
 
-    def _to_zygote(self, message: dict[str, Any]) -> None:
-        if not self.zygote_alive:
-            raise RequestError("unavailable", "the kernel cannot start sessions (zygote gone)")
-        send_request(self.zygote, message)
+    def _on_zygote(self) -> None:
+        if not self.zygote.receive():
+            self.loop.remove_reader(self.zygote.sock)
+            log.error("the zygote exited; no new sessions can start")
+            self.zygote_lost.set()
+
+    def _on_box(self, link: Link) -> None:
+        if not link.receive():
+            self.loop.remove_reader(link.sock)
+
+    async def _link(self, box: Box) -> Link:
+        """The connection to ``box``'s pid 1 (``namespaces``), the box made on first use; the
+        zygote's own with other isolation."""
+        if self.pool.isolation != "namespaces":
+            return self.zygote
+        if box.number in self.boxes:
+            link = self.boxes[box.number][0]
+            if link.alive:
+                return link
+            await self._end(box)  # its init died under it: a new box (its files went too)
+        key, pid, fds = await self._forked({"op": "box", "box": box.describe()}, self.zygote)
+        init = BoxInit(pid)
+        self.zygote.register(key, init)
+        link = Link(socket.socket(fileno=fds[0]), in_box=True)
+        self.boxes[box.number] = (link, init)
+        self.loop.add_reader(link.sock, self._on_box, link)
+        return link
 
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
         """A new session process in ``box``, once it said it is ready (in its box)."""
@@ -188,9 +165,10 @@ class Spawner:
 
     async def _spawn(self, box: Box, tools: bool) -> SessionProcess:
         config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
-        pid, fds = await self._forked({"op": "spawn", "session": config})
+        link = await self._link(box)
+        key, pid, fds = await self._forked({"op": "spawn", "session": config}, link)
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
-        self._register(pid, proc)
+        link.register(key, proc)
         await proc.attach(self.loop)
         try:
             ready = await asyncio.wait_for(read_frame(proc.reader), SPAWN_TIMEOUT_S)
@@ -210,44 +188,36 @@ class Spawner:
         fields = ("argv", "cwd", "env", "stdin_path")
         message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
         with self._starting(box):  # until its group is known: a reset kills it by its group
-            pid, fds = await self._forked(message)
+            link = await self._link(box)
+            key, pid, fds = await self._forked(message, link)
             run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
-            self._register(pid, run)
+            link.register(key, run)
             self.groups.setdefault(box.number, set()).add(pid)  # its own group (setsid)
         return run
 
-    def _register(self, pid: int, proc: SessionProcess | CommandRun) -> None:
-        """Watch ``pid``'s exit, which the zygote may have reported already."""
-        self.starting.discard(pid)
-        early = self.early_exits.pop(pid, None)
-        if early is None:
-            self.by_pid[pid] = proc
-        else:
-            proc.exit = early
-            proc.exited.set()
-
-    async def _forked(self, message: dict[str, Any]) -> tuple[int, list[int]]:
-        """Ask the zygote to fork (a session process or a command): its pid and fds."""
-        if not self.zygote_alive:
+    async def _forked(self, message: dict[str, Any], link: Link) -> tuple[int, int, list[int]]:
+        """Ask a zygote to fork (a box, a session process or a command): the pid it reports
+        the process by, its pid here, and its fds."""
+        if not link.alive:
             raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
-        future: asyncio.Future[tuple[int, list[int]]] = self.loop.create_future()
-        self.pending.append(future)
-        send_request(self.zygote, message)
-        pid, fds = await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
-        if pid < 0:
-            raise RequestError("unavailable", "the kernel could not fork (out of processes?)")
-        return pid, fds
+        future: asyncio.Future[tuple[int, int, list[int]]] = self.loop.create_future()
+        link.pending.append(future)
+        send_request(link.sock, message)
+        return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
 
     async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
-        """Kill every process of ``box`` (and, with ``remove``, every file of it); ``True``
+        """Kill every process of ``box`` (and, with ``remove``, all of the box); ``True``
         once done, ``False`` when something would not go. It first waits for the processes
-        being started for the box (they would be missed). The common case costs no fork: the
-        supervisor kills the box's processes itself (``procs.kill_uids``, coalesced) and
-        removes its two empty directories; a box that leaves files (or processes that will not
-        die) gets a zygote helper that does the rest as the box's uid."""
+        being started for the box (they would be missed). A box with namespaces is emptied by
+        its pid 1 and ends with it; with ``uids`` the supervisor kills the box's processes
+        itself (``procs.kill_uids``, coalesced) and removes its two empty directories, and a
+        box that leaves files (or processes that will not die) gets a zygote helper that does
+        the rest as the box's uid."""
         deadline = self.loop.time() + SPAWN_TIMEOUT_S + KILL_S
         while self.forking.get(box.number) and self.loop.time() < deadline:
             await asyncio.sleep(0.002)  # a process entering the box: poll of a deadline
+        if self.pool.isolation == "namespaces":
+            return await (self._end(box) if remove else self._empty(box))
         killed = await self._kill(box, proc)
         if killed and not remove:
             return True
@@ -260,6 +230,41 @@ class Spawner:
             except OSError:
                 pass  # something appeared after all: the helper removes it
         return await self._reset_by_helper(box, proc.pid if proc else None, remove=remove)
+
+    async def _empty(self, box: Box) -> bool:
+        """Every process of the box but its pid 1 gone (reaped); its files stay."""
+        held = self.boxes.get(box.number)
+        if held is None:
+            return True
+        link = held[0]
+        future: asyncio.Future[bool] = self.loop.create_future()
+        request_id = next(_ids)
+        link.resets[request_id] = future
+        try:
+            send_request(link.sock, {"op": "reset", "id": request_id})
+            return await asyncio.wait_for(future, RESET_TIMEOUT_S)
+        except (asyncio.TimeoutError, RequestError, OSError):
+            return False
+
+    async def _end(self, box: Box) -> bool:
+        """The box's pid 1 killed and reaped: the kernel has then ended every process of its
+        pid namespace, and its mounts went with its mount namespace."""
+        held = self.boxes.pop(box.number, None)
+        self.groups.pop(box.number, None)
+        if held is None:
+            return True
+        link, init = held
+        init.kill()
+        self.loop.remove_reader(link.sock)
+        link.close()
+        try:
+            await asyncio.wait_for(init.exited.wait(), RESET_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self.boxes[box.number] = held  # tried again (``_retry``) until it has ended
+            log.error("box %d did not end in %.0f s; it is not reused", box.number, RESET_TIMEOUT_S)
+            return False
+        init.close()
+        return True
 
     async def _kill(self, box: Box, proc: SessionProcess | None) -> bool:
         """Every process of the box gone (reaped) within ``KILL_S``; ``False``: not yet. The
@@ -282,10 +287,12 @@ class Spawner:
     async def _reset_by_helper(self, box: Box, pgid: int | None, *, remove: bool) -> bool:
         request_id = next(_ids)
         future: asyncio.Future[bool] = self.loop.create_future()
-        self.resets[request_id] = future
         message = {"op": "reset", "id": request_id, "box": box.describe(), "remove": remove}
-        self._to_zygote({**message, "pgid": pgid})
         try:
+            if not self.zygote.alive:
+                raise RequestError("unavailable", "the zygote is gone")
+            self.zygote.resets[request_id] = future
+            send_request(self.zygote.sock, {**message, "pgid": pgid})
             ok = await asyncio.wait_for(future, RESET_TIMEOUT_S)
         except (asyncio.TimeoutError, RequestError):
             ok = False
@@ -296,7 +303,8 @@ class Spawner:
     def take_box(self, limits: BoxLimits) -> Box:
         box = self.pool.take(limits)
         if box is None:
-            raise RequestError("too_many_sessions", "every box of this kernel is in use")
+            why = self.pool.room(limits) or "every box of this kernel is in use"
+            raise RequestError("too_many_sessions", why)
         return box
 
     def take_spare(self) -> tuple[Box, SessionProcess] | None:
@@ -348,11 +356,12 @@ class Spawner:
 
     def _retry(self, box: Box, after_s: float) -> None:
         """Reset a quarantined box again after ``after_s`` (doubling, up to ten minutes): what
-        kept it (a file of its uid in a neighbour's directory it could not empty) may go with
-        that neighbour's end; until then its number stays out of use."""
+        kept it (a process stuck in the kernel; with ``uids``, a file of its uid in a
+        neighbour's directory it could not empty) may be gone by then; until then its number
+        stays out of use."""
 
         async def again() -> None:
-            clean = await self._reset_by_helper(box, None, remove=True)
+            clean = await self.reset(box, None, remove=True)
             self.pool.give_back(box, clean=clean)
             if clean:
                 log.info("box %d (uid %d) is clean again", box.number, box.uid)

@@ -54,6 +54,8 @@ def _last_cap() -> int:
 def prepare(box: dict[str, Any], isolation: str) -> None:
     """Make the box's private directories (as root: mode 0700, owned by its uid); directories
     that exist already (a replaced process of a live box) are kept with what they hold."""
+    if isolation == "namespaces":  # its own disk, made with the box (``namespaces``)
+        return
     for path in (box["workspace"], box["tmp"]):
         try:
             os.mkdir(path, 0o700)
@@ -102,8 +104,8 @@ def enter(box: dict[str, Any], isolation: str) -> None:
     and a lower CPU priority than the kernel's (``BOX_NICE``: boxes that spin, a fork bomb's
     sixty processes, still leave the supervisor the CPU to answer; no box can raise it back)."""
     os.setpriority(os.PRIO_PROCESS, 0, BOX_NICE)
-    set_limits(box["limits"], per_uid=isolation == "uids")
-    if isolation == "uids":
+    set_limits(box["limits"], per_uid=isolation != "dirs")
+    if isolation != "dirs":
         become(box["uid"], box["gid"])
         prctl(PR_SET_DUMPABLE, 1)  # its own /proc entries are its own (for ps, debuggers)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a uid change cleared it

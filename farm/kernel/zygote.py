@@ -1,39 +1,41 @@
-"""The zygote: a single-threaded fork server that spawns session processes and resets boxes.
+"""The zygote: a single-threaded fork server that makes boxes and spawns processes in them.
 
 It is forked from the kernel *before* the token is read, so no session process ever has the
 token in its memory. It has already imported the kernel and common stdlib modules, so a new
-session is a ``fork()`` (milliseconds), not an interpreter start. It keeps the kernel's
-identity (root with CAP_SETUID/SETGID/SETPCAP/CHOWN/KILL in a docker sandbox), which no box can
-signal or trace, empties its bounding set once (its children start with none there), and does
-every privileged step in a child of its own, never in itself:
+process is a ``fork()`` (milliseconds), not an interpreter start. It keeps the kernel's
+identity (root), which no box can signal or trace, empties its bounding set once (its children
+start with none there), and does every privileged step in a child of its own, never in itself.
 
-- ``spawn``: the child makes the box's directories, enters the box (``uids.enter``: limits,
-  its own uid, no capabilities) and becomes the session process;
-- ``reset`` (the slow path of a box's end, when the supervisor's own kill did not finish or the
-  box left files): the child kills every process of the box's uid *as that uid* and removes
-  every file of it (``uids``); the zygote removes the emptied directories and reports
-  ``reset_done``, after which the box's number may be used again.
+With ``namespaces`` isolation its ``box`` request makes a box (``namespaces.make_box``) whose
+pid 1 is a zygote too (``in_box``: no CAP_SYS_ADMIN or CAP_NET_ADMIN, a connection of its own to
+the supervisor): it spawns the box's session processes and commands, sends a pidfd with each
+(the supervisor knows them by their pids in the sandbox), reports their exits, and empties the
+box of processes on ``reset``; closing its connection ends the box with every process in it.
+With ``uids`` (the fallback) the zygote spawns into boxes itself, and a ``reset`` helper kills
+*as the box's uid* and removes its files (``uids``, ``leftovers``).
 
-It is a child subreaper: it reaps every session, every orphan they leave and every helper, and
-reports each session's exit status to the supervisor. Supervisor <-> zygote messages are JSON
-datagrams on a SOCK_SEQPACKET pair (``box_protocol.ZygoteRequest`` / ``ZygoteReport``); a spawn
-answer carries the new session's control socket and stdout/stderr pipes as fds.
+Supervisor <-> zygote messages are JSON datagrams on a SOCK_SEQPACKET pair
+(``box_protocol.ZygoteRequest`` / ``ZygoteReport``); a spawn answer carries the new process's
+sockets and pipes as fds. Each zygote reaps every child and orphan it gets and reports exits.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import resource
 import selectors
 import signal
 import socket
 import sys
+import time
 from typing import Any, NoReturn
 
-from . import commands, leftovers, session, uids
+from . import commands, leftovers, namespaces, seccomp, session, uids
+from .box_protocol import read_request
+from .box_protocol import send as _send
+from .boxes import DEFAULT_DISK_MB
 from .uids import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
 # Above any fd a process here may hold: the hard nofile limit (where close_range is missing or
@@ -52,58 +54,6 @@ def _close_other_fds(keep: set[int]) -> None:
     os.closerange(low, MAX_FD)
 
 
-def _send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    socket.send_fds(sock, [json.dumps(message).encode()], fds or [])
-
-
-INLINE_MAX = 32 * 1024  # a request larger than this travels in a memfd (argv, env of a command)
-_RECV_MAX = 64 * 1024
-
-
-def send_request(sock: socket.socket, message: dict[str, Any]) -> None:
-    """The supervisor's side: one datagram, or, for a request too large for one (a command's
-    argv or env may be megabytes), a small datagram carrying a memfd that holds it."""
-    data = json.dumps(message).encode()
-    if len(data) <= INLINE_MAX:
-        sock.send(data)
-        return
-    fd = os.memfd_create("farm-request", os.MFD_CLOEXEC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        socket.send_fds(sock, [json.dumps({"op": message["op"], "in_fd": True}).encode()], [fd])
-    finally:
-        os.close(fd)
-
-
-def read_request(sock: socket.socket) -> dict[str, Any] | None:
-    """The zygote's side: the next request, ``{}`` for one it cannot read (the supervisor
-    never sends those; the zygote must never die of one), ``None`` at the supervisor's end."""
-    data, fds, flags, _ = socket.recv_fds(sock, _RECV_MAX, 1)
-    if not data and not fds:
-        return None
-    try:
-        if flags & socket.MSG_TRUNC:
-            return {}
-        message = json.loads(data)
-        if message.get("in_fd") and fds:
-            os.lseek(fds[0], 0, os.SEEK_SET)
-            chunks = []
-            while True:
-                chunk = os.read(fds[0], 1 << 20)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-            message = json.loads(b"".join(chunks))
-        return message if isinstance(message, dict) else {}
-    except (ValueError, OSError):
-        return {}
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 def _session_child(
     ctl: socket.socket, out_w: int, err_w: int, config: dict[str, Any], isolation: str
 ) -> NoReturn:
@@ -120,6 +70,8 @@ def _session_child(
         if box is not None:
             uids.prepare(box, isolation)
             uids.enter(box, isolation)
+            if isolation != "dirs":
+                seccomp.install()
         session.serve(ctl, config)
     except BaseException as exc:  # a session process never returns into the zygote
         with contextlib.suppress(Exception):
@@ -145,6 +97,8 @@ def _command_child(
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
         uids.enter(request["box"], isolation)
+        if isolation != "dirs":
+            seccomp.install()
         commands.exec_in_box(request)  # returns only when the command could not be run
     except BaseException as exc:  # a command never returns into the zygote
         with contextlib.suppress(Exception):
@@ -202,10 +156,73 @@ def _reset(box: dict[str, Any], isolation: str, pgid: int | None, remove: bool) 
 class Zygote:
     """The zygote's state: which helper answers which request."""
 
-    def __init__(self, sock: socket.socket, isolation: str) -> None:
+    def __init__(self, sock: socket.socket, isolation: str, *, in_box: bool = False) -> None:
         self.sock = sock
         self.isolation = isolation
+        self.in_box = in_box  # a box's pid 1: each process it spawns is sent with a pidfd
         self.helpers: dict[int, dict[str, Any]] = {}  # helper pid -> the request it serves
+        self.networks: dict[int, int] = {}  # box number -> its network namespace (an fd)
+
+    def _spawned(self, pid: int, fds: list[int]) -> None:
+        pidfd = os.pidfd_open(pid) if self.in_box else None
+        try:
+            _send(self.sock, {"op": "spawned", "pid": pid}, fds if pidfd is None else [*fds, pidfd])
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
+    def box(self, request: dict[str, Any]) -> None:
+        """Make a box (``namespaces.make_box`` in a child, whose own child is the box's pid 1)
+        and answer with its pid 1's pid and the supervisor's end of its connection."""
+        box = request["box"]
+        if box["number"] not in self.networks:
+            self.networks[box["number"]] = namespaces.make_network()
+        network = self.networks[box["number"]]
+        theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        read_end, write_end = os.pipe()
+        maker = os.fork()
+        if maker == 0:
+            code = 1
+            try:
+                self.sock.close()
+                theirs.close()
+                os.close(read_end)
+                disk_mb = box["limits"].get("disk_mb", DEFAULT_DISK_MB)
+                namespaces.make_box(box["uid"], box["gid"], disk_mb, network)
+                init = os.fork()
+                if init == 0:
+                    os.close(write_end)
+                    _box_init(ours, self.isolation)
+                os.write(write_end, str(init).encode())
+                code = 0
+            except BaseException as exc:  # the maker never returns into the zygote
+                with contextlib.suppress(Exception):
+                    os.write(write_end, f"!{exc}".encode())
+            finally:
+                os._exit(code)
+        ours.close()
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as reader:
+            answer = reader.read().decode(errors="replace")
+        os.waitpid(maker, 0)
+        try:
+            if answer.isdigit():
+                _send(self.sock, {"op": "spawned", "pid": int(answer)}, [theirs.fileno()])
+            else:
+                why = answer.lstrip("!") or "the box maker died"
+                _send(self.sock, {"op": "spawned", "pid": -1, "error": why})
+        finally:
+            theirs.close()
+
+    def empty(self, request: dict[str, Any]) -> None:
+        """In a box's pid 1: kill every other process of the box and reap them all (their
+        exits reported), then ``reset_done``; not ok when one would not go in time."""
+        deadline = time.monotonic() + uids.KILL_DEADLINE_S
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)  # from a pid namespace's init: all of it but itself
+        while self.reap() and time.monotonic() < deadline:
+            time.sleep(0.001)  # poll interval of the deadline: they are dying
+        _send(self.sock, {"op": "reset_done", "id": request["id"], "ok": not self.reap()})
 
     def spawn(self, config: dict[str, Any]) -> None:
         ctl_parent, ctl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -222,7 +239,7 @@ class Zygote:
         os.close(out_w)
         os.close(err_w)
         try:
-            _send(self.sock, {"op": "spawned", "pid": pid}, [ctl_parent.fileno(), out_r, err_r])
+            self._spawned(pid, [ctl_parent.fileno(), out_r, err_r])
         finally:
             ctl_parent.close()
             os.close(out_r)
@@ -243,7 +260,7 @@ class Zygote:
         for fd in (out_w, err_w, in_r):
             os.close(fd)
         try:
-            _send(self.sock, {"op": "spawned", "pid": pid}, [in_w, out_r, err_r])
+            self._spawned(pid, [in_w, out_r, err_r])
         finally:
             for fd in (in_w, out_r, err_r):
                 os.close(fd)
@@ -254,14 +271,15 @@ class Zygote:
         pid = _fork(lambda: _reset(box, self.isolation, pgid, remove))
         self.helpers[pid] = request
 
-    def reap(self) -> None:
+    def reap(self) -> bool:
+        """Reap what has exited, reporting each; whether any child is left."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                return False
             if pid == 0:
-                return
+                return True
             request = self.helpers.pop(pid, None)
             if request is not None:
                 self._reset_done(request, os.waitstatus_to_exitcode(status) == 0)
@@ -288,12 +306,26 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     """Serve requests until the supervisor goes away."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     prctl(PR_SET_CHILD_SUBREAPER, 1)
-    if isolation == "uids":
+    if isolation != "dirs":
         uids.empty_bounding_set()
+    _serve(Zygote(sock, isolation))
+
+
+def _box_init(sock: socket.socket, isolation: str) -> NoReturn:
+    """A box's pid 1: its ``/proc``, no privilege to mount, then the box's zygote until the
+    supervisor closes the connection (its end takes the whole box: the pid namespace's)."""
+    try:
+        namespaces.init_box()
+    except BaseException:
+        os._exit(1)
+    _serve(Zygote(sock, isolation, in_box=True))
+
+
+def _serve(zygote: Zygote) -> NoReturn:
+    sock = zygote.sock
     _close_other_fds({0, 1, 2, sock.fileno()})
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    zygote = Zygote(sock, isolation)
     # Everything imported so far is shared with every child: keep the collector off it, or its
     # first pass in a child writes to every page (copy-on-write) and slows the first cell.
     gc.freeze()
@@ -305,7 +337,11 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
-    handlers = {"spawn": zygote.spawn, "reset": zygote.reset, "command": zygote.command}
+    handlers: dict[str, Any] = {"spawn": zygote.spawn, "command": zygote.command}
+    if zygote.in_box:
+        handlers["reset"] = zygote.empty
+    else:
+        handlers.update(reset=zygote.reset, box=zygote.box)
     while True:
         for key, _ in selector.select():
             if key.data == "child":

@@ -136,12 +136,14 @@ class BoxLimits(Model):
     """Limits of one session's box, within its sandbox's caps; ``None``: the worker's default
     (``FarmSettings.box``). ``memory_mb`` bounds each process's data (a bigger allocation
     raises ``MemoryError``, kind ``oom``), ``pids`` the box's processes and threads,
-    ``fsize_mb`` the largest file, ``nofile`` open files."""
+    ``fsize_mb`` the largest file, ``nofile`` open files, ``disk_mb`` the box's private disk
+    (``/workspace``, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` together)."""
 
     memory_mb: int | None = Field(None, ge=16)
     pids: int | None = Field(None, ge=4)
     fsize_mb: int | None = Field(None, ge=1)
     nofile: int | None = Field(None, ge=16)
+    disk_mb: int | None = Field(None, ge=1)
 
     @model_serializer(mode="wrap")
     def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -27,6 +27,12 @@ class SandboxInfo(Model):
     )
     limits: dict[str, Any] = Field(default_factory=dict)
     kernel_version: str | None = None
+    isolation: str | None = Field(
+        None, description="what a box is here: namespaces, uids (the fallback) or dirs"
+    )
+    isolation_fallback: str | None = Field(
+        None, description="why boxes have no namespaces although asked to (None: as asked)"
+    )
     started_at: float | None = None
     restarts: int = 0
 

@@ -55,7 +55,10 @@ class Pong(Model):
     uptime_s: float
     grace_s: float
     max_frame: int
-    isolation: Literal["uids", "dirs"]
+    isolation: Literal["namespaces", "uids", "dirs"]
+    isolation_fallback: str | None = Field(
+        None, description="why boxes have no namespaces although asked to"
+    )
     box_limits: BoxLimits
     opens: int = Field(description="sessions opened so far")
     spare_opens: int = Field(description="of which took a process made ahead of time")

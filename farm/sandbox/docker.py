@@ -62,6 +62,9 @@ LABEL_PID = "farm.pid"
 LABEL_UID_BASE = "farm.uid_base"
 MOUNT = "/run/farm"
 BOX_CAPS = ["CHOWN", "SETUID", "SETGID", "SETPCAP", "KILL"]
+# Making a box's namespaces, disk and loopback: held by the kernel's zygote alone (the
+# supervisor drops them at start, each box's pid 1 after making the box; no box holds any).
+NAMESPACE_CAPS = ["SYS_ADMIN", "NET_ADMIN"]
 # Box uids: a block of UID_BLOCK per sandbox, at UID_FIRST + k * UID_BLOCK for a k no other live
 # sandbox of this engine holds (and random, so that engines sharing a host rarely meet).
 UID_FIRST = 100_000
@@ -95,6 +98,8 @@ class DockerSandbox(Sandbox):
         self._own_client: docker.DockerClient | None = None
         self.container: Container | None = None
         self.kernel_version: str | None = None
+        self.isolation: str | None = None  # the kernel's word, at its first answer
+        self.isolation_fallback: str | None = None
         self._digest: str | None = None  # of the image this container runs (info())
         self._spec: dict[str, Any] | None = None  # the environment spec it was built from
 
@@ -137,6 +142,7 @@ class DockerSandbox(Sandbox):
     def _run_kwargs(self, uid_base: int) -> dict[str, Any]:
         lim = self.limits
         mb = 1024 * 1024
+        disk_mb = lim.disk_mb if lim.isolation == "namespaces" else 0  # uid boxes have none
         kwargs: dict[str, Any] = {
             "name": f"farm-sandbox-{self.id}",
             "detach": True,
@@ -151,7 +157,7 @@ class DockerSandbox(Sandbox):
             "user": "0:0",
             "read_only": lim.read_only,
             "cap_drop": ["ALL"],
-            "cap_add": BOX_CAPS,
+            "cap_add": BOX_CAPS + (NAMESPACE_CAPS if lim.isolation == "namespaces" else []),
             "security_opt": ["no-new-privileges"],
             # exec: a compiled program runs where it was built (noexec, Docker's default for a
             # tmpfs, would stop no code that Python itself can run)
@@ -161,8 +167,9 @@ class DockerSandbox(Sandbox):
                 "/workspace": f"size={lim.workspace_mb}m,mode=0711,exec,nosuid,nodev",
             },
             "pids_limit": lim.pids,
-            "mem_limit": lim.memory_mb * mb,
-            "memswap_limit": lim.memory_mb * mb,
+            # the boxes' disks are tmpfs: their pages are the sandbox's memory too
+            "mem_limit": (lim.memory_mb + disk_mb) * mb,
+            "memswap_limit": (lim.memory_mb + disk_mb) * mb,
             "nano_cpus": int(lim.cpus * 1e9),
             "ulimits": [
                 Ulimit(name="nofile", soft=lim.nofile, hard=lim.nofile),
@@ -179,7 +186,9 @@ class DockerSandbox(Sandbox):
                 "--grace-s",
                 str(lim.grace_s),
                 "--isolation",
-                "uids",
+                lim.isolation,
+                *(["--require-namespaces"] if lim.require_namespaces else []),
+                *(["--disk-mb", str(disk_mb)] if disk_mb else []),
                 "--workspace",
                 "/workspace",
                 "--tmp-root",
@@ -191,6 +200,10 @@ class DockerSandbox(Sandbox):
         }
         if lim.runtime:
             kwargs["runtime"] = lim.runtime
+        if lim.apparmor_profile:
+            kwargs["security_opt"].append(f"apparmor={lim.apparmor_profile}")
+        if lim.seccomp_profile is not None:  # Docker takes the profile itself, not its path
+            kwargs["security_opt"].append(f"seccomp={lim.seccomp_profile.read_text()}")
         return kwargs
 
     def start(self) -> None:
@@ -212,6 +225,14 @@ class DockerSandbox(Sandbox):
             self.stop()
             raise
         self.started_at = time.time()
+        if self.isolation_fallback:
+            log.error(
+                "sandbox %s: BOXES HAVE NO NAMESPACES (%s): sessions share its loopback "
+                "network, disk and process table; load farm's AppArmor profile or set "
+                "FARM_REQUIRE_NAMESPACES=1 to refuse (README, Security model)",
+                self.id,
+                self.isolation_fallback,
+            )
         log.info(
             "sandbox %s started (container %s, owner %s)",
             self.id,
@@ -239,7 +260,10 @@ class DockerSandbox(Sandbox):
             if (self.dir / "kernel.sock").exists():
                 try:
                     with KernelClient.at(self.address, self._token, connect_timeout_s=2) as c:
-                        self.kernel_version = c.ping()["version"]
+                        pong = c.ping()
+                    self.kernel_version = pong["version"]
+                    self.isolation = pong.get("isolation")
+                    self.isolation_fallback = pong.get("isolation_fallback")
                     return
                 except KernelError as exc:
                     last = str(exc)
@@ -309,6 +333,8 @@ class DockerSandbox(Sandbox):
             image_spec=self._spec,
             limits=self.limits.model_dump(),
             kernel_version=self.kernel_version,
+            isolation=self.isolation,
+            isolation_fallback=self.isolation_fallback,
             started_at=self.started_at,
         )
 

@@ -160,6 +160,7 @@ class ProcessSandbox(Sandbox):
             address=self.address,
             limits={},
             kernel_version=None,
+            isolation="dirs",
             started_at=self.started_at,
             restarts=self.restarts,
         )

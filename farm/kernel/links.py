@@ -1,0 +1,145 @@
+"""The supervisor's connections to the zygotes: the sandbox's own, and each box's pid 1.
+
+A ``Link`` is one conversation (JSON datagrams, fds for spawned processes; ``zygote.py`` is the
+other side): the requests waiting for their answer, in order, and the processes it started,
+by the pid it reports them by, until it reports their exit. A box's pid 1 knows its processes
+by their pids in the box, so it sends a pidfd with each, from which the supervisor learns the
+pid it signals them by. When a box's pid 1 goes, every process of the box went with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+from typing import Any, Union
+
+from .commands import CommandRun
+from .process import SessionProcess
+
+
+class RequestError(Exception):
+    """A request the kernel refuses; ``code`` travels in the error frame."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BoxInit:
+    """A box's pid 1 as the supervisor sees it: its exit is the end of the whole box."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.pidfd = os.pidfd_open(pid)  # never a pid reused by another process
+        self.exit: dict[str, Any] | None = None
+        self.exited = asyncio.Event()
+
+    def kill(self) -> None:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.pidfd)
+
+
+Process = Union[SessionProcess, CommandRun, BoxInit]
+
+
+class Link:
+    """One zygote the supervisor talks to (the sandbox's, or a box's pid 1): requests waiting
+    for their answer, and its processes by the pid it reports them by (a box's pid 1 knows
+    them by their pids in the box; ``pid`` of each is the sandbox's, from its pidfd)."""
+
+    def __init__(self, sock: socket.socket, in_box: bool) -> None:
+        self.sock = sock
+        self.in_box = in_box
+        self.alive = True
+        self.pending: list[asyncio.Future[tuple[int, int, list[int]]]] = []
+        self.resets: dict[int, asyncio.Future[bool]] = {}
+        self.by_pid: dict[int, Process] = {}
+        # Exits reported for a process forked but not registered yet (a command that ends at
+        # once: "spawned" and "exited" arrive in one read), kept for ``register``.
+        self.starting: set[int] = set()
+        self.early_exits: dict[int, dict[str, Any]] = {}
+        sock.setblocking(False)
+
+    def register(self, key: int, proc: Process) -> None:
+        """Watch the exit of the process reported as ``key``, which may have come already."""
+        self.starting.discard(key)
+        early = self.early_exits.pop(key, None)
+        if early is None:
+            self.by_pid[key] = proc
+        else:
+            proc.exit = early
+            proc.exited.set()
+
+    def receive(self) -> bool:
+        """Handle what arrived; ``False`` once the other side is gone (every waiter then
+        hears ``unavailable``)."""
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.sock, 4096, 4)
+            except BlockingIOError:
+                return True
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self.alive = False
+                gone = RequestError("unavailable", "the zygote is gone")
+                waiting: list[asyncio.Future[Any]] = [*self.pending, *self.resets.values()]
+                for future in waiting:
+                    if not future.done():
+                        future.set_exception(gone)
+                if self.in_box:  # its init is gone, and with it every process of the box
+                    for pid, lost in self.by_pid.items():
+                        lost.exit = {"op": "exited", "pid": pid, "signal": signal.SIGKILL}
+                        lost.exited.set()
+                    self.by_pid.clear()
+                for fd in fds:
+                    os.close(fd)
+                return False
+            message = json.loads(data)
+            if message["op"] == "spawned":
+                pid = key = message["pid"]
+                if self.in_box and key > 0:  # the last fd is the process's pidfd
+                    pid = pidfd_pid(fds[-1])
+                    os.close(fds.pop())
+                future = self.pending.pop(0)
+                if key < 0:
+                    why = message.get("error") or "out of processes?"
+                    future.set_exception(
+                        RequestError("unavailable", f"the kernel could not fork: {why}")
+                    )
+                else:
+                    self.starting.add(key)
+                    future.set_result((key, pid, fds))
+            elif message["op"] == "exited":
+                proc = self.by_pid.pop(message["pid"], None)
+                if proc is not None:
+                    proc.exit = message
+                    proc.exited.set()
+                elif message["pid"] in self.starting:
+                    self.early_exits[message["pid"]] = message
+            elif message["op"] == "reset_done":
+                done = self.resets.pop(message["id"], None)
+                if done is not None and not done.done():
+                    done.set_result(bool(message["ok"]))
+
+    def close(self) -> None:
+        self.alive = False
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def pidfd_pid(pidfd: int) -> int:
+    """The pid, in this process's pid namespace, of the process ``pidfd`` refers to."""
+    with open(f"/proc/self/fdinfo/{pidfd}") as f:
+        for line in f:
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    raise OSError(f"pidfd {pidfd} names no process")

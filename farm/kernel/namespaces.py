@@ -1,0 +1,184 @@
+"""A box's machine: new mount, pid, network, IPC and UTS namespaces, and its private disk.
+
+``make_box`` runs in a child of the zygote (root, with CAP_SYS_ADMIN and CAP_NET_ADMIN): it
+unshares the namespaces, mounts one tmpfs of the box's ``disk_mb`` and binds its parts over
+``/workspace``, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (one budget for all four), mounts a
+fresh ``/dev/mqueue`` and enters the network namespace (only ``lo``, up) kept for its number.
+Its next child is the box's pid 1 (``init_box``: a fresh ``/proc``, then no CAP_SYS_ADMIN or
+CAP_NET_ADMIN). Invariants: nothing is mounted in the sandbox's own namespace (``/`` is made
+private first); the rest of the root stays as the sandbox has it (read-only); a box's end is
+its pid 1's end, which takes every process and mount of the box with it. Why and what it
+costs: ``docs/design/boxes.md``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import os
+import socket
+import struct
+
+from .uids import libc
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+BOX_NAMESPACES = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
+
+MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
+_CAP_VERSION_3 = 0x20080522
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+# The box's private directories: where each lives in the box, its directory on the box's disk
+# and its mode. ``/tmp`` is bound last: the disk is mounted there first, while it is set up.
+STAGING = "/tmp"
+PRIVATE_DIRS = (
+    ("/workspace", "workspace", 0o700),
+    ("/var/tmp", "var-tmp", 0o1777),
+    ("/dev/shm", "shm", 0o1777),
+    ("/tmp", "tmp", 0o1777),
+)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def unshare(flags: int) -> None:
+    _check(libc.unshare(flags), "unshare")
+
+
+def mount(source: str, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    _check(
+        libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def loopback_up() -> None:
+    """Bring ``lo`` up in this (new) network namespace: the box's own 127.0.0.1 and ::1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def drop_capabilities(*caps: int) -> None:
+    """Remove ``caps`` from this process's effective and permitted sets, for good."""
+    header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(libc.capget(header, data), "capget")
+    for cap in caps:
+        word, bit = divmod(cap, 32)
+        for field in (0, 1):  # effective, permitted (inheritable is the third)
+            data[word * 3 + field] &= ~(1 << bit) & 0xFFFFFFFF
+    _check(libc.capset(header, data), "capset")
+
+
+def setns(fd: int, kind: int) -> None:
+    _check(libc.setns(fd, kind), "setns")
+
+
+def make_network() -> int:
+    """A network namespace with only ``lo``, up, held by the returned fd. The zygote makes one
+    per box number and each box of that number enters it (``make_box``): making one and
+    tearing it down is the dearest part of a box, and a box's sockets all close with its
+    processes, so the next box of the number finds none of them listening."""
+    ready_r, ready_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(hold_w)
+            unshare(CLONE_NEWNET)
+            loopback_up()
+            os.write(ready_w, b"1")
+            code = 0
+            os.read(hold_r, 1)  # until the zygote holds the namespace (then end of file)
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(hold_r)
+    try:
+        if os.read(ready_r, 1) != b"1":
+            raise OSError("a network namespace could not be made")
+        return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(ready_r)
+        os.close(hold_w)
+        os.waitpid(pid, 0)
+
+
+def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
+    """In a fresh child of the zygote: unshare the box's namespaces, enter its network
+    (``make_network``) and give it its disk. The *next* child of this process is the box's
+    pid 1 (``init_box``)."""
+    unshare(BOX_NAMESPACES & ~CLONE_NEWNET)
+    setns(network, CLONE_NEWNET)
+    mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the sandbox
+    options = f"size={disk_mb}m,mode=0755"
+    mount("farm-box", STAGING, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    for target, name, mode in PRIVATE_DIRS:
+        path = os.path.join(STAGING, name)
+        os.mkdir(path)
+        os.chmod(path, mode)  # past the umask
+        if target == "/workspace":
+            os.chown(path, uid, gid)
+    for target, name, _ in PRIVATE_DIRS:
+        if os.path.isdir(target):  # an image may lack /var/tmp: its box then has none either
+            mount(os.path.join(STAGING, name), target, None, MS_BIND)
+    if os.path.isdir("/dev/mqueue"):  # the POSIX queues of this box's IPC namespace
+        mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def init_box() -> None:
+    """In the box's pid 1: its own ``/proc`` (only the box's processes), then no privilege to
+    mount or to configure networks is left in the box."""
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    drop_capabilities(CAP_SYS_ADMIN, CAP_NET_ADMIN)
+
+
+def probe(disk_mb: int = 1) -> str | None:
+    """Whether boxes can have namespaces here: ``None``, or why not (an AppArmor profile that
+    denies ``mount``, rootless Docker, a stricter seccomp profile, missing capabilities).
+    Tried in a throwaway child, as a box would be made."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.close(read_end)
+            make_box(os.getuid(), os.getgid(), disk_mb, make_network())
+            if os.fork() == 0:
+                try:
+                    init_box()
+                    os._exit(0)
+                except BaseException as exc:
+                    os.write(write_end, f"{exc}".encode())
+                    os._exit(1)
+            code = os.waitstatus_to_exitcode(os.wait()[1])
+        except BaseException as exc:
+            os.write(write_end, f"{exc}".encode())
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        why = reader.read().decode(errors="replace")
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return None if code == 0 else why or f"the probe exited with {code}"

@@ -188,12 +188,22 @@ def _kernel_check(settings: FarmSettings) -> Check:
         ):
             session = kernel.open_session()
             result = kernel.execute(session["session_id"], "6 * 7", epoch=1, timeout_s=10)
+            fallback = box.info().isolation_fallback
         value = (result.get("value") or {}).get("text")
         ok = value == "42"
+        if ok and fallback:  # works, but boxes share the loopback network, disk and processes
+            return Check(
+                "kernel round trip",
+                True,
+                f"6 * 7 -> {value}, but BOXES HAVE NO NAMESPACES: {fallback}",
+                "load farm's AppArmor profile (deploy/apparmor/farm-sandbox, README Security "
+                "model) or run rootful Docker with its default seccomp profile",
+                warn=True,
+            )
         return Check(
             "kernel round trip",
             ok,
-            f"6 * 7 -> {value} in a hardened sandbox",
+            f"6 * 7 -> {value} in a hardened sandbox, boxes with namespaces",
             "see the worker/container logs; rebuild with `farm image build --force`",
         )
     except Exception as exc:

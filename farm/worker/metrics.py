@@ -35,6 +35,12 @@ EXEC_TIMEOUTS = Counter("farm_exec_timeouts_total", "Execs that timed out", regi
 EXEC_OOM = Counter("farm_exec_oom_total", "Execs that ran out of memory", registry=REGISTRY)
 SESSIONS_ACTIVE = Gauge("farm_sessions_active", "Sessions held by this worker", registry=REGISTRY)
 SANDBOX_UP = Gauge("farm_sandbox_up", "1 when the sandbox answers", registry=REGISTRY)
+SANDBOX_ISOLATION = Gauge(
+    "farm_sandbox_isolation",
+    "1 for what a box is in this worker's sandbox (namespaces; uids: the loud fallback; dirs)",
+    ["isolation"],
+    registry=REGISTRY,
+)
 SANDBOX_RESTARTS = Counter("farm_sandbox_restarts_total", "Sandbox replacements", registry=REGISTRY)
 KERNEL_RTT = Histogram(
     "farm_kernel_rtt_seconds",

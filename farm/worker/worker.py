@@ -154,6 +154,10 @@ class Worker:
             self._observed = health
         metrics.SESSIONS_ACTIVE.set(len(self.sessions))
         info = self.keeper.info().model_dump(mode="json") if self.keeper.ready else None
+        if info is not None and info.get("isolation"):
+            for isolation in ("namespaces", "uids", "dirs"):
+                flag = 1 if info["isolation"] == isolation else 0
+                metrics.SANDBOX_ISOLATION.labels(isolation=isolation).set(flag)
         self.registry.heartbeat(
             self.id,
             {

@@ -1,14 +1,14 @@
 """A box's machine: new mount, pid, network, IPC and UTS namespaces, and its private disk.
 
-``make_box`` runs in a child of the zygote (root, with CAP_SYS_ADMIN and CAP_NET_ADMIN): it
-unshares the namespaces, mounts one tmpfs of the box's ``disk_mb`` and binds its parts over
-``/workspace``, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (one budget for all four), mounts a
-fresh ``/dev/mqueue`` and enters the network namespace (only ``lo``, up) kept for its number.
-Its next child is the box's pid 1 (``init_box``: a fresh ``/proc``, then no CAP_SYS_ADMIN or
-CAP_NET_ADMIN). Invariants: nothing is mounted in the sandbox's own namespace (``/`` is made
-private first); the rest of the root stays as the sandbox has it (read-only); a box's end is
-its pid 1's end, which takes every process and mount of the box with it. Why and what it
-costs: ``docs/design/boxes.md``.
+The zygote (root, with CAP_SYS_ADMIN and CAP_NET_ADMIN) forks each box's pid 1 straight into a
+new pid namespace (``fork_into_new_pids``). The init unshares the mount, IPC and UTS
+namespaces, enters the network namespace kept for its number (only ``lo``, up), mounts one
+tmpfs of the box's ``disk_mb`` and binds its parts over ``/workspace``, ``/tmp``, ``/var/tmp``
+and ``/dev/shm`` (one budget for all four), mounts a fresh ``/dev/mqueue`` and ``/proc``, and
+drops CAP_SYS_ADMIN and CAP_NET_ADMIN (``make_box``, ``init_box``). Invariants: nothing is
+mounted in the sandbox's own namespace (``/`` is made private first); the rest of the root
+stays as the sandbox has it (read-only); a box's end is its pid 1's end, which takes every
+process and mount of the box with it. Why and what it costs: ``docs/design/boxes.md``.
 """
 
 from __future__ import annotations
@@ -124,11 +124,24 @@ def make_network() -> int:
         os.waitpid(pid, 0)
 
 
+def fork_into_new_pids(own: int) -> int:
+    """``fork`` a child that is pid 1 of a new pid namespace (the box's init); this process
+    and its later children stay in ``own``, the namespace it is in (an fd of it)."""
+    unshare(CLONE_NEWPID)  # for the next child only: undone once it is forked
+    try:
+        pid = os.fork()
+    except OSError:
+        setns(own, CLONE_NEWPID)
+        raise
+    if pid != 0:
+        setns(own, CLONE_NEWPID)
+    return pid
+
+
 def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
-    """In a fresh child of the zygote: unshare the box's namespaces, enter its network
-    (``make_network``) and give it its disk. The *next* child of this process is the box's
-    pid 1 (``init_box``)."""
-    unshare(BOX_NAMESPACES & ~CLONE_NEWNET)
+    """In the box's pid 1 (``fork_into_new_pids``): unshare the box's other namespaces,
+    enter its network (``make_network``) and give it its disk; ``init_box`` follows."""
+    unshare(BOX_NAMESPACES & ~CLONE_NEWNET & ~CLONE_NEWPID)
     setns(network, CLONE_NEWNET)
     mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the sandbox
     options = f"size={disk_mb}m,mode=0755"
@@ -156,22 +169,25 @@ def init_box() -> None:
 def probe(disk_mb: int = 1) -> str | None:
     """Whether boxes can have namespaces here: ``None``, or why not (an AppArmor profile that
     denies ``mount``, rootless Docker, a stricter seccomp profile, missing capabilities).
-    Tried in a throwaway child, as a box would be made."""
+    Tried in a throwaway child, as the zygote makes a box."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
-        code = 0
+        code = 1
         try:
             os.close(read_end)
-            make_box(os.getuid(), os.getgid(), disk_mb, make_network())
-            if os.fork() == 0:
+            network = make_network()
+            own = os.open("/proc/self/ns/pid", os.O_RDONLY)
+            init = fork_into_new_pids(own)
+            if init == 0:
                 try:
+                    make_box(os.getuid(), os.getgid(), disk_mb, network)
                     init_box()
                     os._exit(0)
                 except BaseException as exc:
                     os.write(write_end, f"{exc}".encode())
                     os._exit(1)
-            code = os.waitstatus_to_exitcode(os.wait()[1])
+            code = os.waitstatus_to_exitcode(os.waitpid(init, 0)[1])
         except BaseException as exc:
             os.write(write_end, f"{exc}".encode())
             code = 1

@@ -162,6 +162,7 @@ class Zygote:
         self.in_box = in_box  # a box's pid 1: each process it spawns is sent with a pidfd
         self.helpers: dict[int, dict[str, Any]] = {}  # helper pid -> the request it serves
         self.networks: dict[int, int] = {}  # box number -> its network namespace (an fd)
+        self.own_pids = -1  # the sandbox's pid namespace (an fd), where children go back to
 
     def _spawned(self, pid: int, fds: list[int]) -> None:
         pidfd = os.pidfd_open(pid) if self.in_box else None
@@ -172,44 +173,49 @@ class Zygote:
                 os.close(pidfd)
 
     def box(self, request: dict[str, Any]) -> None:
-        """Make a box (``namespaces.make_box`` in a child, whose own child is the box's pid 1)
-        and answer with its pid 1's pid and the supervisor's end of its connection."""
+        """Make a box: its pid 1 is forked straight into a new pid namespace (the zygote's own
+        children land in the sandbox's again right after), makes the rest of the box
+        (``namespaces.make_box``) and becomes the box's zygote; the answer carries its pid and
+        the supervisor's end of its connection, or why the box could not be made."""
         box = request["box"]
         if box["number"] not in self.networks:
             self.networks[box["number"]] = namespaces.make_network()
         network = self.networks[box["number"]]
         theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         read_end, write_end = os.pipe()
-        maker = os.fork()
-        if maker == 0:
-            code = 1
+        try:
+            init = namespaces.fork_into_new_pids(self.own_pids)
+        except OSError:
+            for closing in (theirs, ours):
+                closing.close()
+            for fd in (read_end, write_end):
+                os.close(fd)
+            raise
+        if init == 0:
             try:
                 self.sock.close()
                 theirs.close()
                 os.close(read_end)
                 disk_mb = box["limits"].get("disk_mb", DEFAULT_DISK_MB)
                 namespaces.make_box(box["uid"], box["gid"], disk_mb, network)
-                init = os.fork()
-                if init == 0:
-                    os.close(write_end)
-                    _box_init(ours, self.isolation)
-                os.write(write_end, str(init).encode())
-                code = 0
-            except BaseException as exc:  # the maker never returns into the zygote
+                namespaces.init_box()
+                os.write(write_end, b"ok")
+            except BaseException as exc:  # a box's init never returns into the zygote
                 with contextlib.suppress(Exception):
-                    os.write(write_end, f"!{exc}".encode())
-            finally:
-                os._exit(code)
+                    os.write(write_end, f"{exc}".encode())
+                os._exit(1)
+            os.close(write_end)
+            _serve(Zygote(ours, self.isolation, in_box=True))
         ours.close()
         os.close(write_end)
         with os.fdopen(read_end, "rb") as reader:
             answer = reader.read().decode(errors="replace")
-        os.waitpid(maker, 0)
         try:
-            if answer.isdigit():
-                _send(self.sock, {"op": "spawned", "pid": int(answer)}, [theirs.fileno()])
+            if answer == "ok":
+                _send(self.sock, {"op": "spawned", "pid": init}, [theirs.fileno()])
             else:
-                why = answer.lstrip("!") or "the box maker died"
+                os.waitpid(init, 0)  # it exited: reaped here, never reported
+                why = answer or "the box's init died while making the box"
                 _send(self.sock, {"op": "spawned", "pid": -1, "error": why})
         finally:
             theirs.close()
@@ -308,7 +314,10 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     if isolation != "dirs":
         uids.empty_bounding_set()
-    _serve(Zygote(sock, isolation))
+    zygote = Zygote(sock, isolation)
+    if isolation == "namespaces":
+        zygote.own_pids = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    _serve(zygote)
 
 
 def _box_init(sock: socket.socket, isolation: str) -> NoReturn:
@@ -323,7 +332,7 @@ def _box_init(sock: socket.socket, isolation: str) -> NoReturn:
 
 def _serve(zygote: Zygote) -> NoReturn:
     sock = zygote.sock
-    _close_other_fds({0, 1, 2, sock.fileno()})
+    _close_other_fds({0, 1, 2, sock.fileno(), zygote.own_pids})
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     # Everything imported so far is shared with every child: keep the collector off it, or its

@@ -110,7 +110,10 @@ class Link:
                     pid = pidfd_pid(fds[-1])
                     os.close(fds.pop())
                 future = self.pending.pop(0)
-                if key < 0:
+                if future.done():  # its asker gave up (a timeout): the fds are nobody's, and
+                    for fd in fds:  # closing them ends what they belonged to (EOF, no reader)
+                        os.close(fd)
+                elif key < 0:
                     why = message.get("error") or "out of processes?"
                     future.set_exception(
                         RequestError("unavailable", f"the kernel could not fork: {why}")

@@ -90,9 +90,8 @@ def editor_outputs() -> list[ModelOutput]:
 
 
 PAIR = ("a", "b")
-RENDEZVOUS_S = 120  # how long a sample of the pair waits for the other to have its tools
-# The pair's meeting: this box's tools directory (its server's executable's), published in
-# /tmp; then the other's, waited for; then a try to list and one to read the other's tools.
+# What each sample of the pair reports of its box: its tools directory (its server's
+# executable's), who owns it, and what its /var/tmp holds (its own box's /var/tmp).
 MEET = """
 set -u
 exe=""
@@ -103,23 +102,11 @@ for pid in $(pgrep -u "$(id -u)"); do
 done
 [ -n "$exe" ] || { echo "no tools server of this box" >&2; exit 1; }
 own=$(dirname "$exe")
-printf '%s\n' "$own" > /tmp/pair-{me}.part && chmod 644 /tmp/pair-{me}.part
-mv /tmp/pair-{me}.part /tmp/pair-{me}
-i=0
-while [ ! -s /tmp/pair-{other} ]; do
-    i=$((i + 1))
-    [ "$i" -le {tries} ] || { echo "sample {other} never came" >&2; exit 1; }
-    sleep 0.1
-done
-other=$(cat /tmp/pair-{other})
 echo "host=$(hostname)"
 echo "uid=$(id -u)"
 echo "own=$own"
 echo "own_stat=$(stat -c %u:%a "$own")"
-echo "other=$other"
-echo "other_stat=$(stat -c %u:%a "$other")"
-echo "list_other=$(ls "$other" 2>&1 >/dev/null)"
-echo "read_other=$(cat "$other/inspect-sandbox-tools" 2>&1 >/dev/null)"
+echo "var_tmp=$(ls -A /var/tmp | tr '\\n' ' ')"
 """
 
 
@@ -129,10 +116,8 @@ def pair_outputs(
     """The next step of the sample whose input names it (``sample a``): by how many tool
     results its transcript holds."""
     me = next(m.text for m in messages if m.role == "user").split()[-1]
-    other = PAIR[1 - PAIR.index(me)]
     notes = f"/var/tmp/notes-{me}.txt"
-    meet = MEET.replace("{me}", me).replace("{other}", other)
-    meet = meet.replace("{tries}", str(RENDEZVOUS_S * 10))
+    meet = MEET
     steps = [
         ("text_editor", {"command": "create", "path": notes, "file_text": f"notes of {me}\n"}),
         ("bash", {"command": meet}),
@@ -160,7 +145,7 @@ def main(log_dir: str, broker_url: str | None = None, tools: str = "bash") -> No
     ]
     if tools == "pair":
         model = get_model(MODEL, custom_outputs=pair_outputs)
-        solver = [use_tools([text_editor(), bash(timeout=RENDEZVOUS_S + 60)]), generate()]
+        solver = [use_tools([text_editor(), bash(timeout=60)]), generate()]
         samples = [Sample(id=me, input=f"What is 6 * 7? sample {me}", target="42") for me in PAIR]
     elif tools == "editor":
         model = get_model(MODEL, custom_outputs=editor_outputs())

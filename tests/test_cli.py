@@ -284,12 +284,13 @@ def test_the_sweep_cache_keys_on_the_image_digest_and_the_sandbox_limits(
         for image_id in built:  # the first build, untagged by the second
             with contextlib.suppress(docker.errors.ImageNotFound):
                 docker_env.images.remove(image_id)
+    disks = 6144  # the boxes' disks are in the sandbox's memory too (FARM_SANDBOX_DISK_MB)
     assert seen == [
-        ("('1', 512)", False),
-        ("('1', 512)", True),
-        ("('2', 512)", False),  # rebuilt: a new digest
-        ("('2', 600)", False),  # other sandbox limits
-        ("('2', 600)", True),
+        (f"('1', {512 + disks})", False),
+        (f"('1', {512 + disks})", True),
+        (f"('2', {512 + disks})", False),  # rebuilt: a new digest
+        (f"('2', {600 + disks})", False),  # other sandbox limits
+        (f"('2', {600 + disks})", True),
     ]
 
 

@@ -353,7 +353,8 @@ def test_a_pool_profile_serves_another_image_with_its_own_limits(stack: Stack, f
         host = pool_container.attrs["Config"]["Hostname"]
         (sandbox,) = [c for c in stack.sandboxes() if c.labels.get("farm.host") == host]
         assert sandbox.attrs["HostConfig"]["NetworkMode"] == "none"
-        assert sandbox.attrs["HostConfig"]["Memory"] == 600 * 1024 * 1024
+        # the pool's memory, and beside it the boxes' disks (tmpfs: FARM_SANDBOX_DISK_MB)
+        assert sandbox.attrs["HostConfig"]["Memory"] == (600 + 6144) * 1024 * 1024
 
         def scraped() -> list[dict[str, Any]] | None:
             try:

@@ -95,7 +95,7 @@ def test_a_two_step_agent_keeps_its_variables_in_one_session(farm: Farm) -> None
     assert result == 421 and type(result) is int
     assert [s.error for s in steps] == [None, None]
     assert steps[0].observations is not None
-    assert "x is 42 in /workspace/box-" in steps[0].observations
+    assert "x is 42 in /workspace\n" in steps[0].observations  # the session's own box
 
 
 def test_a_final_answer_comes_back_whole(farm: Farm) -> None:

@@ -17,8 +17,8 @@ def test_variant_images_get_their_own_limits_and_the_default_keeps_its_own(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     default, browser = FarmSettings().limits, FarmSettings(image="browser").limits
-    assert (default.memory_mb, default.pids, default.tmp_mb) == (512, 512, 64)
-    assert (browser.memory_mb, browser.pids, browser.tmp_mb) == (2048, 512, 512)
+    assert (default.memory_mb, default.pids, default.tmp_mb) == (512, 4096, 64)
+    assert (browser.memory_mb, browser.pids, browser.tmp_mb) == (2048, 4096, 512)
     assert browser.network == "none"
     assert FarmSettings(image="docs").limits.memory_mb == 1024
     monkeypatch.setenv("FARM_SANDBOX_MEMORY_MB", "1500")

@@ -1,31 +1,15 @@
 """Where Inspect's injected tools live in a box: a directory of each box's own, not the one
 fixed path Inspect gives every sandbox.
 
-Inspect installs the tools it injects (``text_editor``, ``bash_session``, ``exec_remote``...),
-a PyInstaller tree of about 31 MiB, at one fixed path (``SANDBOX_TOOLS_DIR``,
-``/var/tmp/.da7be258e003d428``) and starts their server from there; the server keeps its state
-(socket, pid) beside its executable. Farm cannot run as root, so Inspect installs the tree as
-the sample's own user: in a sandbox shared by many boxes, the first box to use the tools would
-own that path until it ends, and every other sample meanwhile fails with
-``SandboxInjectionError``.
-
-So every mention of ``SANDBOX_TOOLS_DIR`` a sample's environment is given (in an argv element,
-shell scripts included; the working directory; an environment value; a file path) is rewritten
-to the box's own directory, ``/var/tmp/.inspect-tools-<digest>``: each box gets its own tree and
-its own server. The model's commands are rewritten alike: wherever it is named, the path is the
-box's. Inspect's framework-directory helper names the directory as two arguments
-(parent, then leaf): that pair is rewritten too. Inspect's contract for such a directory holds:
-its parent, ``/var/tmp``, is root's and sticky (mode 1733), and the directory itself is the
-box's, mode 0700, made by the box before the first command that names it. A command naming it
-that fails on a full ``/var/tmp`` (about 31 MiB per box; the inspect image's default 272 MB
-holds eight, other images' 64 MB two) says so first, with what to set (``FULL``): Inspect
-shows that in its ``SandboxInjectionError``.
-
-Why the digest is keyed by a secret of this process (not the bare session id, a box number or
-a uid): another box could otherwise create the directory first and make it unusable (Inspect
-refuses a directory owned by another uid); ``/var/tmp`` is closed to listing, so a name nobody
-can guess is one nobody can take. What the box put there goes when the box ends (its files are
-removed by uid, ``/var/tmp`` included).
+Inspect installs its injected tools (a ~31 MiB tree) at one fixed path, ``SANDBOX_TOOLS_DIR``
+under ``/var/tmp``, as the sample's user. A box with namespaces has its own ``/var/tmp``; a uid
+box (the fallback) shares the sandbox's, where the first box would own that path until it ends.
+So every mention of the path a sample's environment is given (argv, shell scripts, working
+directory, environment values, file paths, the framework-directory helper's (parent, leaf)
+pair, the model's own commands) names the box's ``/var/tmp/.inspect-tools-<digest>``, a 0700
+directory the box makes before first use, under a name keyed by this process's secret that
+no other box can guess or take first. A command naming it that fails on a full ``/var/tmp``
+says so first, with what to set (``FULL``). Reasoning: ``docs/design/inspect-provider.md``.
 """
 
 from __future__ import annotations
@@ -56,12 +40,13 @@ MAKE_SCRIPT = (
 
 
 # What a command naming the tools directory says first when it found /var/tmp full (the tree
-# takes about 31 MiB per box: FARM_SANDBOX_TMP_MB, 272 for the inspect image, holds eight).
+# takes about 31 MiB per box, on the box's own disk; uid boxes share the sandbox's /var/tmp).
 FULL = (
-    "farm: the sandbox's /var/tmp is full: each sample using Inspect's injected tools keeps "
-    "about 32 MiB there (and its server about 33 MiB of memory); give the farm's workers a "
-    "larger FARM_SANDBOX_TMP_MB and FARM_SANDBOX_MEMORY_MB, or fewer such samples at once "
-    "(FARM_MAX_SESSIONS)\n"
+    "farm: the box's /var/tmp is full: each sample using Inspect's injected tools keeps about "
+    "32 MiB there (and its server about 33 MiB of memory); give its box a larger disk "
+    "(FARM_BOX_DISK_MB, or limits={'disk_mb': ...}), or, where boxes share the sandbox's "
+    "/var/tmp (uid boxes), the farm's workers a larger FARM_SANDBOX_TMP_MB, or fewer such "
+    "samples at once (FARM_MAX_SESSIONS)\n"
 )
 NO_SPACE = "No space left on device"
 

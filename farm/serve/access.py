@@ -78,6 +78,7 @@ class Sessions:
     def __init__(self, farm: Farm) -> None:
         self.farm = farm
         self.held: dict[str, Session] = {}
+        self.owners: dict[str, str] = {}  # session -> token id: it never changes, so it is kept
 
     async def open(self, token: Token, **options: Any) -> Session:
         session = await asyncio.to_thread(self.farm.session, **options)
@@ -87,12 +88,17 @@ class Sessions:
             pipe.sadd(_owned_key(token.id), session.id)
             await asyncio.to_thread(pipe.execute)
         self.held[session.id] = session
+        self.owners[session.id] = token.id
         return session
 
     async def get(self, token: Token, session_id: str) -> Session:
         """The caller's session ``session_id``; 404 when it is not the caller's (or none's),
         ``SessionLost`` (410) when it was the caller's and is gone."""
-        owner = await asyncio.to_thread(self.farm.registry.redis.get, _owner_key(session_id))
+        owner = self.owners.get(session_id)
+        if owner is None:
+            stored = await asyncio.to_thread(self.farm.registry.redis.get, _owner_key(session_id))
+            if stored is not None:
+                owner = self.owners[session_id] = str(stored)
         if owner != token.id:
             raise ProblemError(404, "not_found", f"no session {session_id}")
         session = self.held.get(session_id)
@@ -104,6 +110,7 @@ class Sessions:
     async def close(self, token: Token, session_id: str) -> None:
         session = await self.get(token, session_id)
         self.held.pop(session_id, None)
+        self.owners.pop(session_id, None)
         await asyncio.to_thread(session.close)
         redis = self.farm.registry.redis
         with redis.pipeline() as pipe:
@@ -133,6 +140,7 @@ class Sessions:
             with contextlib.suppress(SessionLost):
                 session.close()
         self.held.clear()
+        self.owners.clear()
 
 
 def bearer(request: Request) -> str | None:
@@ -161,6 +169,10 @@ def caller(scope: str) -> Callable[[Request], Any]:
         request: Request, credentials: Annotated[Any, Depends(SCHEME)] = None
     ) -> Token:
         store: TokenStore = request.app.state.tokens
-        return await asyncio.to_thread(authenticate, store, bearer(request), scope)
+        presented = bearer(request)
+        token = store.recently_verified(presented) if presented else None
+        if token is not None and token.allows(scope):
+            return token
+        return await asyncio.to_thread(authenticate, store, presented, scope)
 
     return dependency

@@ -79,6 +79,7 @@ def build(farm: Farm, *, host: str = "127.0.0.1") -> FastMCP[Workspace]:
         "farm",
         instructions=INSTRUCTIONS,
         lifespan=per_session,
+        log_level="WARNING",  # FastMCP would set up logging at INFO otherwise
         streamable_http_path="/mcp",
         transport_security=security,
     )

@@ -81,6 +81,7 @@ def run(
         host=host,
         port=port,
         log_level="warning",
+        access_log=False,
         ssl_certfile=ssl_certfile,
         ssl_keyfile=ssl_keyfile,
         timeout_graceful_shutdown=5,

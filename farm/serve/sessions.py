@@ -136,13 +136,14 @@ async def run(
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
     async with slots_of(request).hold(token):
-        return await asyncio.to_thread(
+        result = await asyncio.to_thread(
             session.run,
             body.code,
             body.timeout_s,
             max_output_bytes=body.max_output_bytes,
             exec_id=exec_id,
         )
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 async def _events(

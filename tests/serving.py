@@ -28,11 +28,13 @@ class Server:
     env: dict[str, str]
     proc: subprocess.Popen[bytes]
 
-    def token(self, name: str, *scopes: str) -> str:
+    def token(self, name: str, *scopes: str, concurrency: int | None = None) -> str:
         """A token made by ``farm token create`` (stored hashed in the farm's registry)."""
         args = [FARM, "token", "create", name]
         for scope in scopes:
             args += ["--scope", scope]
+        if concurrency is not None:
+            args += ["--concurrency", str(concurrency)]
         done = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
@@ -43,18 +45,23 @@ class Server:
 
 
 @contextlib.contextmanager
-def farm_serve(broker_url: str, state_dir: Path, *args: str) -> Iterator[Server]:
+def farm_serve(
+    broker_url: str, state_dir: Path, *args: str, admin: str | None = "random"
+) -> Iterator[Server]:
     """``farm serve`` over the farm at ``broker_url`` (passed in its environment, never on a
-    command line), ready when ``/healthz`` answers."""
+    command line), ready when ``/healthz`` answers; ``admin`` is its ``FARM_API_TOKEN``
+    (``None``: none set)."""
     port = free_port()
-    admin = secrets.token_urlsafe(24)
+    admin = secrets.token_urlsafe(24) if admin == "random" else admin
     env = {
         **os.environ,
         "FARM_BROKER_URL": broker_url,
-        "FARM_API_TOKEN": admin,
         "FARM_SERVE_STATE_FILE": str(state_dir / "serve.json"),
     }
-    log = (state_dir / "serve.log").open("wb")
+    env.pop("FARM_API_TOKEN", None)
+    if admin is not None:
+        env["FARM_API_TOKEN"] = admin
+    log = (state_dir / "serve.log").open("ab")
     proc = subprocess.Popen(
         [FARM, "serve", "--port", str(port), *args], env=env, stdout=log, stderr=log
     )
@@ -70,9 +77,8 @@ def farm_serve(broker_url: str, state_dir: Path, *args: str) -> Iterator[Server]
         assert wait_for(answers, 60, 0.1) and proc.poll() is None, (
             state_dir / "serve.log"
         ).read_text()
-        env_for_cli = {**env}
-        env_for_cli.pop("FARM_API_TOKEN")
-        yield Server(url=url, admin=admin, env=env_for_cli, proc=proc)
+        env_for_cli = {k: v for k, v in env.items() if k != "FARM_API_TOKEN"}
+        yield Server(url=url, admin=admin or "", env=env_for_cli, proc=proc)
     finally:
         proc.terminate()
         try:

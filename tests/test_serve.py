@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,13 +17,14 @@ import httpx
 import pytest
 
 from farm.client import Farm
-from farm.registry import PREFIX
+from farm.registry import PREFIX, Registry
 from farm.serve.app import openapi_document
-from tests.serving import Server, farm_serve
+from tests.serving import FARM, Server, farm_serve
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 DOCS = Path(__file__).parent.parent / "docs" / "openapi.json"
+SLOW = "import time; time.sleep(4)"
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,9 @@ def exec_records(farm: Farm) -> int:
 
 
 def test_the_committed_openapi_document_is_the_apps() -> None:
-    assert DOCS.read_text() == openapi_document(), "regenerate: python -m farm.serve.openapi"
+    assert DOCS.read_text() == openapi_document(), (
+        "regenerate: python -m farm.serve.app > docs/openapi.json"
+    )
 
 
 def test_no_token_or_a_wrong_one_gets_no_service(server: Server) -> None:
@@ -249,11 +254,12 @@ def test_leaving_a_map_cancels_it(farm: Farm, alice: httpx.Client) -> None:
     redis = farm.registry.redis
     items = ["1", *["import time; time.sleep(60)"] * 3]
     body = "\n".join(json.dumps(i) for i in items).encode()
+    before = set(redis.scan_iter(f"{PREFIX}map:*:cancel"))
     with alice.stream("POST", "/v1/map", params={"ordered": "false"}, content=body) as response:
         first = json.loads(next(response.iter_lines()))
         assert first["id"] == 0
     # the client went away: the server closes the map, whose workers stop the running items
-    cancels = wait_for(lambda: list(redis.scan_iter(f"{PREFIX}map:*:cancel")), 15)
+    cancels = wait_for(lambda: list(set(redis.scan_iter(f"{PREFIX}map:*:cancel")) - before), 15)
     assert cancels, "the map was not cancelled"
     map_id = cancels[0].split(":")[-2]
     local = farm.local_farm
@@ -265,3 +271,62 @@ def test_leaving_a_map_cancels_it(farm: Farm, alice: httpx.Client) -> None:
 
     # the three slow items were stopped, long before their 60 s
     assert wait_for(lambda: stopped() == len(items) - 1, 20), stopped()
+
+
+def test_a_token_past_its_concurrency_cap_gets_429(server: Server) -> None:
+    with server.client(server.token("carol", "run", concurrency=1)) as carol:
+        slow = threading.Thread(
+            target=carol.post, args=("/v1/run",), kwargs={"json": {"code": SLOW}}
+        )
+        slow.start()
+        try:
+            refused = wait_for(
+                lambda: carol.post("/v1/run", json={"code": "1"}).status_code == 429, 20
+            )
+            assert refused, "a second call ran beside the first"
+            busy = problem(carol.post("/v1/run", json={"code": "1"}), 429, "busy")
+            assert "cap is 1" in busy["detail"]
+        finally:
+            slow.join(60)
+        assert carol.post("/v1/run", json={"code": "1"}).status_code == 200  # room again
+
+
+def test_a_revoked_token_is_refused(server: Server) -> None:
+    presented = server.token("dave", "run")
+    with server.client(presented) as dave:
+        assert dave.get("/v1/sessions").status_code == 200
+        listed = subprocess.run(
+            [FARM, "token", "list"], env=server.env, capture_output=True, text=True, timeout=60
+        )
+        assert "dave" in listed.stdout and presented.split("_")[2] not in listed.stdout
+        token_id = presented.split("_")[1]
+        revoked = subprocess.run(
+            [FARM, "token", "revoke", token_id], env=server.env, capture_output=True, timeout=60
+        )
+        assert revoked.returncode == 0
+        assert wait_for(lambda: dave.get("/v1/sessions").status_code == 401, 5)
+
+
+def test_the_first_start_makes_a_token_prints_it_once_and_keeps_it(
+    farm: Farm, tmp_path: Path
+) -> None:
+    # a database of the farm's Redis with no token in it: a farm of its own, as far as
+    # tokens go (no worker is needed to be let in)
+    fresh = farm.settings.redis_url.rsplit("/", 1)[0] + "/7"
+    with farm_serve(fresh, tmp_path, admin=None) as first:
+        state = json.loads((tmp_path / "serve.json").read_text())
+        token = state["token"]
+        assert (tmp_path / "serve.json").stat().st_mode & 0o777 == 0o600
+        with first.client(token) as admin:
+            assert admin.get("/v1/sessions").status_code == 200
+            assert admin.get("/v1/workers").status_code == 200  # an admin token
+    assert (tmp_path / "serve.log").read_text().count(token) == 1  # printed once
+    redis = Registry(fresh).redis
+    try:
+        redis.flushdb()  # a fresh broker (--local makes one at every start)
+        with farm_serve(fresh, tmp_path, admin=None) as again, again.client(token) as admin:
+            assert admin.get("/v1/sessions").status_code == 200  # the kept token
+        assert (tmp_path / "serve.log").read_text().count(token) == 1  # not printed again
+    finally:
+        redis.flushdb()
+        redis.close()

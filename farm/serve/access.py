@@ -53,18 +53,25 @@ class Slots:
 
     running: dict[str, int] = field(default_factory=dict)
 
-    @contextlib.asynccontextmanager
-    async def hold(self, token: Token, count: int = 1) -> AsyncIterator[None]:
-        now = self.running.get(token.id, 0)
-        if now + count > token.concurrency:
+    def free(self, token: Token) -> int:
+        return token.concurrency - self.running.get(token.id, 0)
+
+    def check(self, token: Token, count: int = 1) -> None:
+        """A 429 problem unless ``count`` more calls fit (a streamed response checks before it
+        starts: past its first byte, a refusal could no longer be a problem document)."""
+        if self.free(token) < count:
             raise ProblemError(
                 429,
                 "busy",
-                f"token {token.name!r} already has {now} calls running (its cap is "
-                f"{token.concurrency}); wait for one to end",
+                f"token {token.name!r} already has {self.running.get(token.id, 0)} calls "
+                f"running (its cap is {token.concurrency}); wait for one to end",
                 headers={"Retry-After": "1"},
             )
-        self.running[token.id] = now + count
+
+    @contextlib.asynccontextmanager
+    async def hold(self, token: Token, count: int = 1) -> AsyncIterator[None]:
+        self.check(token, count)
+        self.running[token.id] = self.running.get(token.id, 0) + count
         try:
             yield
         finally:

@@ -175,3 +175,7 @@ def openapi_document() -> str:
     """``docs/openapi.json``: the app's OpenAPI document, as committed."""
     app = make_app()
     return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"
+
+
+if __name__ == "__main__":  # python -m farm.serve.app > docs/openapi.json
+    print(openapi_document(), end="")

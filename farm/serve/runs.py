@@ -27,7 +27,7 @@ from farm.client.mapping import MapRun
 from farm.errors import FarmError
 from farm.models import ExecResult
 from farm.serve.access import Slots, caller, idempotent_id
-from farm.serve.problems import ProblemError, for_farm_error, problem_json
+from farm.serve.problems import for_farm_error, problem_json
 from farm.serve.schemas import ImageInfo, OneShotRequest
 from farm.serve.sessions import PROBLEMS, IdempotencyKey, slots_of
 from farm.serve.tokens import Token
@@ -102,24 +102,25 @@ async def map_items(
     finish (``ordered=false``) or in order. Disconnecting cancels the map."""
     farm = farm_of(request)
     slots = slots_of(request)
-    free = token.concurrency - slots.running.get(token.id, 0)
-    if free < 1:
-        raise ProblemError(
-            429, "busy", f"token {token.name!r} is at its cap", headers={"Retry-After": "1"}
-        )
-    width = min(concurrency or free, free)
+    slots.check(token)
     limit = request.app.state.settings.api_max_body_bytes
     items: queue.Queue[list[Any] | None] = queue.Queue(ITEMS_AHEAD)
     stop = threading.Event()
-    run = await asyncio.to_thread(
-        farm.map,
-        _lines(items, stop),
-        image=image,
-        ordered=ordered,
-        timeout_s=timeout_s,
-        retries=retries,
-        concurrency=width,
-    )
+
+    def start(width: int | None) -> MapRun:
+        return farm.map(
+            _lines(items, stop),
+            image=image,
+            ordered=ordered,
+            timeout_s=timeout_s,
+            retries=retries,
+            concurrency=width,
+        )
+
+    run = await asyncio.to_thread(start, concurrency)
+    if run.concurrency > slots.free(token):  # the map's window, within the token's cap
+        run = await asyncio.to_thread(start, slots.free(token))  # (the first sent nothing)
+    width = run.concurrency
     return DuplexResponse(
         _records(request, slots, token, width, run, items, stop, limit), media_type=NDJSON
     )
@@ -215,11 +216,21 @@ async def _records(
         driver = asyncio.create_task(asyncio.to_thread(drive))
         watcher = asyncio.create_task(_cancel_when(stop, run, out, end))
         try:
-            while (record := await out.get()) is not end:
-                if isinstance(record, BaseException):
-                    yield _problem_line(record)
-                    continue
-                yield record.model_dump_json().encode() + b"\n"
+            finished = False
+            while not finished:
+                lines = []
+                batch = [await out.get()]
+                while not out.empty():  # what came meanwhile goes in one write
+                    batch.append(out.get_nowait())
+                for record in batch:
+                    if record is end:
+                        finished = True
+                    elif isinstance(record, BaseException):
+                        lines.append(_problem_line(record))
+                    else:
+                        lines.append(record.model_dump_json().encode() + b"\n")
+                if lines:
+                    yield b"".join(lines)
         finally:
             stop.set()
             await asyncio.to_thread(run.close)

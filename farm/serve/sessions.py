@@ -130,6 +130,7 @@ async def run(
     exec_id = idempotent_id(token, session_id, idempotency_key)
     if "text/event-stream" in request.headers.get("accept", ""):
         slots = slots_of(request)
+        slots.check(token)
         return StreamingResponse(
             _events(slots, token, session, body, exec_id),
             media_type="text/event-stream",

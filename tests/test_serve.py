@@ -330,3 +330,19 @@ def test_the_first_start_makes_a_token_prints_it_once_and_keeps_it(
     finally:
         redis.flushdb()
         redis.close()
+
+
+def test_the_live_page_takes_an_admin_token_once_and_keeps_it_in_a_cookie(
+    server: Server,
+) -> None:
+    with server.client(None) as browser:
+        problem(browser.get("/api/workers"), 401, "auth")
+        with server.client(server.token("viewer", "run")) as runner:
+            problem(runner.get("/api/workers"), 403, "forbidden")  # the page is admin's
+        entered = browser.get("/", params={"token": server.admin})
+        assert entered.status_code == 303 and entered.headers["location"] == "/"
+        assert "httponly" in entered.headers["set-cookie"].lower()
+        page = browser.get("/")  # the cookie, not the URL, carries the token now
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+        assert len(browser.get("/api/workers").json()) == 2
+        problem(browser.get("/v1/no-such-route"), 404, "not_found")

@@ -346,3 +346,14 @@ def test_the_live_page_takes_an_admin_token_once_and_keeps_it_in_a_cookie(
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
         assert len(browser.get("/api/workers").json()) == 2
         problem(browser.get("/v1/no-such-route"), 404, "not_found")
+
+
+def test_a_session_closed_elsewhere_is_gone_and_can_still_be_deleted(
+    farm: Farm, alice: httpx.Client
+) -> None:
+    session = alice.post("/v1/sessions", json={}).json()["id"]
+    farm.attach(session).close()  # closed by another client of the farm (or expired)
+    problem(alice.post(f"/v1/sessions/{session}/run", json={"code": "1"}), 410, "sandbox_lost")
+    problem(alice.get(f"/v1/sessions/{session}"), 410, "sandbox_lost")
+    assert alice.delete(f"/v1/sessions/{session}").status_code == 204
+    problem(alice.get(f"/v1/sessions/{session}"), 404, "not_found")  # forgotten

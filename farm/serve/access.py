@@ -115,10 +115,15 @@ class Sessions:
         return session
 
     async def close(self, token: Token, session_id: str) -> None:
-        session = await self.get(token, session_id)
+        """Close the caller's session; one that is already gone is forgotten all the same."""
+        try:
+            session: Session | None = await self.get(token, session_id)
+        except SessionLost:
+            session = None
         self.held.pop(session_id, None)
         self.owners.pop(session_id, None)
-        await asyncio.to_thread(session.close)
+        if session is not None:
+            await asyncio.to_thread(session.close)
         redis = self.farm.registry.redis
         with redis.pipeline() as pipe:
             pipe.delete(_owner_key(session_id))

@@ -24,7 +24,6 @@ from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 DOCS = Path(__file__).parent.parent / "docs" / "openapi.json"
-SLOW = "import time; time.sleep(4)"
 
 
 @pytest.fixture(scope="module")
@@ -275,20 +274,30 @@ def test_leaving_a_map_cancels_it(farm: Farm, alice: httpx.Client) -> None:
 
 def test_a_token_past_its_concurrency_cap_gets_429(server: Server) -> None:
     with server.client(server.token("carol", "run", concurrency=1)) as carol:
-        slow = threading.Thread(
-            target=carol.post, args=("/v1/run",), kwargs={"json": {"code": SLOW}}
-        )
-        slow.start()
+        session = carol.post("/v1/sessions", json={}).json()["id"]
+        running = threading.Event()
+
+        def slow() -> None:  # holds carol's one slot while its events stream
+            with carol.stream(
+                "POST",
+                f"/v1/sessions/{session}/run",
+                json={"code": "print('go', flush=True)\nimport time; time.sleep(4)"},
+                headers={"Accept": "text/event-stream"},
+            ) as response:
+                for name, _ in sse(response.iter_lines()):
+                    if name == "stream":
+                        running.set()
+
+        thread = threading.Thread(target=slow)
+        thread.start()
         try:
-            refused = wait_for(
-                lambda: carol.post("/v1/run", json={"code": "1"}).status_code == 429, 20
-            )
-            assert refused, "a second call ran beside the first"
+            assert running.wait(30), "the first call did not start"
             busy = problem(carol.post("/v1/run", json={"code": "1"}), 429, "busy")
-            assert "cap is 1" in busy["detail"]
+            assert "cap is 1" in busy["detail"] and busy["status"] == 429
         finally:
-            slow.join(60)
+            thread.join(60)
         assert carol.post("/v1/run", json={"code": "1"}).status_code == 200  # room again
+        carol.delete(f"/v1/sessions/{session}")
 
 
 def test_a_revoked_token_is_refused(server: Server) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -137,6 +138,7 @@ async def run(
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
     async with slots_of(request).hold(token):
+        started = time.perf_counter()
         result = await asyncio.to_thread(
             session.run,
             body.code,
@@ -144,7 +146,9 @@ async def run(
             max_output_bytes=body.max_output_bytes,
             exec_id=exec_id,
         )
-    return Response(result.model_dump_json(), media_type="application/json")
+        took_ms = (time.perf_counter() - started) * 1000
+    timing = {"Server-Timing": f"run;dur={took_ms:.2f}"}  # the farm's share of the request
+    return Response(result.model_dump_json(), media_type="application/json", headers=timing)
 
 
 async def _events(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -46,11 +47,15 @@ class Server:
 
 @contextlib.contextmanager
 def farm_serve(
-    broker_url: str, state_dir: Path, *args: str, admin: str | None = "random"
+    broker_url: str,
+    state_dir: Path,
+    *args: str,
+    admin: str | None = "random",
+    verify: ssl.SSLContext | bool = True,
 ) -> Iterator[Server]:
     """``farm serve`` over the farm at ``broker_url`` (passed in its environment, never on a
     command line), ready when ``/healthz`` answers; ``admin`` is its ``FARM_API_TOKEN``
-    (``None``: none set)."""
+    (``None``: none set); with ``--ssl-certfile`` it is https, checked against ``verify``."""
     port = free_port()
     admin = secrets.token_urlsafe(24) if admin == "random" else admin
     env = {
@@ -65,12 +70,12 @@ def farm_serve(
     proc = subprocess.Popen(
         [FARM, "serve", "--port", str(port), *args], env=env, stdout=log, stderr=log
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if '--ssl-certfile' in args else 'http'}://127.0.0.1:{port}"
     try:
 
         def answers() -> bool:
             try:
-                return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+                return httpx.get(f"{url}/healthz", timeout=2, verify=verify).status_code == 200
             except httpx.HTTPError:
                 return proc.poll() is not None  # it exited: stop waiting, fail below
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import pytest
 from farm.client import Farm
 from farm.registry import PREFIX, Registry
 from farm.serve.app import openapi_document
+from tests.certs import make_pki
 from tests.serving import FARM, Server, farm_serve
 from tests.waiting import wait_for
 
@@ -366,3 +368,23 @@ def test_a_session_closed_elsewhere_is_gone_and_can_still_be_deleted(
     problem(alice.get(f"/v1/sessions/{session}"), 410, "sandbox_lost")
     assert alice.delete(f"/v1/sessions/{session}").status_code == 204
     problem(alice.get(f"/v1/sessions/{session}"), 404, "not_found")  # forgotten
+
+
+def test_tls_with_uvicorns_own_options(farm: Farm, tmp_path: Path) -> None:
+    pki = make_pki(tmp_path / "pki")
+    tls = [
+        "--ssl-certfile",
+        str(pki.server / "tls.crt"),
+        "--ssl-keyfile",
+        str(pki.server / "tls.key"),
+    ]
+    ca = ssl.create_default_context(cafile=str(pki.ca))
+    with farm_serve(farm.settings.redis_url, tmp_path, *tls, verify=ca) as secure:
+        assert secure.url.startswith("https://")
+        with secure.client(secure.admin, verify=ca) as client:
+            result = client.post("/v1/run", json={"code": "6 * 7"}).json()
+        assert result["value"]["text"] == "42"
+        with pytest.raises(httpx.ConnectError):  # a client that does not trust the CA
+            httpx.get(f"{secure.url}/healthz", timeout=5)
+        state = json.loads((tmp_path / "serve.json").read_text())
+        assert state["url"] == secure.url

@@ -90,7 +90,14 @@ def mcp(local: int = LOCAL, broker_url: str | None = BROKER) -> None:
 
 @contextlib.contextmanager
 def _store() -> Iterator[TokenStore]:
-    with Farm.default() as farm:
+    """The tokens of the farm ``Farm.default()`` finds, else of the one a running
+    ``farm serve --local N`` recorded (its broker lives as long as that server)."""
+    from farm.serve.server import read_state
+
+    settings = FarmSettings()
+    served = read_state(settings.serve_state_file).get("broker_url")
+    chosen = "broker_url" in settings.model_fields_set or settings.state_file.exists()
+    with Farm.default() if chosen or not served else Farm.connect(str(served)) as farm:
         yield TokenStore(farm.registry.redis)
 
 

@@ -20,6 +20,7 @@ import pytest
 from farm.client import Farm
 from farm.registry import PREFIX, Registry
 from farm.serve.app import openapi_document
+from farm.serve.tokens import TokenStore
 from tests.certs import make_pki
 from tests.serving import FARM, Server, farm_serve
 from tests.waiting import wait_for
@@ -388,3 +389,19 @@ def test_tls_with_uvicorns_own_options(farm: Farm, tmp_path: Path) -> None:
             httpx.get(f"{secure.url}/healthz", timeout=5)
         state = json.loads((tmp_path / "serve.json").read_text())
         assert state["url"] == secure.url
+
+
+def test_farm_token_finds_the_broker_of_a_local_farm_serve(farm: Farm, tmp_path: Path) -> None:
+    # `farm serve --local N` records its broker in its state file; `farm token` uses it when
+    # neither FARM_BROKER_URL nor `farm up` names a farm
+    state = tmp_path / "serve.json"
+    state.write_text(
+        json.dumps({"url": "http://127.0.0.1:1", "broker_url": farm.settings.redis_url})
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FARM_")}
+    env |= {"FARM_SERVE_STATE_FILE": str(state), "FARM_STATE_FILE": str(tmp_path / "none.json")}
+    made = subprocess.run(
+        [FARM, "token", "create", "local-user"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert made.returncode == 0, made.stderr
+    assert TokenStore(farm.registry.redis).verify(made.stdout.strip()) is not None

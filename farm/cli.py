@@ -21,6 +21,7 @@ from farm.client import Farm
 from farm.errors import BrokerUnavailable, FarmError, LocalFarmError
 from farm.image_commands import image_app
 from farm.models import ExecResult
+from farm.serve_commands import mcp, serve, token_app
 from farm.settings import FarmSettings
 
 app = typer.Typer(
@@ -29,6 +30,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(image_app, name="image")
+app.add_typer(token_app, name="token")
+app.command()(serve)
+app.command()(mcp)
 console = Console()
 err = Console(stderr=True)
 

@@ -159,6 +159,19 @@ class FarmSettings(BaseSettings):
         ge=64 * 1024,
         description="bytes one run may add to its journal; past it outputs keep only their text",
     )
+    api_token: SecretStr | None = Field(
+        None, description="`farm serve`: an admin bearer token of the API (never printed)"
+    )
+    serve_state_file: Path = Field(
+        Path.home() / ".farm" / "serve.json",
+        description="where `farm serve` records its address and first token (0600)",
+    )
+    api_max_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="largest JSON body (and map line) the API reads"
+    )
+    api_token_concurrency: int = Field(
+        32, ge=1, description="calls a new API token may have running at once (its default cap)"
+    )
     event_stream_max_events: int = Field(10000, ge=10, description="events one streamed run keeps")
     event_stream_ttl_s: float = Field(600.0, gt=0, description="a streamed run's events expire")
 

@@ -5,7 +5,8 @@ reach PyPI (no registry, or a TLS-intercepting proxy whose CA only the host trus
 host's pip does. So the host downloads, for the base image's interpreter and machine:
 
 - ``farm/``: farm's own wheel, built from this checkout (every run);
-- ``deps/``: every dependency as a binary wheel (again only when pyproject.toml or the base's
+- ``deps/``: every dependency, the ``serve`` extra's too (the image also runs ``farm serve``),
+  as a binary wheel (again only when pyproject.toml or the base's
   Python changed; ``deps.stamp`` records for what they are).
 
 The download itself (and why pip's own pass is not enough: markers judged by the host's
@@ -21,6 +22,7 @@ import hashlib
 import json
 import shutil
 import sys
+import tomllib
 from pathlib import Path
 
 from farm.sandbox.wheels import download_closure, marker_env, pip
@@ -32,8 +34,15 @@ def log(message: str) -> None:
     print(f"worker-wheels: {message}", file=sys.stderr, flush=True)
 
 
+def serve_requirements() -> list[str]:
+    """The ``serve`` extra's requirements: the image also runs ``farm serve`` (compose's
+    ``api`` service, the chart's API Deployment)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return list(project["optional-dependencies"]["serve"])
+
+
 def download_deps(farm_wheel: Path, deps: Path, env: dict[str, str]) -> None:
-    download_closure([str(farm_wheel)], deps, env)
+    download_closure([str(farm_wheel), *serve_requirements()], deps, env)
     for own in deps.glob("farm-*.whl"):
         own.unlink()
 

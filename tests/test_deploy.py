@@ -86,6 +86,8 @@ class Stack:
     password: str
     redis_url: str
     prometheus_url: str
+    api_url: str
+    api_token: str
     socket_dir: Path
     docker: Any
     worker_hosts: set[str] = field(default_factory=set)
@@ -192,17 +194,19 @@ def stack(docker_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         BUILD_TIMEOUT_S,
         {**os.environ, "VPY": sys.executable, "FARM_TAG": tag},
     )
-    redis_port, prometheus_port = free_port(), free_port()
+    redis_port, prometheus_port, api_port = free_port(), free_port(), free_port()
     socket_dir = tmp_path_factory.mktemp("compose-sockets")
     env_file = tmp_path_factory.mktemp("compose-secret") / "compose.env"
     run([str(ROOT / "scripts" / "compose-secret"), str(env_file)], 30)
-    password = env_file.read_text().strip().removeprefix("FARM_BROKER_PASSWORD=")
+    secrets = dict(line.split("=", 1) for line in env_file.read_text().split())
+    password = secrets["FARM_BROKER_PASSWORD"]
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")},
         "FARM_TAG": tag,
         "FARM_COMPOSE_ENV_FILE": str(env_file),
         "FARM_REDIS_PORT": str(redis_port),
         "FARM_PROMETHEUS_PORT": str(prometheus_port),
+        "FARM_API_PORT": str(api_port),
         "FARM_SOCKET_DIR": str(socket_dir),
     }
     built = Stack(
@@ -212,6 +216,8 @@ def stack(docker_env: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         password=password,
         redis_url=f"redis://127.0.0.1:{redis_port}/0",
         prometheus_url=f"http://127.0.0.1:{prometheus_port}",
+        api_url=f"http://127.0.0.1:{api_port}",
+        api_token=secrets["FARM_API_TOKEN"],
         socket_dir=socket_dir,
         docker=docker_env,
     )
@@ -272,6 +278,26 @@ def test_a_host_client_runs_code_on_the_compose_farm(stack: Stack, farm: Any) ->
         assert result.worker == worker["id"]
     (sandbox,) = stack.sandboxes()
     assert sandbox.attrs["HostConfig"]["NetworkMode"] == "none"
+
+
+def test_the_api_service_runs_code_for_its_token_only(stack: Stack, farm: Any) -> None:
+    import httpx
+
+    waited("no ready worker", some_ready_worker(farm), READY_TIMEOUT_S, stack.logs)
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{stack.api_url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    waited("the api service did not answer", answers, READY_TIMEOUT_S, stack.logs)
+    run_ = {"code": "6 * 7"}
+    refused = httpx.post(f"{stack.api_url}/v1/run", json=run_, timeout=60)
+    assert refused.status_code == 401
+    headers = {"Authorization": f"Bearer {stack.api_token}"}
+    result = httpx.post(f"{stack.api_url}/v1/run", json=run_, headers=headers, timeout=60)
+    assert result.status_code == 200 and result.json()["value"]["text"] == "42"
 
 
 def test_user_code_in_a_compose_sandbox_has_no_network(stack: Stack, farm: Any) -> None:

@@ -631,7 +631,8 @@ def test_each_pool_is_a_deployment_serving_its_own_image_with_its_limits(
     pools: list[dict[str, Any]],
 ) -> None:
     deployments = [o["metadata"]["name"] for o in pools if o["kind"] == "Deployment"]
-    assert sorted(deployments) == [f"{FULLNAME}-worker-{name}" for name in POOL_NAMES]
+    workers = [name for name in deployments if name != f"{FULLNAME}-api"]
+    assert sorted(workers) == [f"{FULLNAME}-worker-{name}" for name in POOL_NAMES]
     default, default_env = pool_worker(pools, "default")
     assert default["spec"]["replicas"] == 3
     assert default_env["FARM_IMAGE"] == "default"
@@ -733,3 +734,28 @@ def test_pod_mode_pools_each_have_a_sandbox_template_of_their_image(
     (hpa,) = [o for o in pools_pod_mode if o["kind"] == "HorizontalPodAutoscaler"]
     (metric,) = hpa["spec"]["metrics"]
     assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": "farm.ds"}
+
+
+def test_the_api_is_a_deployment_and_service_with_probes_and_its_token_secret(
+    default: list[dict[str, Any]],
+) -> None:
+    deployment = find(default, "Deployment", f"{FULLNAME}-api")
+    pod = deployment["spec"]["template"]
+    api = container(pod["spec"], "api")
+    assert api["command"][:2] == ["farm", "serve"] and "0.0.0.0" in api["command"]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert api[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    api_env = env(api)
+    secret = find(default, "Secret", f"{FULLNAME}-api-token")
+    assert api_env["FARM_API_TOKEN"] == {
+        "secretKeyRef": {"name": f"{FULLNAME}-api-token", "key": "token"}
+    }
+    assert len(secret["data"]["token"]) > 40  # made by the chart, never a literal in the pod
+    assert "secretKeyRef" in api_env["FARM_BROKER_PASSWORD"]
+    assert pod["metadata"]["labels"]["farm-client"] == "true"  # Redis' policy admits it
+    service = find(default, "Service", f"{FULLNAME}-api")
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert not [o for o in render({"api": {"enabled": False}}) if "api" in o["metadata"]["name"]]

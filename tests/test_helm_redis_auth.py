@@ -64,12 +64,18 @@ def password_ref(values: dict[str, Any]) -> dict[str, Any]:
 def test_no_rendering_leaves_redis_without_auth(values: dict[str, Any]) -> None:
     objects = render(values)
     ref = password_ref(values)
-    # the workers of every pool (and KEDA) take the password from the Secret, never a literal
-    workers = [o for o in objects if o["kind"] == "Deployment"]
-    assert workers and all(
-        env(container(w["spec"]["template"]["spec"], "worker"))["FARM_BROKER_PASSWORD"] == ref
-        for w in workers
-    )
+    # the workers of every pool, the API (and KEDA) take the password from the Secret, never
+    # a literal
+    deployments = [o for o in objects if o["kind"] == "Deployment"]
+    main = {
+        d["metadata"]["name"]: container(
+            d["spec"]["template"]["spec"],
+            "api" if d["metadata"]["name"].endswith("-api") else "worker",
+        )
+        for d in deployments
+    }
+    assert f"{FULLNAME}-api" in main and len(main) >= 2
+    assert all(env(c)["FARM_BROKER_PASSWORD"] == ref for c in main.values())
     for obj in objects:
         if obj["kind"] == "TriggerAuthentication":
             (password,) = [
@@ -214,7 +220,8 @@ def test_a_live_secret_without_the_password_gets_a_new_one() -> None:
 
 def test_an_existing_secret_replaces_the_generated_one() -> None:
     objects = render({"redis": {"auth": {"existingSecret": "mine", "secretKey": "pw"}}})
-    assert "Secret" not in kinds(objects)
+    secrets = {o["metadata"]["name"] for o in objects if o["kind"] == "Secret"}
+    assert secrets == {f"{FULLNAME}-api-token"}  # the API's own token; no broker password
     wanted = {"secretKeyRef": {"name": "mine", "key": "pw"}}
     assert env(redis_container(objects))["FARM_BROKER_PASSWORD"] == wanted
     assert env(container(worker_pod(objects)["spec"], "worker"))["FARM_BROKER_PASSWORD"] == wanted

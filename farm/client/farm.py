@@ -256,6 +256,7 @@ class Farm:
         retries: int = 0,
         max_output_bytes: int | None = None,
         limits: BoxLimits | Mapping[str, int] | None = None,
+        exec_id: str | None = None,
     ) -> ExecResult:
         """One-shot run in a fresh session (a box of its own, with ``limits``); failures are
         results, never exceptions, once the call was sent (before that: ``SandboxUnavailable``
@@ -264,11 +265,14 @@ class Farm:
 
         Up to ``retries`` infrastructure failures are retried, and only those that happened
         before the code started (its exec id was never claimed by a worker): code that may
-        have run is not run again behind the caller's back.
+        have run is not run again behind the caller's back. A caller's ``exec_id`` (its first
+        attempt's) makes a retry of the whole call return the first one's result.
         """
         wanted = _limits(limits)
         for attempt in range(retries + 1):
-            request = exec_request(code, timeout_s, max_output_bytes)
+            request = exec_request(
+                code, timeout_s, max_output_bytes, exec_id if not attempt else None
+            )
             if wanted:
                 request["limits"] = wanted
             try:

@@ -16,6 +16,7 @@ import io
 import os
 import tarfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -57,6 +58,30 @@ class SessionFiles:
             chunk = base64.b64encode(raw[offset : offset + CHUNK]).decode("ascii")
             size = int(self._op("write", path, data=chunk, offset=offset)["size"])
         return size
+
+    def write_part(self, path: str, data: bytes, offset: int) -> int:
+        """Write one piece (at most ``CHUNK`` bytes) of a file at ``offset``; offset 0 creates or
+        truncates it. A stream of any size is written piece by piece this way (the HTTP API's
+        PUT) without ever holding the whole file; returns the file's size so far."""
+        chunk = base64.b64encode(data).decode("ascii")
+        return int(self._op("write", path, data=chunk, offset=offset)["size"])
+
+    def read_chunks(self, path: str) -> Iterator[bytes]:
+        """The file's bytes, ``CHUNK`` at a time (the first read is checked before any yield, so
+        a missing file raises ``FileOperationError`` before anything is sent on)."""
+        reply = self._op("read", path, offset=0, length=CHUNK)
+        return self._chunks(path, reply)
+
+    def _chunks(self, path: str, reply: dict[str, Any]) -> Iterator[bytes]:
+        offset = 0
+        while True:
+            data = base64.b64decode(reply["data"])
+            offset += len(data)
+            if data:
+                yield data
+            if reply["eof"] or not data:
+                return
+            reply = self._op("read", path, offset=offset, length=CHUNK)
 
     def read(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """The file's bytes; over ``max_bytes`` raises ``FileOperationError`` before any

@@ -32,9 +32,17 @@ INLINE_STDIN = 16 * 1024 * 1024  # a command's stdin past this is staged in the 
 OnStateLost = Literal["raise", "replay"]
 
 
-def exec_request(code: str, timeout_s: float, max_output_bytes: int | None) -> dict[str, Any]:
-    """The one place an exec message is built (sync and async callers alike)."""
-    request: dict[str, Any] = {"code": code, "timeout_s": timeout_s, "exec_id": uuid.uuid4().hex}
+def exec_request(
+    code: str, timeout_s: float, max_output_bytes: int | None, exec_id: str | None = None
+) -> dict[str, Any]:
+    """The one place an exec message is built (sync and async callers alike). A caller's own
+    ``exec_id`` makes a retried call idempotent: the worker's claim runs an id's code once and
+    answers a second delivery with the first one's result."""
+    request: dict[str, Any] = {
+        "code": code,
+        "timeout_s": timeout_s,
+        "exec_id": exec_id or uuid.uuid4().hex,
+    }
     if max_output_bytes is not None:
         request["max_output_bytes"] = max_output_bytes
     return request
@@ -106,23 +114,37 @@ class Session:
         return mark
 
     def run(
-        self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
+        self,
+        code: str,
+        timeout_s: float | None = None,
+        *,
+        max_output_bytes: int | None = None,
+        exec_id: str | None = None,
     ) -> ExecResult:
+        """Run ``code``; an ``exec_id`` of the caller's makes a retry of the same call return
+        the first one's result instead of running the code again (``exec_request``)."""
         if self.callbacks is not None:  # its calls arrive as events: read them to answer
             stream = self.stream(code, timeout_s, max_output_bytes=max_output_bytes)
             for _ in stream:
                 pass
             assert stream.result is not None
             return stream.result
-        call = self.send(code, timeout_s, max_output_bytes=max_output_bytes)
+        call = self.send(code, timeout_s, max_output_bytes=max_output_bytes, exec_id=exec_id)
         return self.settle(self.collect(call), code, timeout_s, max_output_bytes=max_output_bytes)
 
     def stream(
-        self, code: str, timeout_s: float | None = None, *, max_output_bytes: int | None = None
+        self,
+        code: str,
+        timeout_s: float | None = None,
+        *,
+        max_output_bytes: int | None = None,
+        exec_id: str | None = None,
     ) -> EventStream:
         """Run ``code`` and yield its events as they happen (``farm.events``); the stream's
         ``result`` is then what ``run`` would have returned."""
-        return EventStream(self, code, timeout_s, max_output_bytes=max_output_bytes)
+        return EventStream(
+            self, code, timeout_s, max_output_bytes=max_output_bytes, exec_id=exec_id
+        )
 
     # --- the calls' three steps: also used by farm.client.stream and farm.client.restore ---
 
@@ -132,11 +154,12 @@ class Session:
         timeout_s: float | None,
         *,
         max_output_bytes: int | None = None,
+        exec_id: str | None = None,
         **extra: Any,
     ) -> Call:
         """Send one exec (``extra``: ``stream``, ``replay_of``); the one place it is built."""
         timeout = timeout_s or self.timeout_s
-        request = exec_request(code, timeout, max_output_bytes)
+        request = exec_request(code, timeout, max_output_bytes, exec_id)
         request.update(session_id=self.id, epoch=self.epoch, generation=self.generation, **extra)
         if self.callbacks is not None:
             request["calls"] = self.callbacks.names
@@ -170,6 +193,7 @@ class Session:
         if result.state_lost and self.on_state_lost == "replay":
             from farm.client.restore import restore
 
+            kwargs.pop("exec_id", None)  # the lost call's id is spent: a rerun gets its own
             return restore(self, result, code, timeout_s, **kwargs)
         if result.kind == ErrorKind.STATE_LOST:
             raise StateLost(result)
@@ -184,15 +208,17 @@ class Session:
         env: Mapping[str, str] | None = None,
         timeout_s: float | None = None,
         max_output_bytes: int | None = None,
+        exec_id: str | None = None,
     ) -> CommandResult:
         """Run a command in the session's box (an argv list, or a string for ``/bin/sh -c``):
         any program of the image, as the session's uid, from its workspace (``cwd`` relative
         to it), beside its cells. ``input`` goes to its stdin (of any size: a large one is
         staged in the box first). A timeout kills its whole process group (``timed_out``,
-        kind ``timeout``); a death by signal N is returncode 128 + N."""
+        kind ``timeout``); a death by signal N is returncode 128 + N. A caller's ``exec_id``
+        makes a retry return the first call's result (claimed like a cell)."""
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         timeout = timeout_s or self.timeout_s
-        exec_id = uuid.uuid4().hex
+        exec_id = exec_id or uuid.uuid4().hex
         request: dict[str, Any] = {
             "exec_id": exec_id,
             "session_id": self.id,

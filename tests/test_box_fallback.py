@@ -107,3 +107,16 @@ def test_the_box_filter_is_built_for_both_architectures() -> None:
         program = seccomp.program(machine)
         assert len(program) % 8 == 0 and len(program) // 8 < 128
     assert seccomp.program("x86_64") != seccomp.program("aarch64")
+
+
+@pytest.mark.docker
+def test_farm_doctor_warns_when_boxes_fell_back_to_uids(tmp_path_factory: Any) -> None:
+    from farm.diagnose import _kernel_check
+    from farm.settings import FarmSettings
+
+    settings = FarmSettings(limits=no_mount_limits(tmp_path_factory))
+    check = _kernel_check(settings)
+    assert check.ok and check.warn, check
+    assert "BOXES HAVE NO NAMESPACES" in check.detail and "mount" in check.detail
+    assert "apparmor" in check.fix.lower()
+    assert not _kernel_check(FarmSettings()).warn  # boxes with namespaces: no warning

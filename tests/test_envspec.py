@@ -132,11 +132,11 @@ def test_the_variants_are_specs_with_their_images_limits() -> None:
 
 
 def test_a_specs_limits_are_the_settings_a_worker_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    limits = EnvLimits(memory_mb=768, pids=256, cpus=0.5)
+    limits = EnvLimits(memory_mb=768, pids=256, cpus=0.5, disk_mb=2048)
     for key, value in limits.settings_env().items():
         monkeypatch.setenv(key, value)
     got = FarmSettings(image="some-env").limits
-    assert (got.memory_mb, got.pids, got.cpus) == (768, 256, 0.5)
+    assert (got.memory_mb, got.pids, got.cpus, got.disk_mb) == (768, 256, 0.5, 2048)
     assert got.network == "none"
 
 

@@ -66,6 +66,7 @@ class EnvLimits(BaseModel):
     fsize_mb: int | None = Field(None, ge=1)
     tmp_mb: int | None = Field(None, ge=1)
     workspace_mb: int | None = Field(None, ge=1)
+    disk_mb: int | None = Field(None, ge=16)  # room for the boxes' disks together
 
     def settings_env(self) -> dict[str, str]:
         """The ``FARM_SANDBOX_*`` variables that give a worker these limits."""

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     pool.caps = caps
     prepare_shared_dirs(pool, warned=args.dirs_warned)
     _, zygote_sock = zygote.start(isolation)
-    if isolation == "namespaces":  # only the zygote (and each box's maker) keeps them
+    if isolation == "namespaces":  # only the zygote (and a box's init, briefly) keeps them
         namespaces.drop_capabilities(namespaces.CAP_SYS_ADMIN, namespaces.CAP_NET_ADMIN)
     token = _read_token(args)
     prctl(PR_SET_DUMPABLE, 0)

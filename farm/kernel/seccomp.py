@@ -1,13 +1,13 @@
 """A box's seccomp filter: the system calls that could undo its namespaces are refused.
 
 With CAP_SYS_ADMIN in the container, Docker's seccomp profile lets every process call
-``unshare``, ``mount`` and ``setns``; a box holds no capability, but the kernel's attack surface
-behind those calls (and ``bpf``, ``perf_event_open``, ``userfaultfd``, keyrings) stays closed
-to it anyway. ``install`` adds the filter to the calling process (after ``no_new_privs``), and
-every process it starts inherits it; nothing can remove it. Refused calls fail with ``EPERM``;
-``clone3`` with ``ENOSYS`` (its flags are in memory a filter cannot read), so that libc falls
-back to ``clone``, whose namespace flags are checked. Standard library only: the BPF program is
-built here (``linux/filter.h``, ``linux/seccomp.h``).
+``unshare``, ``mount`` and ``setns``; a box holds no capability, but the kernel's attack
+surface behind those calls (and ``bpf``, ``perf_event_open``, ``userfaultfd``, io_uring,
+keyrings) stays closed to it anyway. ``install`` adds the filter to the calling process (after
+``no_new_privs``), and every process it starts inherits it; nothing can remove it. Refused
+calls fail with ``EPERM``; ``clone3`` with ``ENOSYS`` (its flags are in memory a filter cannot
+read), so that libc falls back to ``clone``, whose namespace flags are checked. Standard
+library only: the BPF program is built here (``linux/filter.h``, ``linux/seccomp.h``).
 """
 
 from __future__ import annotations
@@ -32,58 +32,30 @@ CLONE_NAMESPACES |= 0x10000000 | 0x20000000 | 0x40000000 | 0x00000080
 
 # audit arch, and the numbers of the refused calls, then of clone and clone3 (checked apart);
 # x32 calls (x86-64 numbers with bit 30 set) are refused whole
+# Calls numbered alike on every architecture (the unified table, from 403 on)
+_UNIFIED = dict(
+    io_uring_setup=425, io_uring_enter=426, io_uring_register=427, open_tree=428,
+    move_mount=429, fsopen=430, fsconfig=431, fsmount=432, fspick=433, mount_setattr=442,
+    open_tree_attr=467, clone3=435,
+)  # fmt: skip
 ARCHES: dict[str, tuple[int, dict[str, int]]] = {
     "x86_64": (
         0xC000003E,
         dict(
-            unshare=272,
-            setns=308,
-            mount=165,
-            umount2=166,
-            pivot_root=155,
-            bpf=321,
-            perf_event_open=298,
-            keyctl=250,
-            add_key=248,
-            request_key=249,
-            userfaultfd=323,
-            open_tree=428,
-            move_mount=429,
-            fsopen=430,
-            fsconfig=431,
-            fsmount=432,
-            fspick=433,
-            mount_setattr=442,
+            _UNIFIED, unshare=272, setns=308, mount=165, umount2=166, pivot_root=155, bpf=321,
+            perf_event_open=298, keyctl=250, add_key=248, request_key=249, userfaultfd=323,
             clone=56,
-            clone3=435,
         ),
     ),
     "aarch64": (
         0xC00000B7,
         dict(
-            unshare=97,
-            setns=268,
-            mount=40,
-            umount2=39,
-            pivot_root=41,
-            bpf=280,
-            perf_event_open=241,
-            keyctl=219,
-            add_key=217,
-            request_key=218,
-            userfaultfd=282,
-            open_tree=428,
-            move_mount=429,
-            fsopen=430,
-            fsconfig=431,
-            fsmount=432,
-            fspick=433,
-            mount_setattr=442,
+            _UNIFIED, unshare=97, setns=268, mount=40, umount2=39, pivot_root=41, bpf=280,
+            perf_event_open=241, keyctl=219, add_key=217, request_key=218, userfaultfd=282,
             clone=220,
-            clone3=435,
         ),
     ),
-}
+}  # fmt: skip
 _X32_BIT = 0x40000000
 
 
@@ -107,6 +79,11 @@ def program(machine: str | None = None) -> bytes:
     ops += [_op(_JSET_K, CLONE_NAMESPACES, 0, 1), _op(_RET_K, deny)]
     ops += [_op(_RET_K, SECCOMP_RET_ALLOW)]
     return b"".join(ops)
+
+
+def supported() -> bool:
+    """Whether this machine's system call numbers are known here (x86-64, aarch64)."""
+    return platform.machine() in ARCHES
 
 
 def install() -> None:

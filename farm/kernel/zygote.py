@@ -68,10 +68,9 @@ def _session_child(
         session.prepare_process()  # its own process group, stdio, OOM preference: as root
         box = config.get("box")
         if box is not None:
+            _filter(isolation)  # before the box's uid: never a moment without it
             uids.prepare(box, isolation)
             uids.enter(box, isolation)
-            if isolation != "dirs":
-                seccomp.install()
         session.serve(ctl, config)
     except BaseException as exc:  # a session process never returns into the zygote
         with contextlib.suppress(Exception):
@@ -96,15 +95,23 @@ def _command_child(
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
+        _filter(isolation)  # before the box's uid: never a moment without it
         uids.enter(request["box"], isolation)
-        if isolation != "dirs":
-            seccomp.install()
         commands.exec_in_box(request)  # returns only when the command could not be run
     except BaseException as exc:  # a command never returns into the zygote
         with contextlib.suppress(Exception):
             os.write(2, f"farm: {exc}\n".encode())
     finally:
         os._exit(code)
+
+
+def _filter(isolation: str) -> None:
+    """The box's seccomp filter, installed while this process is still root and untraceable
+    by any box (then it becomes the box's uid and dumpable). Uid boxes on a machine it knows no
+    system call numbers for go without, as before namespaces; boxes with namespaces never do
+    (the kernel's start probe checks it)."""
+    if isolation == "namespaces" or (isolation == "uids" and seccomp.supported()):
+        seccomp.install()
 
 
 def _fork(run: Any) -> int:
@@ -193,6 +200,7 @@ class Zygote:
             raise
         if init == 0:
             try:
+                os.setsid()  # a group of its own: never the kernel's, which a box could name
                 self.sock.close()
                 theirs.close()
                 os.close(read_end)
@@ -318,16 +326,6 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     if isolation == "namespaces":
         zygote.own_pids = os.open("/proc/self/ns/pid", os.O_RDONLY)
     _serve(zygote)
-
-
-def _box_init(sock: socket.socket, isolation: str) -> NoReturn:
-    """A box's pid 1: its ``/proc``, no privilege to mount, then the box's zygote until the
-    supervisor closes the connection (its end takes the whole box: the pid namespace's)."""
-    try:
-        namespaces.init_box()
-    except BaseException:
-        os._exit(1)
-    _serve(Zygote(sock, isolation, in_box=True))
 
 
 def _serve(zygote: Zygote) -> NoReturn:

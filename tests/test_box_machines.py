@@ -267,6 +267,13 @@ def test_a_box_cannot_make_or_leave_namespaces_and_holds_no_capability(
         assert caps[key] == "0000000000000000", (key, caps[key])
     assert caps["Seccomp"] == "2" and caps["NoNewPrivs"] == "1"
     assert threads == "ok" and forked == "forked\n"
+    masked = value(  # the box's fresh /proc keeps Docker's masks and read-only paths
+        a,
+        "import os\n[os.statvfs('/proc/sys').f_flag & os.ST_RDONLY != 0] + "
+        "[open(p).read() for p in ('/proc/timer_list', '/proc/sched_debug') "
+        "if os.path.exists(p)]",
+    )
+    assert masked[0] is True and masked[1:] == [""] * (len(masked) - 1), masked
 
 
 HOG = textwrap.dedent(

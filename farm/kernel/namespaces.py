@@ -19,6 +19,7 @@ import os
 import socket
 import struct
 
+from . import seccomp
 from .uids import libc
 
 CLONE_NEWNS = 0x00020000
@@ -77,13 +78,13 @@ def loopback_up() -> None:
 
 
 def drop_capabilities(*caps: int) -> None:
-    """Remove ``caps`` from this process's effective and permitted sets, for good."""
+    """Remove ``caps`` from this process's effective, permitted and inheritable sets."""
     header = (ctypes.c_uint32 * 2)(_CAP_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()
     _check(libc.capget(header, data), "capget")
     for cap in caps:
         word, bit = divmod(cap, 32)
-        for field in (0, 1):  # effective, permitted (inheritable is the third)
+        for field in (0, 1, 2):  # effective, permitted, inheritable
             data[word * 3 + field] &= ~(1 << bit) & 0xFFFFFFFF
     _check(libc.capset(header, data), "capset")
 
@@ -134,7 +135,10 @@ def fork_into_new_pids(own: int) -> int:
         setns(own, CLONE_NEWPID)
         raise
     if pid != 0:
-        setns(own, CLONE_NEWPID)
+        try:
+            setns(own, CLONE_NEWPID)
+        except OSError:  # every later child would land in the box's namespace: end here,
+            os._exit(70)  # and the kernel that lost its zygote is replaced
     return pid
 
 
@@ -144,7 +148,7 @@ def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
     unshare(BOX_NAMESPACES & ~CLONE_NEWNET & ~CLONE_NEWPID)
     setns(network, CLONE_NEWNET)
     mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the sandbox
-    options = f"size={disk_mb}m,mode=0755"
+    options = f"size={disk_mb}m,nr_inodes={disk_mb * 256},mode=0755"  # inodes: ~4 KiB each
     mount("farm-box", STAGING, "tmpfs", MS_NOSUID | MS_NODEV, options)
     for target, name, mode in PRIVATE_DIRS:
         path = os.path.join(STAGING, name)
@@ -159,10 +163,24 @@ def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
         mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
 
 
+# What Docker hides or makes read-only in its /proc, done again over the box's fresh /proc
+# (a new procfs shows all of it): host-wide timers, tasks and keys hidden; sysctls read-only.
+PROC_MASKED = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug")
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+MS_RDONLY, MS_REMOUNT = 1, 32
+
+
 def init_box() -> None:
-    """In the box's pid 1: its own ``/proc`` (only the box's processes), then no privilege to
-    mount or to configure networks is left in the box."""
+    """In the box's pid 1: its own ``/proc`` (only the box's processes), with Docker's masks
+    and read-only paths again, then no privilege to mount or to configure networks is left."""
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path in PROC_MASKED:
+        if os.path.exists(path):
+            mount("/dev/null", path, None, MS_BIND)
+    for path in PROC_READ_ONLY:
+        if os.path.exists(path):
+            mount(path, path, None, MS_BIND | MS_REC)
+            mount(path, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY)
     drop_capabilities(CAP_SYS_ADMIN, CAP_NET_ADMIN)
 
 
@@ -183,6 +201,11 @@ def probe(disk_mb: int = 1) -> str | None:
                 try:
                     make_box(os.getuid(), os.getgid(), disk_mb, network)
                     init_box()
+                    seccomp.install()  # what every box process needs, tried here too
+                    pidfd = os.pidfd_open(os.getpid())
+                    with open(f"/proc/self/fdinfo/{pidfd}") as f:
+                        if "\nPid:\t1\n" not in f.read():
+                            raise OSError("pidfds name no pid in /proc/self/fdinfo here")
                     os._exit(0)
                 except BaseException as exc:
                     os.write(write_end, f"{exc}".encode())

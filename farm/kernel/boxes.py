@@ -79,9 +79,14 @@ class Caps:
         memory = _cgroup_value(_MEMORY_FILES)
         fsize = _hard(resource.RLIMIT_FSIZE)
         if memory and disk_mb:
+            if memory <= disk_mb * MB:
+                raise LimitsError(
+                    f"the boxes' disks ({disk_mb} MB) take all of the sandbox's memory "
+                    f"({memory // MB} MB): nothing is left for their processes"
+                )
             memory -= disk_mb * MB  # the boxes' disks live in it: the rest is for processes
         caps = cls(
-            memory_mb=memory // MB if memory and memory > 0 else None,
+            memory_mb=memory // MB if memory else None,
             pids=_cgroup_value(_PIDS_FILES),
             fsize_mb=fsize // MB if fsize else None,
             nofile=_hard(resource.RLIMIT_NOFILE),

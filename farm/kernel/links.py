@@ -105,19 +105,24 @@ class Link:
                 return False
             message = json.loads(data)
             if message["op"] == "spawned":
+                future = self.pending.pop(0)  # answers come in the order of the requests
                 pid = key = message["pid"]
                 if self.in_box and key > 0:  # the last fd is the process's pidfd
-                    pid = pidfd_pid(fds[-1])
-                    os.close(fds.pop())
-                future = self.pending.pop(0)
-                if future.done():  # its asker gave up (a timeout): the fds are nobody's, and
-                    for fd in fds:  # closing them ends what they belonged to (EOF, no reader)
-                        os.close(fd)
-                elif key < 0:
-                    why = message.get("error") or "out of processes?"
-                    future.set_exception(
-                        RequestError("unavailable", f"the kernel could not fork: {why}")
-                    )
+                    pidfd = fds.pop()
+                    try:
+                        pid = pidfd_pid(pidfd)
+                    except OSError as exc:
+                        key, message = -1, {"error": str(exc)}  # its other fds close below
+                    finally:
+                        os.close(pidfd)
+                if future.done() or key < 0:  # an asker that gave up (a timeout), or a failure:
+                    for fd in fds:  # the fds are nobody's, and closing them ends what they
+                        os.close(fd)  # belonged to (EOF, no reader)
+                    if not future.done():
+                        why = message.get("error") or "out of processes?"
+                        future.set_exception(
+                            RequestError("unavailable", f"the kernel could not fork: {why}")
+                        )
                 else:
                     self.starting.add(key)
                     future.set_result((key, pid, fds))
@@ -143,6 +148,6 @@ def pidfd_pid(pidfd: int) -> int:
     """The pid, in this process's pid namespace, of the process ``pidfd`` refers to."""
     with open(f"/proc/self/fdinfo/{pidfd}") as f:
         for line in f:
-            if line.startswith("Pid:"):
+            if line.startswith("Pid:") and int(line.split()[1]) > 0:  # -1: reaped already
                 return int(line.split()[1])
-    raise OSError(f"pidfd {pidfd} names no process")
+    raise OSError(f"pidfd {pidfd} names no live process")

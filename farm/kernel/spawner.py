@@ -93,6 +93,7 @@ class Spawner:
         self.caps = caps
         self.tool_limit = tool_limit
         self.boxes: dict[int, tuple[Link, BoxInit]] = {}  # box number -> its pid 1 (namespaces)
+        self.making: dict[int, asyncio.Lock] = {}  # box number -> held while made or ended
         self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
         # box number -> processes being started for it, not yet in its uid (or its groups): a
         # reset waits for them, so its kill finds them and no box is given back with one
@@ -135,13 +136,26 @@ class Spawner:
         zygote's own with other isolation."""
         if self.pool.isolation != "namespaces":
             return self.zygote
-        if box.number in self.boxes:
-            link = self.boxes[box.number][0]
-            if link.alive:
-                return link
-            await self._end(box)  # its init died under it: a new box (its files went too)
+        async with self._making(box):  # one box at a time per number
+            held = self.boxes.get(box.number)
+            if held is not None:
+                if held[0].alive:
+                    return held[0]
+                if not await self._end_now(box):  # its init died under it: a new box
+                    raise RequestError("unavailable", f"box {box.number} did not end")
+            return await self._make(box)
+
+    def _making(self, box: Box) -> asyncio.Lock:
+        return self.making.setdefault(box.number, asyncio.Lock())
+
+    async def _make(self, box: Box) -> Link:
         key, pid, fds = await self._forked({"op": "box", "box": box.describe()}, self.zygote)
-        init = BoxInit(pid)
+        try:
+            init = BoxInit(pid)
+        except OSError as exc:  # gone already: its connection closes, nothing of it is left
+            for fd in fds:
+                os.close(fd)
+            raise RequestError("unavailable", f"the box's init is gone: {exc}") from None
         self.zygote.register(key, init)
         link = Link(socket.socket(fileno=fds[0]), in_box=True)
         self.boxes[box.number] = (link, init)
@@ -202,7 +216,11 @@ class Spawner:
             raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
         future: asyncio.Future[tuple[int, int, list[int]]] = self.loop.create_future()
         link.pending.append(future)
-        send_request(link.sock, message)
+        try:
+            send_request(link.sock, message)
+        except OSError as exc:  # not sent (its queue is full): no answer will come for it
+            link.pending.remove(future)
+            raise RequestError("unavailable", f"the zygote took no request: {exc}") from None
         return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
 
     async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
@@ -245,10 +263,17 @@ class Spawner:
             return await asyncio.wait_for(future, RESET_TIMEOUT_S)
         except (asyncio.TimeoutError, RequestError, OSError):
             return False
+        finally:
+            link.resets.pop(request_id, None)
 
     async def _end(self, box: Box) -> bool:
-        """The box's pid 1 killed and reaped: the kernel has then ended every process of its
-        pid namespace, and its mounts went with its mount namespace."""
+        """The box's pid 1 killed and reaped (after a box being made for the number is made):
+        the kernel has then ended every process of its pid namespace, and its mounts went
+        with its mount namespace."""
+        async with self._making(box):
+            return await self._end_now(box)
+
+    async def _end_now(self, box: Box) -> bool:
         held = self.boxes.pop(box.number, None)
         self.groups.pop(box.number, None)
         if held is None:
@@ -329,7 +354,7 @@ class Spawner:
     async def _make_spare(self, box: Box) -> None:
         try:
             proc = await self.spawn(box, True)
-        except (RequestError, asyncio.TimeoutError) as exc:
+        except Exception as exc:  # whatever it was, the box is ended and its number returns
             log.warning("a spare session process could not start: %s", exc)
             self.end_box(box, None)
             return

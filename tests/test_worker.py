@@ -137,11 +137,12 @@ def test_metrics_move_after_a_timeout_and_an_oom(farm: Farm) -> None:
         refused = s.run("kept = 1\nx = bytearray(2 * 10**9)", timeout_s=60)
         assert refused.kind == "oom" and not refused.state_lost
         assert refused.error is not None and refused.error.ename == "MemoryError"
-        bomb = s.run(  # 300 + 250 MB, touched, past the box's 512: the child is killed
+        bomb = s.run(  # 300 + 250 MB, touched, past the box's 512: the child is killed and
+            # the cell fails for it (a cell that succeeds anyway stays ok, with the note)
             "import subprocess, sys\nheld = bytearray(300 * 2**20)\n"
             "held[::4096] = b'x' * len(held[::4096])\nsubprocess.run([sys.executable, '-c', "
             '\'import time; more = bytearray(250 * 2**20); more[::4096] = b"y" * '
-            "len(more[::4096]); time.sleep(20)'])",
+            "len(more[::4096]); time.sleep(20)'], check=True)",
             timeout_s=60,
         )
         assert bomb.kind == "oom" and not bomb.state_lost, bomb

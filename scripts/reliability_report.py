@@ -190,7 +190,7 @@ def render(
         "| area | cases | pass | fail |",
         "|---|---:|---:|---:|",
     ]
-    for area in [*MODULES.values()]:
+    for area in dict.fromkeys(MODULES.values()):  # each area once, in order
         mine = [r for r in rows if r.area == area]
         passed = sum(r.result == "pass" for r in mine)
         lines.append(f"| {area} | {len(mine)} | {passed} | {len(mine) - passed} |")
@@ -235,9 +235,10 @@ def render_cotenancy(rows: list[Row]) -> list[str]:
         "",
         "## Co-tenancy",
         "",
-        "Sessions that share a worker's sandbox are boxes: a uid, private directories and "
-        "limits of their own (`tests/test_cotenancy.py`). Each case runs from a real session "
-        "against another on the same real Docker worker, or fills one sandbox with a sweep.",
+        "Sessions that share a worker's sandbox are boxes: a uid and mount, pid, network, "
+        "IPC and UTS namespaces with a disk of their own (`tests/test_cotenancy.py`, "
+        "`tests/test_box_machines.py`). Each case runs from a real session against another "
+        "on the same real Docker worker, or fills one sandbox with a sweep.",
         "",
     ]
     if not rows:

@@ -21,12 +21,17 @@ import farm.kernel
 MOUNT = "/opt/farm"
 
 
-def kernel_digest(kernel_dir: Path | None = None) -> str:
-    """sha256 of the kernel's sources (names and contents)."""
-    root = kernel_dir or Path(farm.kernel.__file__).parent
+def kernel_digest(kernel_dir: Path | None = None, *extra: Path, root: Path | None = None) -> str:
+    """sha256 of the kernel's sources, sub-packages included, and of ``extra`` files (the
+    image's Dockerfile), each by its path under ``root`` (default: the kernel's directory) and
+    its contents: the one digest that says whether a bundle or an image holds this kernel."""
+    kernel = kernel_dir or Path(farm.kernel.__file__).parent
+    base = root or kernel
+    files = sorted([*kernel.rglob("*.py"), *extra], key=lambda p: p.relative_to(base).as_posix())
     digest = hashlib.sha256()
-    for path in sorted(root.glob("*.py")):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in files:
+        digest.update(path.relative_to(base).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 

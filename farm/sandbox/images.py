@@ -41,6 +41,7 @@ import docker
 import docker.errors
 
 from farm.errors import DockerUnavailable, ImageBuildError
+from farm.sandbox.bundle import kernel_digest
 
 logger = logging.getLogger(__name__)
 
@@ -113,23 +114,14 @@ def docker_client(client: docker.DockerClient | None) -> Iterator[docker.DockerC
 
 
 def kernel_source_hash(repo_root: Path, dockerfile_path: Path = DOCKERFILE) -> str:
-    """sha256 over the kernel's ``*.py`` files and the sandbox Dockerfile, by sorted path.
-
-    Paths go into the hash with the contents, so renaming or moving a module counts as a
-    change too. Anything else in the repository does not reach the image and does not count.
-    """
+    """The kernel's digest (``bundle.kernel_digest``) with the sandbox Dockerfile: paths go in
+    with the contents, so renaming or moving a module counts as a change too. Anything else in
+    the repository does not reach the image and does not count."""
     kernel = repo_root / KERNEL_DIR
     dockerfile = repo_root / dockerfile_path
     if not kernel.is_dir() or not dockerfile.is_file():
         raise ImageBuildError(f"{repo_root} has no {KERNEL_DIR}/ or {dockerfile_path}")
-    files = sorted([*kernel.rglob("*.py"), dockerfile], key=lambda p: p.relative_to(repo_root))
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.relative_to(repo_root).as_posix().encode())
-        digest.update(b"\0")
-        digest.update(path.read_bytes())
-        digest.update(b"\0")
-    return digest.hexdigest()
+    return kernel_digest(kernel, dockerfile, root=repo_root)
 
 
 def pinned_tag(tag: str, want: Mapping[str, str]) -> str:

@@ -274,6 +274,7 @@ def test_a_box_cannot_make_or_leave_namespaces_and_holds_no_capability(
         "if os.path.exists(p)]",
     )
     assert masked[0] is True and masked[1:] == [""] * (len(masked) - 1), masked
+    assert value(a, "import os\nos.listdir('/run/farm')") == []  # the kernel's socket dir
 
 
 HOG = textwrap.dedent(

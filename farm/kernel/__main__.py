@@ -240,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"the boxes' default limits do not fit this sandbox: {exc}") from None
     pool.caps = caps
     prepare_shared_dirs(pool, warned=args.dirs_warned)
+    socket_dir = os.path.dirname(os.path.realpath(args.unix)) if args.unix else "/"
+    if isolation == "namespaces" and socket_dir not in namespaces.NOT_HIDDEN:
+        namespaces.HIDDEN.append(socket_dir)  # boxes see an empty directory there
     _, zygote_sock = zygote.start(isolation)
     if isolation == "namespaces":  # only the zygote (and a box's init, briefly) keeps them
         namespaces.drop_capabilities(namespaces.CAP_SYS_ADMIN, namespaces.CAP_NET_ADMIN)

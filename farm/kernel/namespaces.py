@@ -29,11 +29,15 @@ CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 BOX_NAMESPACES = CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
 
-MS_NOSUID, MS_NODEV, MS_NOEXEC = 2, 4, 8
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 CAP_NET_ADMIN, CAP_SYS_ADMIN = 12, 21
 _CAP_VERSION_3 = 0x20080522
 _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+# Directories of the kernel's that a box must not even see (the socket's: ``__main__`` names it)
+HIDDEN: list[str] = []
+NOT_HIDDEN = ("/", "/tmp", "/var/tmp", "/workspace", "/dev", "/dev/shm", "/proc")
 
 # The box's private directories: where each lives in the box, its directory on the box's disk
 # and its mode. ``/tmp`` is bound last: the disk is mounted there first, while it is set up.
@@ -161,13 +165,15 @@ def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
             mount(os.path.join(STAGING, name), target, None, MS_BIND)
     if os.path.isdir("/dev/mqueue"):  # the POSIX queues of this box's IPC namespace
         mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path in HIDDEN:  # the kernel's own directory (its socket): empty in the box
+        flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        mount("farm-hidden", path, "tmpfs", flags, "size=4k")
 
 
 # What Docker hides or makes read-only in its /proc, done again over the box's fresh /proc
 # (a new procfs shows all of it): host-wide timers, tasks and keys hidden; sysctls read-only.
 PROC_MASKED = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug")
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
-MS_RDONLY, MS_REMOUNT = 1, 32
 
 
 def init_box() -> None:

@@ -5,6 +5,8 @@ secrets from its worker."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -55,6 +57,33 @@ def test_a_child_still_dies_with_this_process(tmp_path: Path) -> None:
         parent.kill()
         parent.wait(30)
     assert wait_for(lambda: not pid_alive(child), 30), "redis-server outlived its parent"
+
+
+def test_a_child_of_a_process_that_blocks_sigterm_still_gets_it(tmp_path: Path) -> None:
+    """``farm up`` blocks SIGTERM and SIGINT to wait for them; its redis and workers must not
+    inherit that mask: they would ignore ``farm down`` and outlive a killed ``farm up``."""
+    script = (
+        "import signal, sys, pathlib\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})\n"
+        "from farm.redis_server import RedisServer\n"
+        f"server = RedisServer(pathlib.Path({str(tmp_path)!r})).start()\n"
+        "print(server.proc.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        try:
+            status = Path(f"/proc/{child}/status").read_text()
+            assert "SigBlk:\t0000000000000000" in status, status
+            parent.kill()
+            parent.wait(30)
+            assert wait_for(lambda: not pid_alive(child), 30), "redis-server outlived its parent"
+        finally:
+            if pid_alive(child):
+                os.kill(child, signal.SIGKILL)
 
 
 def test_user_code_in_a_process_sandbox_sees_none_of_farms_secrets(

@@ -318,11 +318,12 @@ def gc() -> None:
 
 @app.command()
 def doctor() -> None:
-    """Check Docker, Redis, the image and a kernel round trip; say what to fix."""
+    """Check Docker, Redis, the image and a kernel round trip; say what to fix. The broker is
+    the one `farm run` uses: FARM_BROKER_URL, else the farm `farm up` recorded."""
     from farm.diagnose import run_checks
 
     ok = True
-    for check in run_checks(FarmSettings()):
+    for check in run_checks(Farm.default_settings()):
         ok &= check.ok
         mark = "[yellow]WARN[/]" if check.warn else "[green]ok[/]" if check.ok else "[red]FAIL[/]"
         console.print(f"{mark}  {check.name}: {escape(check.detail)}", highlight=False)

@@ -1,5 +1,5 @@
 """The real ``farm`` CLI against a local farm of ``farm up --backend process`` (a real
-redis-server and a real worker process, no Docker): what ``doctor`` shows."""
+redis-server and a real worker process, no Docker): what ``status`` and ``doctor`` show."""
 
 from __future__ import annotations
 
@@ -74,3 +74,32 @@ def test_doctor_checks_farm_broker_url_over_the_recorded_farm(
     nobody = free_port()
     out = doctor({**env, "FARM_BROKER_URL": f"redis://127.0.0.1:{nobody}/0"})
     assert f"FAIL  broker: cannot reach the broker at redis://127.0.0.1:{nobody}/0" in out, out
+
+
+def status(env: dict[str, str], columns: int) -> str:
+    ran = cli("status", env={**env, "COLUMNS": str(columns)})
+    assert ran.returncode == 0, ran.stderr
+    return ran.stdout
+
+
+def test_status_in_80_columns_shows_whole_columns_that_fit(up: tuple[dict[str, str], Any]) -> None:
+    env, state = up
+    out = status(env, 80)
+    assert "…" not in out, out
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    header = next(line for line in out.splitlines() if "┃ worker " in line)
+    for column in ("worker", "image", "ready", "sessions", "restarts"):
+        assert f" {column} " in header, out
+    assert f" {state['workers'][0]} " in out, out
+    assert "not shown at 80 columns: image digest, metrics (see --json)" in out, out
+
+
+def test_status_in_a_wide_terminal_shows_every_column(up: tuple[dict[str, str], Any]) -> None:
+    env, state = up
+    out = status(env, 200)
+    header = next(line for line in out.splitlines() if "┃ worker " in line)
+    for column in ("worker", "image", "gen", "ready", "sessions", "restarts", "backend"):
+        assert f" {column} " in header, out
+    assert " image digest " in header and " metrics " in header, out
+    assert "not shown" not in out and "…" not in out, out
+    assert f" {state['workers'][0]} " in out, out

@@ -16,6 +16,14 @@ import pytest
 from farm.kernel.client import KernelClient
 from farm.models import ExecResult
 from farm.sandbox.process import ProcessSandbox
+from tests.raw_sockets import close_opened
+
+
+@pytest.fixture(autouse=True)
+def close_test_sockets() -> Iterator[None]:
+    """The bare kernel sockets a test opened (``tests.raw_sockets``) are closed after it."""
+    yield
+    close_opened()
 
 
 class Cells:
@@ -248,3 +256,4 @@ def inspect_image(docker_env: Any) -> Iterator[str]:
         for directory in (WHEELS_DIR, CONTEXT_DIR):
             shutil.rmtree(root / directory / INSPECT_IMAGE, ignore_errors=True)
         (root / CONTEXT_DIR / f"{INSPECT_IMAGE}.lock").unlink(missing_ok=True)
+

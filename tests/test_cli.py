@@ -17,6 +17,7 @@ import pytest
 
 from farm.client import AsyncFarm, Farm
 from farm.errors import SandboxUnavailable
+from farm.processes import pid_alive
 from farm.sweep import Sweep, plan_sweep, read_items
 from tests.waiting import wait_for
 
@@ -62,17 +63,11 @@ def test_up_status_run_down_leave_nothing_behind(docker_env: Any, tmp_path: Path
         down = cli("down", env=env)
     assert down.returncode == 0, down.stderr
     assert not (tmp_path / "state.json").exists()
-    assert not _alive(state["pid"])
+    assert not pid_alive(state["pid"])
     leftovers = docker_env.containers.list(
         ignore_removed=True, all=True, filters={"label": f"farm.owner={state['workers'][0]}"}
     )
     assert leftovers == []
-
-
-def _alive(pid: int) -> bool:
-    from farm.processes import pid_alive
-
-    return pid_alive(pid)
 
 
 def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Path) -> None:

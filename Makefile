@@ -23,8 +23,13 @@ setup: venv
 
 # The chaos cases (they kill workers, containers and Redis and wait minutes for recovery) run in
 # `make reliability`; under a loaded 2-core CI their recovery deadlines are not a fair test.
+# TEST_WORKERS pytest-xdist processes share the run; each has its own redis-server (free port),
+# container owner label and session fixtures, and `--dist loadfile` keeps a module's tests on
+# one of them, so its module-scoped farms and sandboxes start once. `setup` builds the sandbox
+# image first, so the workers' session fixtures find it current rather than build it twice.
+TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -m "not chaos" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not chaos" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -5,7 +5,7 @@ VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv setup test lint bench run clean images compose-up compose-down
+.PHONY: venv setup test test-fast lint bench run clean images compose-up compose-down
 
 venv: $(STAMP)
 
@@ -30,6 +30,14 @@ setup: venv
 TEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/pytest -m "not chaos" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The inner loop: nothing that needs Docker or takes more than a few seconds (units, kernels as
+# local processes, in-process Celery workers over a real redis-server); about a minute. Needs
+# redis-server on the host (`make setup` installs it). A test using a Docker fixture is marked
+# `docker` by tests/conftest.py even where its module forgets to.
+FAST_WORKERS ?= 2
+test-fast: venv
+	$(VENV)/bin/pytest -m "not docker and not slow and not chaos" -n $(FAST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

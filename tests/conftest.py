@@ -257,3 +257,16 @@ def inspect_image(docker_env: Any) -> Iterator[str]:
             shutil.rmtree(root / directory / INSPECT_IMAGE, ignore_errors=True)
         (root / CONTEXT_DIR / f"{INSPECT_IMAGE}.lock").unlink(missing_ok=True)
 
+
+# --- markers ------------------------------------------------------------------------------------
+
+# Fixtures that need a Docker daemon: a test using any of them (directly or through another
+# fixture) is a ``docker`` test whether or not its module says so, so `make test-fast` (not
+# docker) never picks one up.
+DOCKER_FIXTURES = {"docker_env", "docker_sandbox", "farm", "inspect_image"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if DOCKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.docker)

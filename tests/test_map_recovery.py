@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from farm.celeryconf import shared_queue
 from farm.client import Farm
 from farm.client.mapping import CLAIM_WAIT_S
@@ -20,6 +22,7 @@ from tests.conftest import consuming, farm_worker
 from tests.waiting import wait_for
 
 
+@pytest.mark.slow
 def test_a_chunk_a_dying_consumer_took_is_sent_again_within_seconds(tmp_path: Any) -> None:
     """A message taken off the queue by a consumer that died before claiming it leaves no
     trace but an empty queue: the map abandons that chunk (a late copy runs nothing) and sends

@@ -64,6 +64,7 @@ def user_mypy(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.slow
 def test_a_user_s_strict_mypy_checks_code_using_farm(
     user_mypy: subprocess.CompletedProcess[str],
 ) -> None:
@@ -72,6 +73,7 @@ def test_a_user_s_strict_mypy_checks_code_using_farm(
     assert "Found 1 error in 1 file (checked 2 source files)" in user_mypy.stdout, user_mypy.stdout
 
 
+@pytest.mark.slow
 def test_a_user_s_strict_mypy_refuses_farm_as_an_int(
     user_mypy: subprocess.CompletedProcess[str],
 ) -> None:

@@ -1,31 +1,10 @@
 """Where Inspect's injected tools live in a box: a directory of each box's own, not the one
 fixed path Inspect gives every sandbox.
 
-Inspect installs the tools it injects (``text_editor``, ``bash_session``, ``exec_remote``...),
-a PyInstaller tree of about 31 MiB, at one fixed path (``SANDBOX_TOOLS_DIR``,
-``/var/tmp/.da7be258e003d428``) and starts their server from there; the server keeps its state
-(socket, pid) beside its executable. Farm cannot run as root, so Inspect installs the tree as
-the sample's own user: in a sandbox shared by many boxes, the first box to use the tools would
-own that path until it ends, and every other sample meanwhile fails with
-``SandboxInjectionError``.
-
-So every mention of ``SANDBOX_TOOLS_DIR`` a sample's environment is given (in an argv element,
-shell scripts included; the working directory; an environment value; a file path) is rewritten
-to the box's own directory, ``/var/tmp/.inspect-tools-<digest>``: each box gets its own tree and
-its own server. The model's commands are rewritten alike: wherever it is named, the path is the
-box's. Inspect's framework-directory helper names the directory as two arguments
-(parent, then leaf): that pair is rewritten too. Inspect's contract for such a directory holds:
-its parent, ``/var/tmp``, is root's and sticky (mode 1733), and the directory itself is the
-box's, mode 0700, made by the box before the first command that names it. A command naming it
-that fails on a full ``/var/tmp`` (about 31 MiB per box; the inspect image's default 272 MB
-holds eight, other images' 64 MB two) says so first, with what to set (``FULL``): Inspect
-shows that in its ``SandboxInjectionError``.
-
-Why the digest is keyed by a secret of this process (not the bare session id, a box number or
-a uid): another box could otherwise create the directory first and make it unusable (Inspect
-refuses a directory owned by another uid); ``/var/tmp`` is closed to listing, so a name nobody
-can guess is one nobody can take. What the box put there goes when the box ends (its files are
-removed by uid, ``/var/tmp`` included).
+Every mention of ``SANDBOX_TOOLS_DIR`` in a sample's argv, cwd, env or file paths becomes
+``/var/tmp/.inspect-tools-<digest>``, the box's own (mode 0700, made before the first command
+naming it), keyed by a secret of this process so no other box can take the name first.
+Why and how: docs/design/inspect-provider.md.
 """
 
 from __future__ import annotations

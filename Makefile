@@ -34,10 +34,12 @@ test: setup
 # The inner loop: nothing that needs Docker or takes more than a few seconds (units, kernels as
 # local processes, in-process Celery workers over a real redis-server); about a minute. Needs
 # redis-server on the host (`make setup` installs it). A test using a Docker fixture is marked
-# `docker` by tests/conftest.py even where its module forgets to.
-FAST_WORKERS ?= 2
+# `docker` by tests/conftest.py even where its module forgets to. Much of it waits (timeouts,
+# process starts), so three processes on two cores beat two; tests go one by one (`load`): its
+# module fixtures (a redis-server, an in-process worker) are cheap to start in each process.
+FAST_WORKERS ?= 3
 test-fast: venv
-	$(VENV)/bin/pytest -m "not docker and not slow and not chaos" -n $(FAST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not docker and not slow and not chaos" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -126,11 +126,12 @@ class BatchRunner:
             future.cancel()
         with self._lock:
             running = self._open.pop(map_id, set())
-        kernel = self.worker._kernel()
         for session_id in running:  # its box is reset: every process it started dies
             try:
-                kernel.close_session(session_id)
-            except KernelError:
+                self.worker._kernel().close_session(session_id)
+            except KernelRequestError:
+                pass  # the item ended meanwhile (no such session): nothing left to stop
+            except KernelError:  # the connection broke: the next close gets a new one
                 self.worker._drop_kernel()
         log.info(
             "map %s cancelled on worker %s: %d items stopped", map_id, self.worker.id, len(running)

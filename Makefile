@@ -5,7 +5,7 @@ VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv setup test lint bench run clean images compose-up compose-down
+.PHONY: venv setup test test-fast lint bench run clean images compose-up compose-down
 
 venv: $(STAMP)
 
@@ -23,8 +23,23 @@ setup: venv
 
 # The chaos cases (they kill workers, containers and Redis and wait minutes for recovery) run in
 # `make reliability`; under a loaded 2-core CI their recovery deadlines are not a fair test.
+# TEST_WORKERS pytest-xdist processes share the run; each has its own redis-server (free port),
+# container owner label and session fixtures, and `--dist loadfile` keeps a module's tests on
+# one of them, so its module-scoped farms and sandboxes start once. `setup` builds the sandbox
+# image first, so the workers' session fixtures find it current rather than build it twice.
+TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -m "not chaos" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -m "not chaos" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The inner loop: nothing that needs Docker or takes more than a few seconds (units, kernels as
+# local processes, in-process Celery workers over a real redis-server); about a minute. Needs
+# redis-server on the host (`make setup` installs it). A test using a Docker fixture is marked
+# `docker` by tests/conftest.py even where its module forgets to. Much of it waits (timeouts,
+# process starts), so three processes on two cores beat two; tests go one by one (`load`): its
+# module fixtures (a redis-server, an in-process worker) are cheap to start in each process.
+FAST_WORKERS ?= 3
+test-fast: venv
+	$(VENV)/bin/pytest -m "not docker and not slow and not chaos" -n $(FAST_WORKERS) $(PYTEST_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,14 +1,33 @@
 """farm: a distributed, sandboxed Python execution farm.
 
 Heavy parts (the client and its dependencies) load lazily, so that ``python3 -m farm.kernel``
-inside a sandbox imports nothing but the standard library.
+inside a sandbox imports nothing but the standard library. Type checkers and IDEs see the real
+names through the ``TYPE_CHECKING`` imports below (the package ships ``py.typed``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from farm.client import AsyncFarm, AsyncSession, Farm, Session, replay
+    from farm.models import BoxLimits, ExecResult
+    from farm.models.batch import BatchItem, BatchRecord
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "AsyncFarm",
+    "AsyncSession",
+    "BatchItem",
+    "BatchRecord",
+    "BoxLimits",
+    "ExecResult",
+    "Farm",
+    "Session",
+    "__version__",
+    "replay",
+]
 
 _LAZY = {
     "Farm": "farm.client",
@@ -30,3 +49,7 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,7 +9,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -82,34 +82,75 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
     if as_json:
         print(json.dumps({"workers": workers, "queues": queues, "sessions": len(sessions)}))
         return
+    rows = [_status_row(w) for w in workers]
+    shown = _fitting_columns(rows, console.width)
     table = Table(title=f"farm: {len(workers)} workers, {len(sessions)} sessions")
-    for column in (
-        "worker",
-        "image",
-        "gen",
-        "ready",
-        "sessions",
-        "restarts",
-        "backend",
-        "image digest",
-        "metrics",
-    ):
-        table.add_column(column)
-    for w in workers:
-        sandbox = w.get("sandbox") or {}
-        table.add_row(
-            str(w["id"]),
-            str(w.get("image")),
-            str(w.get("generation")),
-            "yes" if w.get("ready") else "[red]no[/]",
-            f"{w.get('sessions')}/{w.get('capacity')}",
-            str(w.get("restarts")),
-            str(sandbox.get("backend")),
-            str(sandbox.get("image_digest"))[:19],
-            str(w.get("metrics")),
-        )
+    for column in shown:
+        table.add_column(column, no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[c] for c in shown))
     console.print(table)
+    left_out = [c for c in STATUS_COLUMNS if c not in shown]
+    if left_out:
+        console.print(f"not shown at {console.width} columns: {', '.join(left_out)} (see --json)")
     console.print("queues: " + (", ".join(f"{q}={n}" for q, n in queues.items()) or "none"))
+
+
+# `farm status`'s columns in the order shown; STATUS_WANTED ranks them: a terminal too narrow
+# for all of them gets the most wanted ones that fit whole, never every one cut to `loc…`.
+STATUS_COLUMNS = (
+    "worker",
+    "image",
+    "gen",
+    "ready",
+    "sessions",
+    "restarts",
+    "backend",
+    "image digest",
+    "metrics",
+)
+STATUS_WANTED = (
+    "worker",
+    "ready",
+    "sessions",
+    "image",
+    "restarts",
+    "gen",
+    "backend",
+    "metrics",
+    "image digest",
+)
+
+
+def _status_row(w: dict[str, Any]) -> dict[str, str]:
+    sandbox = w.get("sandbox") or {}
+    return {
+        "worker": str(w["id"]),
+        "image": str(w.get("image")),
+        "gen": str(w.get("generation")),
+        "ready": "yes" if w.get("ready") else "[red]no[/]",
+        "sessions": f"{w.get('sessions')}/{w.get('capacity')}",
+        "restarts": str(w.get("restarts")),
+        "backend": str(sandbox.get("backend")),
+        "image digest": str(sandbox.get("image_digest"))[:19],
+        "metrics": str(w.get("metrics")),
+    }
+
+
+def _fitting_columns(rows: list[dict[str, str]], width: int) -> list[str]:
+    """The columns, in ``STATUS_COLUMNS``' order, that fit in ``width`` whole: the most wanted
+    first, each as wide as its header or widest cell plus its padding and border."""
+    from rich.text import Text
+
+    used = 1  # the table's left border
+    chosen: set[str] = set()
+    for column in STATUS_WANTED:
+        cells = [Text.from_markup(row[column]).cell_len for row in rows]
+        need = max([len(column), *cells]) + 3  # a space either side and the right border
+        if used + need <= width or not chosen:
+            chosen.add(column)
+            used += need
+    return [c for c in STATUS_COLUMNS if c in chosen]
 
 
 @app.command()
@@ -322,11 +363,12 @@ def gc() -> None:
 
 @app.command()
 def doctor() -> None:
-    """Check Docker, Redis, the image and a kernel round trip; say what to fix."""
+    """Check Docker, Redis, the image and a kernel round trip; say what to fix. The broker is
+    the one `farm run` uses: FARM_BROKER_URL, else the farm `farm up` recorded."""
     from farm.diagnose import run_checks
 
     ok = True
-    for check in run_checks(FarmSettings()):
+    for check in run_checks(Farm.default_settings()):
         ok &= check.ok
         mark = "[yellow]WARN[/]" if check.warn else "[green]ok[/]" if check.ok else "[red]FAIL[/]"
         console.print(f"{mark}  {check.name}: {escape(check.detail)}", highlight=False)

@@ -64,7 +64,7 @@ class ExecStart(_Event):
     code: str
     epoch: int
     worker: str | None = None
-    replay_of: str | None = Field(None, description="exec id this run replays (restore)")
+    replay_of: str | None = Field(default=None, description="exec id this run replays (restore)")
 
     def _repr_markdown_(self) -> str:
         what = f"replay of `{self.replay_of[:8]}`" if self.replay_of else "run"
@@ -163,7 +163,9 @@ class ExecEnd(_Event):
     kind: ErrorKind | None = None
     epoch: int
     state_lost: bool = False
-    ran: bool = Field(True, description="False when the kernel refused to run the code at all")
+    ran: bool = Field(
+        default=True, description="False when the kernel refused to run the code at all"
+    )
     duration_s: float = 0.0
     cpu_s: float = 0.0
     max_rss_kb: int = 0

@@ -32,7 +32,11 @@ def die_with_parent() -> None:
     A local farm's workers and redis get SIGTERM when the process that started them dies,
     even by SIGKILL, so they shut down (removing their sandboxes) instead of running orphaned.
     Start them with ``popen_tied``: Linux ties the signal to the *thread* that forked.
+    The child starts with no signal blocked: a fork keeps the forking thread's mask, and
+    ``farm up`` blocks SIGTERM and SIGINT to wait for them, which left its workers and redis
+    deaf to that SIGTERM and to ``farm down`` (killed after a 20 s wait instead).
     """
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
 

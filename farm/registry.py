@@ -1,16 +1,8 @@
 """The farm's shared state in Redis: live workers, session owners, and exec records.
 
-Keys (all under ``farm:``):
-- ``worker:<id>``   hash: generation, image, queue, capacity, sessions, sandbox, metrics;
-                    expires ``heartbeat_ttl_s`` after the last heartbeat: no key = dead worker
-- ``session:<id>``  hash: worker, generation, queue, image, epoch; expires when idle
-- ``exec:<id>``     JSON record of one exec: ``running`` (with worker) then ``done`` (with result);
-                    ``SET NX`` makes a redelivered or duplicated message run its code once
-- ``gen:<id>``      counter of a worker id's starts (its generation)
-- ``broker``        a random mark set by whoever finds it missing: a wait that sees it change
-                    knows the broker lost its data (and the message waited for) meanwhile
-- ``workers``       set of worker ids that registered (pruned when their hash expired), so
-                    listing workers never scans the keyspace (which holds every exec record)
+Keys live under ``farm:``. A worker's hash expires with its heartbeat (no key = dead worker)
+and a session's when idle; an ``exec:<id>`` record is claimed with ``SET NX``, so a message's
+code runs once. The key layout and why: docs/design/delivery-and-fencing.md.
 """
 
 from __future__ import annotations

@@ -23,45 +23,53 @@ class SandboxLimits(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="FARM_SANDBOX_", extra="ignore")
 
-    memory_mb: int = Field(512, ge=64, description="--memory and --memory-swap")
-    cpus: float = Field(1.0, gt=0, description="--cpus")
+    memory_mb: int = Field(default=512, ge=64, description="--memory and --memory-swap")
+    cpus: float = Field(default=1.0, gt=0, description="--cpus")
     pids: int = Field(
-        4096,
+        default=4096,
         ge=64,
         description="--pids-limit: every live box's pids plus the kernel's reserve must fit "
         "(the kernel refuses a box that would not): 32 sessions of 64 and spares by default",
     )
-    nofile: int = Field(1024, ge=64, description="ulimit nofile")
-    fsize_mb: int = Field(256, ge=1, description="ulimit fsize: largest file a process writes")
-    tmp_mb: int = Field(64, ge=1, description="size of the /tmp tmpfs")
-    workspace_mb: int = Field(256, ge=1, description="size of the /workspace tmpfs")
+    nofile: int = Field(default=1024, ge=64, description="ulimit nofile")
+    fsize_mb: int = Field(
+        default=256, ge=1, description="ulimit fsize: largest file a process writes"
+    )
+    tmp_mb: int = Field(default=64, ge=1, description="size of the /tmp tmpfs")
+    workspace_mb: int = Field(default=256, ge=1, description="size of the /workspace tmpfs")
     disk_mb: int = Field(
-        6144,
+        default=6144,
         ge=16,
         description="room for the boxes' private disks together (tmpfs: added to --memory, "
         "since their pages live there; the kernel refuses a box that would not fit)",
     )
     apparmor_profile: str | None = Field(
-        None, description="an AppArmor profile for the sandbox (deploy/apparmor/farm-sandbox)"
+        default=None,
+        description="an AppArmor profile for the sandbox (deploy/apparmor/farm-sandbox)",
     )
     seccomp_profile: Path | None = Field(
-        None, description="a seccomp profile (JSON file) for the sandbox instead of Docker's own"
+        default=None,
+        description="a seccomp profile (JSON file) for the sandbox instead of Docker's own",
     )
     isolation: Literal["namespaces", "uids"] = Field(
-        "namespaces",
+        default="namespaces",
         description="what a box is: a uid plus namespaces, or only a uid (what a host that "
         "forbids namespaces falls back to; here by choice, e.g. to compare them)",
     )
     require_namespaces: bool = Field(
-        False,
+        default=False,
         validation_alias=AliasChoices("FARM_REQUIRE_NAMESPACES", "require_namespaces"),
         description="refuse to start a sandbox whose boxes cannot have namespaces "
         "(instead of falling back to uid boxes, loudly)",
     )
-    network: str = Field("none", description="docker network mode; 'none' = no network at all")
+    network: str = Field(
+        default="none", description="docker network mode; 'none' = no network at all"
+    )
     read_only: bool = True
-    runtime: str | None = Field(None, description="e.g. 'runsc' for gVisor")
-    grace_s: float = Field(2.0, gt=0, description="interrupt-to-kill grace period of the kernel")
+    runtime: str | None = Field(default=None, description="e.g. 'runsc' for gVisor")
+    grace_s: float = Field(
+        default=2.0, gt=0, description="interrupt-to-kill grace period of the kernel"
+    )
 
 
 class BoxSettings(BaseSettings):
@@ -72,13 +80,17 @@ class BoxSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FARM_BOX_", extra="ignore")
 
     memory_mb: int = Field(
-        256, ge=16, description="data of each process (RLIMIT_DATA): more raises MemoryError"
+        default=256,
+        ge=16,
+        description="data of each process (RLIMIT_DATA): more raises MemoryError",
     )
-    pids: int = Field(64, ge=4, description="processes and threads of a box (RLIMIT_NPROC)")
-    fsize_mb: int | None = Field(None, ge=1, description="largest file (default: the sandbox's)")
-    nofile: int = Field(512, ge=16, description="open files of each process")
+    pids: int = Field(default=64, ge=4, description="processes and threads of a box (RLIMIT_NPROC)")
+    fsize_mb: int | None = Field(
+        default=None, ge=1, description="largest file (default: the sandbox's)"
+    )
+    nofile: int = Field(default=512, ge=16, description="open files of each process")
     disk_mb: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="the box's private /workspace, /tmp, /var/tmp and /dev/shm together, MB "
         "(default: the kernel's, 128 or a quarter of the sandbox's disk_mb)",
@@ -106,74 +118,98 @@ class FarmSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FARM_", extra="ignore")
 
     broker_url: str = Field(
-        "redis://127.0.0.1:6379/0", description="redis:// or rediss:// (TLS); may hold the password"
+        default="redis://127.0.0.1:6379/0",
+        description="redis:// or rediss:// (TLS); may hold the password",
     )
     broker_password: SecretStr | None = Field(
-        None, description="the broker's password when broker_url holds none (a Secret, an env file)"
+        default=None,
+        description="the broker's password when broker_url holds none (a Secret, an env file)",
     )
     broker_tls_ca_file: Path | None = Field(
-        None, description="CA bundle that signed a rediss:// broker's certificate (default: system)"
+        default=None,
+        description="CA bundle that signed a rediss:// broker's certificate (default: system)",
     )
     broker_tls_cert_file: Path | None = Field(
-        None, description="client certificate for a broker that asks for one (with its key file)"
+        default=None,
+        description="client certificate for a broker that asks for one (with its key file)",
     )
     broker_tls_key_file: Path | None = None
-    backend: str = Field("docker", description="sandbox backend: docker, process or auto")
-    image: str = Field("default", description="short name of the sandbox image a worker serves")
-    sandbox_image: str | None = Field(None, description="docker image (default farm-sandbox:IMAGE)")
+    backend: str = Field(default="docker", description="sandbox backend: docker, process or auto")
+    image: str = Field(
+        default="default", description="short name of the sandbox image a worker serves"
+    )
+    sandbox_image: str | None = Field(
+        default=None, description="docker image (default farm-sandbox:IMAGE)"
+    )
     socket_dir: Path = Field(
-        Path("/tmp/farm-sockets"), description="host dir holding each sandbox's socket dir"
+        default=Path("/tmp/farm-sockets"), description="host dir holding each sandbox's socket dir"
     )
     sandbox_start_timeout_s: float = 30.0
     watchdog_interval_s: float = 1.0
-    metrics_port: int = Field(0, description="worker metrics/health HTTP port (0: any free)")
+    metrics_port: int = Field(
+        default=0, description="worker metrics/health HTTP port (0: any free)"
+    )
     metrics_host: str = "127.0.0.1"
-    worker_id: str | None = Field(None, description="stable worker id (default: host-pid)")
+    worker_id: str | None = Field(default=None, description="stable worker id (default: host-pid)")
     concurrency: int | None = Field(
-        None,
+        default=None,
         ge=1,
         description="calls a worker runs at once (threads; default max_sessions + 8, so that "
         "every session can have a call waiting and opens still get through)",
     )
-    max_sessions: int = Field(32, ge=1, description="sessions one worker holds at most")
-    idle_timeout_s: float = Field(1800.0, gt=0, description="idle sessions expire after this")
-    heartbeat_interval_s: float = Field(1.0, gt=0)
-    heartbeat_ttl_s: float = Field(3.0, gt=0, description="a silent worker is dead after this")
-    open_wait_s: float = Field(30.0, gt=0, description="how long opening waits for capacity")
+    max_sessions: int = Field(default=32, ge=1, description="sessions one worker holds at most")
+    idle_timeout_s: float = Field(
+        default=1800.0, gt=0, description="idle sessions expire after this"
+    )
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    heartbeat_ttl_s: float = Field(
+        default=3.0, gt=0, description="a silent worker is dead after this"
+    )
+    open_wait_s: float = Field(
+        default=30.0, gt=0, description="how long opening waits for capacity"
+    )
     broker_wait_s: float = Field(
-        30.0, ge=0, description="how long a call waits out a broker outage before failing"
+        default=30.0, ge=0, description="how long a call waits out a broker outage before failing"
     )
     state_file: Path = Field(
-        Path.home() / ".farm" / "local.json", description="where `farm up` records its farm"
+        default=Path.home() / ".farm" / "local.json", description="where `farm up` records its farm"
     )
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     box: BoxSettings = Field(default_factory=BoxSettings)
     journal_max_events: int = Field(
-        10000, ge=10, description="events a session's journal keeps (oldest trimmed first)"
+        default=10000, ge=10, description="events a session's journal keeps (oldest trimmed first)"
     )
     journal_ttl_s: float = Field(
-        24 * 3600.0, gt=0, description="a session's journal expires this long after its end"
+        default=24 * 3600.0, gt=0, description="a session's journal expires this long after its end"
     )
     journal_exec_max_bytes: int = Field(
-        2 * 1024 * 1024,
+        default=2 * 1024 * 1024,
         ge=64 * 1024,
         description="bytes one run may add to its journal; past it outputs keep only their text",
     )
     api_token: SecretStr | None = Field(
-        None, description="`farm serve`: an admin bearer token of the API (never printed)"
+        default=None, description="`farm serve`: an admin bearer token of the API (never printed)"
     )
     serve_state_file: Path = Field(
-        Path.home() / ".farm" / "serve.json",
+        default=Path.home() / ".farm" / "serve.json",
         description="where `farm serve` records its address and first token (0600)",
     )
     api_max_body_bytes: int = Field(
-        16 * 1024 * 1024, ge=1024, description="largest JSON body (and map line) the API reads"
+        default=16 * 1024 * 1024,
+        ge=1024,
+        description="largest JSON body (and map line) the API reads",
     )
     api_token_concurrency: int = Field(
-        32, ge=1, description="calls a new API token may have running at once (its default cap)"
+        default=32,
+        ge=1,
+        description="calls a new API token may have running at once (its default cap)",
     )
-    event_stream_max_events: int = Field(10000, ge=10, description="events one streamed run keeps")
-    event_stream_ttl_s: float = Field(600.0, gt=0, description="a streamed run's events expire")
+    event_stream_max_events: int = Field(
+        default=10000, ge=10, description="events one streamed run keeps"
+    )
+    event_stream_ttl_s: float = Field(
+        default=600.0, gt=0, description="a streamed run's events expire"
+    )
 
     @property
     def redis_url(self) -> str:

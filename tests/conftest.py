@@ -17,6 +17,14 @@ import pytest
 from farm.kernel.client import KernelClient
 from farm.models import ExecResult
 from farm.sandbox.process import ProcessSandbox
+from tests.raw_sockets import close_opened
+
+
+@pytest.fixture(autouse=True)
+def close_test_sockets() -> Iterator[None]:
+    """The bare kernel sockets a test opened (``tests.raw_sockets``) are closed after it."""
+    yield
+    close_opened()
 
 
 class Cells:
@@ -274,3 +282,17 @@ def inspect_image(docker_env: Any) -> Iterator[str]:
         for directory in (WHEELS_DIR, CONTEXT_DIR):
             shutil.rmtree(root / directory / INSPECT_IMAGE, ignore_errors=True)
         (root / CONTEXT_DIR / f"{INSPECT_IMAGE}.lock").unlink(missing_ok=True)
+
+
+# --- markers ------------------------------------------------------------------------------------
+
+# Fixtures that need a Docker daemon: a test using any of them (directly or through another
+# fixture) is a ``docker`` test whether or not its module says so, so `make test-fast` (not
+# docker) never picks one up.
+DOCKER_FIXTURES = {"docker_env", "docker_sandbox", "farm", "inspect_image"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if DOCKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.docker)

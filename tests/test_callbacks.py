@@ -76,6 +76,7 @@ def test_a_cell_with_no_host_listening_gets_a_clear_error(shared_kernel: Process
     assert "no host listens" in result["error"]["evalue"]
 
 
+@pytest.mark.slow
 def test_a_cell_waiting_on_the_host_times_out_and_keeps_its_variables(
     shared_kernel: ProcessSandbox,
 ) -> None:

@@ -17,6 +17,8 @@ import pytest
 
 from farm.client import AsyncFarm, Farm
 from farm.errors import SandboxUnavailable
+from farm.local import DIR_PREFIX, OWNER_FILE
+from farm.processes import pid_alive
 from farm.sweep import Sweep, plan_sweep, read_items
 from tests.waiting import wait_for
 
@@ -62,17 +64,11 @@ def test_up_status_run_down_leave_nothing_behind(docker_env: Any, tmp_path: Path
         down = cli("down", env=env)
     assert down.returncode == 0, down.stderr
     assert not (tmp_path / "state.json").exists()
-    assert not _alive(state["pid"])
+    assert not pid_alive(state["pid"])
     leftovers = docker_env.containers.list(
         ignore_removed=True, all=True, filters={"label": f"farm.owner={state['workers'][0]}"}
     )
     assert leftovers == []
-
-
-def _alive(pid: int) -> bool:
-    from farm.processes import pid_alive
-
-    return pid_alive(pid)
 
 
 def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Path) -> None:
@@ -82,8 +78,6 @@ def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Pat
     source = write_jsonl(tmp_path / "in.jsonl", items)
     out = tmp_path / "out.jsonl"
     env = dict(os.environ)
-    before = _local_owners(docker_env)
-    dirs_before = set(Path(tempfile.gettempdir()).glob("farm-local-*"))
     sweep = subprocess.Popen(
         [*FARM, "sweep", str(source), "-o", str(out), "--local", "1", "--concurrency", "2"],
         env=env,
@@ -94,9 +88,12 @@ def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Pat
     assert wait_for(lambda: out.exists() and len(out.read_text().splitlines()) >= 5, 120, 0.1)
     os.killpg(sweep.pid, signal.SIGKILL)  # the harshest interruption: no cleanup at all
     sweep.wait(30)
-    # its orphaned workers shut down and remove their sandboxes
-    assert wait_for(lambda: not _local_owners(docker_env) - before, 60, 0.2)
-    (left_behind,) = set(Path(tempfile.gettempdir()).glob("farm-local-*")) - dirs_before
+    # its orphaned workers shut down and remove their sandboxes. Its farm is found by the pid
+    # that owns it, not as "what is new": other test runs (xdist workers) start farms too.
+    (left_behind,) = [d for d in local_dirs() if owner_pid(d) == sweep.pid]
+    workers = {log.stem for log in left_behind.glob("local-*.log")}
+    assert workers, f"no worker logs in {left_behind}"
+    assert wait_for(lambda: not _local_owners(docker_env) & workers, 60, 0.2)
     gc = cli("gc", env=env)
     assert gc.returncode == 0, gc.stderr
     assert not left_behind.exists() and str(left_behind) in gc.stdout
@@ -122,6 +119,18 @@ def test_sweep_resumes_after_being_killed_halfway(docker_env: Any, tmp_path: Pat
         for line in out.read_text().splitlines()
     }
     assert values["item-7"] == "49"
+
+
+def local_dirs() -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"{DIR_PREFIX}*"))
+
+
+def owner_pid(directory: Path) -> int | None:
+    """The pid of the process that made the local farm ``directory``."""
+    try:
+        return int((directory / OWNER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _local_owners(docker_env: Any) -> set[str]:

@@ -17,6 +17,7 @@ from farm.kernel.framing import DEFAULT_MAX_FRAME
 BIG = DEFAULT_MAX_FRAME + 1024 * 1024  # over the kernel's frame (64 MiB)
 
 
+@pytest.mark.slow
 def test_a_cell_too_large_for_a_frame_is_bad_input_and_the_session_lives(
     inproc_farm: Farm,
 ) -> None:
@@ -34,12 +35,14 @@ def test_a_cell_too_large_for_a_frame_is_bad_input_and_the_session_lives(
         assert s.run("kept + 1").value is not None and s.run("kept + 1").value.text == "42"
 
 
+@pytest.mark.slow
 def test_a_one_shot_run_too_large_is_bad_input_and_not_retried(inproc_farm: Farm) -> None:
     result = inproc_farm.run("'" + "b" * BIG + "'", retries=3)
     assert result.kind == "input"
     assert "nothing was run" in (result.error.evalue if result.error else "")
 
 
+@pytest.mark.slow
 def test_output_that_escapes_past_a_frame_is_cut_to_fit_and_the_session_lives(
     inproc_farm: Farm,
 ) -> None:

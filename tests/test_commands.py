@@ -11,6 +11,7 @@ import pytest
 
 from farm.client import Farm, Session
 from farm.errors import FileOperationError
+from farm.processes import pid_alive
 from tests.conftest import Cells
 from tests.waiting import wait_for
 
@@ -59,6 +60,7 @@ def test_argv_and_env_of_megabytes_run_and_hurt_no_neighbour(
         assert session.exec(["true"]).ok
 
 
+@pytest.mark.slow
 def test_a_command_that_ends_at_once_always_reports_its_exit(session: Session) -> None:
     """The zygote may report a fast command's fork and exit in one read, before the command
     is registered: its exit is kept for it, never lost (which looked like a timeout)."""
@@ -71,7 +73,7 @@ def test_a_timeout_kills_the_whole_group_and_the_session_lives(session: Session)
     result = session.exec("sleep 30 & echo $$ $!; sleep 30", timeout_s=1)
     assert result.timed_out and result.kind == "timeout"
     shell, child = (int(pid) for pid in result.stdout.split())
-    assert wait_for(lambda: not _alive(shell) and not _alive(child), 10)  # the tree, not one
+    assert wait_for(lambda: not pid_alive(shell) and not pid_alive(child), 10)  # the tree, not one
     assert session.run("1 + 1").value is not None
 
 
@@ -99,10 +101,10 @@ def test_a_timeout_kills_the_whole_tree_and_nothing_else(session: Session) -> No
     assert result.timed_out and result.kind == "timeout", result
     escaped = [int(pid) for pid in result.stdout.split()]
     assert len(escaped) == 2, result
-    assert wait_for(lambda: not any(_alive(pid) for pid in escaped), 10), escaped
+    assert wait_for(lambda: not any(pid_alive(pid) for pid in escaped), 10), escaped
     thread.join()
     assert beside[0].ok and beside[0].stdout == "kept\n", beside
-    assert _alive(background)
+    assert pid_alive(background)
     assert session.run("1 + 1").value is not None
 
 
@@ -151,18 +153,8 @@ def test_a_background_process_outlives_its_command_and_the_box_ends_it(
         pid = int(s.files.read("bg.pid"))
         alive = s.exec(["kill", "-0", str(pid)])
         assert alive.ok, alive  # the command ended; its background child did not
-    gone = lambda: not _alive(pid)  # noqa: E731 - the session closed: its box is reset
+    gone = lambda: not pid_alive(pid)  # noqa: E731 - the session closed: its box is reset
     assert wait_for(gone, 10)
-
-
-def _alive(pid: int) -> bool:
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_commands_run_at_once_and_beside_a_cell(session: Session) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -32,17 +31,11 @@ from farm.registry import Registry
 from farm.settings import FarmSettings
 from farm.worker.startup import EXIT_REFUSED
 from tests.certs import Pki, make_pki
+from tests.raw_sockets import raw_ping
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_S = 5.0  # a refusal is immediate; an outage would be waited out for broker_wait_s (30 s)
-
-
-def raw_ping(port: int) -> bytes:
-    """PING on a bare TCP connection, as any process on the host could send it."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-        conn.sendall(b"PING\r\n")
-        return conn.recv(256)
 
 
 def refused_within(farm: Farm, seconds: float) -> BrokerAuthFailed:
@@ -398,6 +391,7 @@ def test_a_farm_runs_code_through_a_tls_only_broker(tls_farm: LocalFarm) -> None
         map_squares(farm)
 
 
+@pytest.mark.slow
 def test_a_plain_tcp_client_gets_nothing_from_a_tls_only_broker(tls_farm: LocalFarm) -> None:
     port = tls_farm.redis.port
     with pytest.raises(redis.ConnectionError):

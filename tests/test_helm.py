@@ -28,17 +28,17 @@ FULLNAME = f"{RELEASE}-farm"
 # The chart's kubeVersion floor (native sidecars) and the newest schemas shipped.
 KUBE_VERSIONS = ["1.29.0", kubernetes_validate.latest_version()]
 
-POD_MODE = {
-    "sandbox": {"mode": "pod", "image": "registry.example/farm-sandbox:0.1.0"},
-    "runtimeClassName": "gvisor",
-}
 # Values a production install might set: every optional part switched on or changed.
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "default": {},
-    "pod-mode-hpa": {
-        **POD_MODE,
+    "gvisor-hpa": {
+        "runtimeClassName": "gvisor",
         "autoscaling": {"enabled": True, "engine": "hpa", "maxReplicas": 20},
-        "sandbox": {**POD_MODE["sandbox"], "pullSecret": "regcred", "memoryMb": 1024},
+        "sandbox": {
+            "image": "registry.example/farm-sandbox:0.1.0",
+            "pullSecret": "regcred",
+            "memoryMb": 768,
+        },
     },
     "dind-keda-kata": {
         "runtimeClassName": "kata",
@@ -109,10 +109,9 @@ POOLS: dict[str, Any] = {
     ],
 }
 VALUE_SETS["pools"] = POOLS
-VALUE_SETS["pools-pod-mode-hpa"] = {
+VALUE_SETS["pools-hpa"] = {
     **POOLS,
-    **POD_MODE,
-    "sandbox": {**POD_MODE["sandbox"], "memoryMb": 768},
+    "sandbox": {**POOLS["sandbox"], "memoryMb": 768},
     "autoscaling": {"engine": "hpa"},
 }
 POOL_NAMES = ["default", "ds", "node"]
@@ -242,12 +241,10 @@ def kinds(objects: list[dict[str, Any]]) -> set[str]:
 
 
 def pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(owner name, pod spec) of every workload and pod template."""
+    """(owner name, pod spec) of every workload."""
     for obj in objects:
         if obj["kind"] in ("Deployment", "StatefulSet"):
             yield obj["metadata"]["name"], obj["spec"]["template"]["spec"]
-        elif obj["kind"] == "PodTemplate":
-            yield obj["metadata"]["name"], obj["template"]["spec"]
 
 
 def containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
@@ -295,8 +292,8 @@ def default() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def pod_mode() -> list[dict[str, Any]]:
-    return render(VALUE_SETS["pod-mode-hpa"])
+def hpa() -> list[dict[str, Any]]:
+    return render(VALUE_SETS["gvisor-hpa"])
 
 
 @pytest.fixture(scope="module")
@@ -305,8 +302,8 @@ def pools() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def pools_pod_mode() -> list[dict[str, Any]]:
-    return render(VALUE_SETS["pools-pod-mode-hpa"])
+def pools_hpa() -> list[dict[str, Any]]:
+    return render(VALUE_SETS["pools-hpa"])
 
 
 # --- lint, render, validate -------------------------------------------------------------------
@@ -354,6 +351,9 @@ def test_values_that_make_no_sense_are_refused() -> None:
     # values.schema.json, checked by render and lint alike
     with pytest.raises(helm.HelmError, match="/sandbox/mode"):
         render({"sandbox": {"mode": "sidecar"}})
+    # no mode the chart cannot run: sandboxes as pods need a backend farm does not have
+    with pytest.raises(helm.HelmError, match="/sandbox/mode"):
+        render({"sandbox": {"mode": "pod"}})
     report = helm.lint(CHART, {"autoscaling": {"engine": "cpu"}}, strict=True)
     assert any("/autoscaling/engine" in e for e in report["errors"]), report
     # cross-field rules in the templates
@@ -382,40 +382,15 @@ def test_pool_values_that_make_no_sense_are_refused() -> None:
 # --- isolation of user code -------------------------------------------------------------------
 
 
-def test_pod_mode_sandboxes_have_no_egress_and_only_workers_may_reach_them(
-    pod_mode: list[dict[str, Any]],
-) -> None:
-    template = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-default")
-    sandbox_labels = template["template"]["metadata"]["labels"]
-    policy = find(pod_mode, "NetworkPolicy", f"{FULLNAME}-sandbox")
-    assert selects(policy["spec"]["podSelector"], sandbox_labels)
-    assert "Egress" in policy["spec"]["policyTypes"]
-    assert policy["spec"].get("egress", []) == [], "sandbox pods must have no egress at all"
-    worker_labels = worker_pod(pod_mode)["metadata"]["labels"]
-    redis_labels = {**sandbox_labels, "app.kubernetes.io/component": "redis"}
-    assert admits_pod(policy, worker_labels)
-    assert not admits_pod(policy, redis_labels)
-    (rule,) = policy["spec"]["ingress"]
-    assert rule["ports"] == [{"port": 7000, "protocol": "TCP"}]
-    # No other policy opens egress for them: the only policy selecting sandboxes is this one.
-    for other in pod_mode:
-        if other["kind"] == "NetworkPolicy" and other is not policy:
-            assert not selects(other["spec"]["podSelector"], sandbox_labels)
-
-
-def test_user_code_cannot_reach_redis_in_either_mode(
-    default: list[dict[str, Any]], pod_mode: list[dict[str, Any]]
-) -> None:
-    # pod mode: Redis admits workers and labelled clients, never sandbox pods.
-    redis_policy = find(pod_mode, "NetworkPolicy", f"{FULLNAME}-redis")
-    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-default")["template"]
-    assert not admits_pod(redis_policy, sandbox["metadata"]["labels"])
-    assert admits_pod(redis_policy, worker_pod(pod_mode)["metadata"]["labels"])
+def test_user_code_cannot_reach_redis(default: list[dict[str, Any]]) -> None:
+    # Redis admits workers and labelled clients only.
+    redis_policy = find(default, "NetworkPolicy", f"{FULLNAME}-redis")
+    assert admits_pod(redis_policy, worker_pod(default)["metadata"]["labels"])
     assert admits_pod(redis_policy, {"farm-client": "true"})
     assert not admits_pod(redis_policy, {"app": "anything-else"})
     assert redis_policy["spec"]["egress"] == []
-    # dind mode: the sandbox is a container of the pod's own engine, which has no bridge and
-    # no iptables, and the worker asks for --network none: no interface but loopback.
+    # The sandbox is a container of the pod's own engine, which has no bridge and no
+    # iptables, and the worker asks for --network none: no interface but loopback.
     spec = worker_pod(default)["spec"]
     engine = container(spec, "engine")
     assert {"--bridge=none", "--iptables=false", "--ip-forward=false"} <= set(engine["args"])
@@ -449,12 +424,12 @@ def test_dind_engine_socket_and_kernel_sockets_are_shared_only_inside_the_pod(
 
 def test_farm_containers_run_non_root_on_a_read_only_root(
     default: list[dict[str, Any]],
-    pod_mode: list[dict[str, Any]],
+    hpa: list[dict[str, Any]],
     pools: list[dict[str, Any]],
-    pools_pod_mode: list[dict[str, Any]],
+    pools_hpa: list[dict[str, Any]],
 ) -> None:
     checked = 0
-    for objects in (default, pod_mode, pools, pools_pod_mode):
+    for objects in (default, hpa, pools, pools_hpa):
         for owner, spec in pod_specs(objects):
             for c in containers(spec):
                 if c["name"] == "engine":
@@ -468,12 +443,12 @@ def test_farm_containers_run_non_root_on_a_read_only_root(
                 assert ctx["capabilities"]["drop"] == ["ALL"], where
                 assert not ctx.get("privileged"), where
                 checked += 1
-    # worker and redis in both modes, the sandbox kernel in pod mode; each pool's too
-    assert checked >= 4 + 2 * len(POOL_NAMES) + 1
+    # worker and redis of the two single-pool renders; each pool's worker and redis of two more
+    assert checked == 2 * 2 + 2 * (len(POOL_NAMES) + 1)
 
 
-def test_only_the_dind_engine_is_privileged_and_pod_mode_has_nothing_privileged(
-    default: list[dict[str, Any]], pod_mode: list[dict[str, Any]]
+def test_only_the_dind_engine_is_privileged(
+    default: list[dict[str, Any]], pools: list[dict[str, Any]]
 ) -> None:
     privileged = [
         (owner, c["name"])
@@ -482,43 +457,48 @@ def test_only_the_dind_engine_is_privileged_and_pod_mode_has_nothing_privileged(
         if c.get("securityContext", {}).get("privileged")
     ]
     assert privileged == [(f"{FULLNAME}-worker-default", "engine")]
-    for _, spec in pod_specs(pod_mode):
-        for c in containers(spec):
-            assert not c.get("securityContext", {}).get("privileged"), c["name"]
-            assert c["securityContext"]["runAsNonRoot"] is True
+    privileged_in_pools = {
+        owner: c["name"]
+        for owner, spec in pod_specs(pools)
+        for c in containers(spec)
+        if c.get("securityContext", {}).get("privileged")
+    }
+    assert privileged_in_pools == {f"{FULLNAME}-worker-{name}": "engine" for name in POOL_NAMES}
 
 
-def test_no_service_account_token_where_no_api_access_is_needed(
-    default: list[dict[str, Any]], pod_mode: list[dict[str, Any]]
+def test_no_service_account_token_and_no_api_rights(
+    default: list[dict[str, Any]], pools: list[dict[str, Any]]
 ) -> None:
-    for _, spec in pod_specs(default):
-        assert spec["automountServiceAccountToken"] is False
-    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-default")["template"]["spec"]
-    assert sandbox["automountServiceAccountToken"] is False
-    # pod mode's workers need the API: a namespaced Role, no cluster-wide rights.
-    assert worker_pod(pod_mode)["spec"]["automountServiceAccountToken"] is True
-    assert "ClusterRole" not in kinds(pod_mode)
-    role = find(pod_mode, "Role", f"{FULLNAME}-worker")
-    verbs = {v for rule in role["rules"] for v in rule["verbs"]}
-    assert "*" not in verbs and "escalate" not in verbs and "bind" not in verbs
+    """Nothing of farm talks to the Kubernetes API: no pod gets a token, no role is made."""
+    for objects in (default, pools):
+        specs = list(pod_specs(objects))
+        assert len(specs) >= 2
+        for owner, spec in specs:
+            assert spec["automountServiceAccountToken"] is False, owner
+        assert not kinds(objects) & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 
 
-def test_runtime_class_reaches_the_pods_that_hold_user_code() -> None:
+def test_runtime_class_reaches_the_pods_that_hold_user_code(hpa: list[dict[str, Any]]) -> None:
     kata = render({"runtimeClassName": "kata"})
     assert worker_pod(kata)["spec"]["runtimeClassName"] == "kata"
-    pods = render(POD_MODE)
-    sandbox = find(pods, "PodTemplate", f"{FULLNAME}-sandbox-default")["template"]["spec"]
-    assert sandbox["runtimeClassName"] == "gvisor"
+    assert worker_pod(hpa)["spec"]["runtimeClassName"] == "gvisor"
     assert "runtimeClassName" not in worker_pod(render())["spec"]
 
 
-def test_sandbox_limits_follow_the_values(pod_mode: list[dict[str, Any]]) -> None:
-    sandbox = find(pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-default")["template"]["spec"]
-    kernel = container(sandbox, "kernel")
-    assert kernel["resources"]["limits"] == {"cpu": "1", "memory": "1024Mi"}
-    assert sandbox["imagePullSecrets"] == [{"name": "regcred"}]
-    assert kernel["args"][:2] == ["--listen", "0.0.0.0:7000"]
-    assert env(container(worker_pod(pod_mode)["spec"], "worker"))["FARM_BACKEND"] == "kubernetes"
+def test_sandbox_limits_follow_the_values(hpa: list[dict[str, Any]]) -> None:
+    spec = worker_pod(hpa)["spec"]
+    worker = container(spec, "worker")
+    worker_env = env(worker)
+    assert worker_env["FARM_BACKEND"] == "docker"
+    assert worker_env["FARM_SANDBOX_IMAGE"] == "registry.example/farm-sandbox:0.1.0"
+    assert (worker_env["FARM_SANDBOX_MEMORY_MB"], worker_env["FARM_SANDBOX_CPUS"]) == ("768", "1")
+    # the pull secret reaches the worker's Docker client, mounted as its config
+    assert worker_env["DOCKER_CONFIG"] == "/etc/farm/docker"
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["pull-secret"]["secret"]["secretName"] == "regcred"
+    assert {"name": "pull-secret", "mountPath": "/etc/farm/docker", "readOnly": True} in worker[
+        "volumeMounts"
+    ]
 
 
 # --- operations -------------------------------------------------------------------------------
@@ -540,11 +520,11 @@ def test_worker_probes_use_its_health_endpoints(default: list[dict[str, Any]]) -
 
 def test_every_container_has_requests_and_limits(
     default: list[dict[str, Any]],
-    pod_mode: list[dict[str, Any]],
+    hpa: list[dict[str, Any]],
     pools: list[dict[str, Any]],
-    pools_pod_mode: list[dict[str, Any]],
+    pools_hpa: list[dict[str, Any]],
 ) -> None:
-    for objects in (default, pod_mode, pools, pools_pod_mode):
+    for objects in (default, hpa, pools, pools_hpa):
         for owner, spec in pod_specs(objects):
             for c in containers(spec):
                 res = c["resources"]
@@ -592,12 +572,12 @@ def test_keda_scales_workers_on_the_shared_queue_length() -> None:
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}} in peers
 
 
-def test_hpa_scales_workers_on_an_external_queue_metric(pod_mode: list[dict[str, Any]]) -> None:
-    hpa = find(pod_mode, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-default")
-    assert hpa["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-default"
-    (metric,) = hpa["spec"]["metrics"]
+def test_hpa_scales_workers_on_an_external_queue_metric(hpa: list[dict[str, Any]]) -> None:
+    scaler = find(hpa, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-default")
+    assert scaler["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-default"
+    (metric,) = scaler["spec"]["metrics"]
     assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": "farm.default"}
-    assert hpa["spec"]["maxReplicas"] == 20
+    assert scaler["spec"]["maxReplicas"] == 20
 
 
 def test_external_redis_replaces_the_bundled_one() -> None:
@@ -613,9 +593,8 @@ def test_external_redis_replaces_the_bundled_one() -> None:
     assert to_redis in egress
 
 
-def test_notes_warn_that_pod_mode_needs_a_backend_farm_lacks() -> None:
+def test_notes_say_the_engine_sidecar_is_privileged() -> None:
     assert "privileged" in notes()
-    assert "kubernetes` sandbox backend" in notes(POD_MODE)
 
 
 # --- worker pools -----------------------------------------------------------------------------
@@ -710,29 +689,10 @@ def test_an_autoscaled_pool_scales_on_its_own_queue(pools: list[dict[str, Any]])
     assert "keda" not in json.dumps(find(render(), "NetworkPolicy", f"{FULLNAME}-redis"))
 
 
-def test_pod_mode_pools_each_have_a_sandbox_template_of_their_image(
-    pools_pod_mode: list[dict[str, Any]],
-) -> None:
-    policy = find(pools_pod_mode, "NetworkPolicy", f"{FULLNAME}-sandbox")
-    role = find(pools_pod_mode, "Role", f"{FULLNAME}-worker")
-    (template_rule,) = [r for r in role["rules"] if r["resources"] == ["podtemplates"]]
-    assert sorted(template_rule["resourceNames"]) == [
-        f"{FULLNAME}-sandbox-{name}" for name in POOL_NAMES
-    ]
-    for name, image, memory in (
-        ("default", "registry.example/farm-sandbox:0.1.0", "768Mi"),
-        ("ds", "registry.example/farm-sandbox:ds", "2048Mi"),
-        ("node", "other.example/js:1", "768Mi"),
-    ):
-        template = find(pools_pod_mode, "PodTemplate", f"{FULLNAME}-sandbox-{name}")["template"]
-        kernel = container(template["spec"], "kernel")
-        assert kernel["image"] == image and kernel["resources"]["limits"]["memory"] == memory
-        assert selects(policy["spec"]["podSelector"], template["metadata"]["labels"])
-        assert template["spec"]["automountServiceAccountToken"] is False
-        _, worker_env = pool_worker(pools_pod_mode, name)
-        assert worker_env["FARM_SANDBOX_POD_TEMPLATE"] == f"{FULLNAME}-sandbox-{name}"
-    (hpa,) = [o for o in pools_pod_mode if o["kind"] == "HorizontalPodAutoscaler"]
-    (metric,) = hpa["spec"]["metrics"]
+def test_an_hpa_scaled_pool_scales_on_its_own_queue(pools_hpa: list[dict[str, Any]]) -> None:
+    (scaler,) = [o for o in pools_hpa if o["kind"] == "HorizontalPodAutoscaler"]
+    assert scaler["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-ds"
+    (metric,) = scaler["spec"]["metrics"]
     assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": "farm.ds"}
 
 

@@ -14,7 +14,6 @@ import base64
 import http.server
 import json
 import os
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -25,6 +24,7 @@ import yaml
 
 from farm.redis_server import free_port
 from tests.certs import make_pki
+from tests.raw_sockets import raw_ping
 from tests.test_helm import (
     CHART,
     FULLNAME,
@@ -374,16 +374,6 @@ class RenderedRedis:
             self.proc.wait(10)
         if self.proc.stderr is not None:
             self.proc.stderr.close()
-
-
-def raw_ping(port: int) -> bytes:
-    """A plain-TCP PING's reply (empty when the server hangs up, as a TLS port does)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-        conn.sendall(b"PING\r\n")
-        try:
-            return conn.recv(256)
-        except ConnectionResetError:
-            return b""
 
 
 def test_the_rendered_redis_requires_its_password(tmp_path: Path) -> None:

@@ -17,34 +17,7 @@ from farm.kernel.client import (
     connect_socket,
 )
 from farm.sandbox.process import ProcessSandbox
-
-_OPEN: list[socket.socket] = []
-
-
-@pytest.fixture(autouse=True)
-def close_test_sockets() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
-def raw(sandbox: ProcessSandbox) -> tuple[socket.socket, str]:
-    """A connected socket that got its hello; returns it with the server nonce."""
-    sock = connect_socket(sandbox.address, 5.0)
-    _OPEN.append(sock)
-    hello = framing.recv_frame(sock)
-    assert hello is not None and hello["type"] == "hello"
-    return sock, hello["nonce"]
-
-
-def authed(sandbox: ProcessSandbox) -> socket.socket:
-    sock, server_nonce = raw(sandbox)
-    nonce = auth.new_nonce()
-    proof = auth.mac(sandbox.token, "client", server_nonce, nonce)
-    framing.send_frame(sock, {"type": "auth", "nonce": nonce, "mac": proof})
-    welcome = framing.recv_frame(sock)
-    assert welcome is not None and welcome["type"] == "welcome"
-    return sock
+from tests.raw_sockets import authed, raw
 
 
 def closed_after(sock: socket.socket) -> bool:
@@ -159,6 +132,7 @@ def test_malformed_input_gets_an_error_and_a_closed_connection(
     assert closed_after(sock)
 
 
+@pytest.mark.slow
 def test_an_idle_unauthenticated_connection_is_dropped(kernel: ProcessSandbox) -> None:
     sock, _ = raw(kernel)
     t0 = time.monotonic()

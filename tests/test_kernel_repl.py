@@ -96,6 +96,7 @@ def ipython() -> Any:
     return shell
 
 
+@pytest.mark.slow
 def test_kernel_agrees_with_ipython_on_every_snippet(ipython: Any, client: Any) -> None:
     assert len(SNIPPETS) >= 30
     mismatches = []

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+import pytest
+
 from farm.celeryconf import shared_queue
 from farm.client import Farm
 from farm.client.mapping import CLAIM_WAIT_S
@@ -20,6 +22,7 @@ from tests.conftest import consuming, farm_worker
 from tests.waiting import wait_for
 
 
+@pytest.mark.slow
 def test_a_chunk_a_dying_consumer_took_is_sent_again_within_seconds(tmp_path: Any) -> None:
     """A message taken off the queue by a consumer that died before claiming it leaves no
     trace but an empty queue: the map abandons that chunk (a late copy runs nothing) and sends
@@ -49,5 +52,21 @@ def test_a_chunk_a_dying_consumer_took_is_sent_again_within_seconds(tmp_path: An
             assert all(r.attempts == 1 for r in records)  # resent, not retried
             assert farm.registry.exec_record(stolen["chunk_id"]) == {"state": "abandoned"}
             assert took < CLAIM_WAIT_S, f"noticed only after {took:.1f}s: the long wait fired"
+    finally:
+        server.stop()
+
+
+def test_cancelling_items_that_already_ended_keeps_the_kernel_connection(tmp_path: Any) -> None:
+    """A cancelled map's running items get their boxes closed; an item that ended meanwhile
+    (the kernel has no such session) is no broken connection: the worker keeps its one kernel
+    client, and no dropped client is reconnected and left open (a leaked socket)."""
+    server = RedisServer(tmp_path).start()
+    try:
+        with farm_worker(server.url) as worker:
+            client = worker._kernel()
+            worker.batch._open["a-map"] = {"ended-1", "ended-2", "ended-3"}
+            worker.batch._cancel("a-map", {})
+            assert worker._kernel() is client
+            assert worker._clients == {client}
     finally:
         server.stop()

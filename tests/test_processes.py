@@ -4,10 +4,15 @@ secrets from its worker."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -37,10 +42,15 @@ def test_a_child_started_from_a_thread_that_ends_lives_on(tmp_path: Path) -> Non
         server.stop()
 
 
-def test_a_child_still_dies_with_this_process(tmp_path: Path) -> None:
-    """The other half: a process that starts a redis-server and is killed takes it along."""
+@contextmanager
+def redis_of_a_parent(
+    tmp_path: Path, prelude: str = ""
+) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A Python process that runs ``prelude``, then starts a redis-server and waits: yields the
+    process and the redis-server's pid. Whatever the test did, neither outlives the block."""
     script = (
-        "import sys, pathlib\n"
+        "import signal, sys, pathlib\n"
+        f"{prelude}\n"
         "from farm.redis_server import RedisServer\n"
         f"server = RedisServer(pathlib.Path({str(tmp_path)!r})).start()\n"
         "print(server.proc.pid, flush=True)\n"
@@ -51,10 +61,35 @@ def test_a_child_still_dies_with_this_process(tmp_path: Path) -> None:
     ) as parent:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
+        try:
+            yield parent, child
+        finally:
+            parent.kill()
+            parent.wait(30)
+            with contextlib.suppress(OSError):  # gone already, as it should be
+                if b"redis-server" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    os.kill(child, signal.SIGKILL)
+
+
+def test_a_child_still_dies_with_this_process(tmp_path: Path) -> None:
+    """The other half: a process that starts a redis-server and is killed takes it along."""
+    with redis_of_a_parent(tmp_path) as (parent, child):
         assert pid_alive(child)
         parent.kill()
         parent.wait(30)
-    assert wait_for(lambda: not pid_alive(child), 30), "redis-server outlived its parent"
+        assert wait_for(lambda: not pid_alive(child), 30), "redis-server outlived its parent"
+
+
+def test_a_child_of_a_process_that_blocks_sigterm_still_gets_it(tmp_path: Path) -> None:
+    """``farm up`` blocks SIGTERM and SIGINT to wait for them; its redis and workers must not
+    inherit that mask: they would ignore ``farm down`` and outlive a killed ``farm up``."""
+    block = "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})"
+    with redis_of_a_parent(tmp_path, prelude=block) as (parent, child):
+        status = Path(f"/proc/{child}/status").read_text()
+        assert "SigBlk:\t0000000000000000" in status, status
+        parent.kill()
+        parent.wait(30)
+        assert wait_for(lambda: not pid_alive(child), 30), "redis-server outlived its parent"
 
 
 def test_user_code_in_a_process_sandbox_sees_none_of_farms_secrets(

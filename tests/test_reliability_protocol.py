@@ -21,10 +21,11 @@ from typing import Any
 import pytest
 
 from farm.kernel import auth, framing
-from farm.kernel.client import KernelAuthError, KernelClient, connect_socket
+from farm.kernel.client import KernelAuthError, KernelClient
 from farm.kernel.server import HANDSHAKE_TIMEOUT_S
 from farm.sandbox.docker import DockerSandbox
 from tests.conftest import Cells, make_docker_sandbox
+from tests.raw_sockets import auth_frame, authed, raw
 from tests.waiting import stays, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
@@ -93,38 +94,6 @@ def honest(sandbox: DockerSandbox) -> Iterator[KernelClient]:
         cells = Cells(client)
         assert cells.value("6 * 7") == "42"
         client.close_session(cells.id)
-
-
-_OPEN: list[socket.socket] = []
-
-
-@pytest.fixture(autouse=True)
-def close_test_sockets() -> Iterator[None]:
-    yield
-    while _OPEN:
-        _OPEN.pop().close()
-
-
-def raw(sandbox: DockerSandbox) -> tuple[socket.socket, str]:
-    """A connected socket that received its hello; returns it with the server nonce."""
-    sock = connect_socket(sandbox.address, 10.0)
-    _OPEN.append(sock)
-    hello = framing.recv_frame(sock, 4096)
-    assert hello is not None and hello["type"] == "hello"
-    return sock, str(hello["nonce"])
-
-
-def auth_frame(token: str, server_nonce: str) -> dict[str, str]:
-    nonce = auth.new_nonce()
-    return {"type": "auth", "nonce": nonce, "mac": auth.mac(token, "client", server_nonce, nonce)}
-
-
-def authed(sandbox: DockerSandbox) -> socket.socket:
-    sock, server_nonce = raw(sandbox)
-    framing.send_frame(sock, auth_frame(sandbox.token, server_nonce))
-    welcome = framing.recv_frame(sock, 4096)
-    assert welcome is not None and welcome["type"] == "welcome"
-    return sock
 
 
 def reply_then_closed(sock: socket.socket, timeout_s: float = CUT_OFF_S) -> tuple[str, bool]:

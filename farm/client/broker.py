@@ -1,19 +1,10 @@
 """The client's one path to the broker: send a task, wait for its answer, and ride out outages.
 
-A broker outage is paused through, not failed on: a call that cannot be sent, or whose answer
-cannot be read, waits up to ``broker_wait_s`` for the broker to answer a ping again and goes
-on. A restart that kept its data then loses nothing; one that lost it shows as a changed broker
-mark (``BrokerLost``: the call may or may not have run). Only an outage longer than that ends
-in ``BrokerUnavailable``, whose ``sent`` says whether the call may have run. A send that
-raised is sent again with the same exec (or open) id: if the first copy did reach the broker
-after all, the worker's first-writer-wins claim of that id runs it once.
-
-While a call waits, its worker's heartbeat is watched (fencing on the client), so a dead worker
-turns into ``SessionLost`` within seconds instead of a hang.
-
-What Redis, kombu and Celery raise becomes a farm error in one place, ``farm.broker_errors``
-(shared with the workers): a broker that refuses the client's credentials, or whose TLS
-certificate the client does not trust, is ``BrokerAuthFailed`` at once.
+Invariants: an outage is waited out for ``broker_wait_s`` (then ``BrokerUnavailable``, whose
+``sent`` says whether the call may have run); a broker that lost its data is ``BrokerLost``,
+never retried; a resend carries the same exec id, so the worker's claim runs it once; a dead
+worker is ``SessionLost`` within seconds (its heartbeat is watched). Why and how:
+docs/design/delivery-and-fencing.md.
 """
 
 from __future__ import annotations

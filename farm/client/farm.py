@@ -71,14 +71,20 @@ class Farm:
 
     @classmethod
     def default(cls) -> Farm:
-        """``FARM_BROKER_URL`` when set, else the farm `farm up` recorded, else the default."""
+        """The farm of ``default_settings()``."""
+        return cls(cls.default_settings())
+
+    @staticmethod
+    def default_settings() -> FarmSettings:
+        """``FARM_BROKER_URL`` when set, else the farm `farm up` recorded, else the default:
+        the one broker discovery of ``Farm.default()`` and ``farm doctor``."""
         settings = FarmSettings()
         if "broker_url" not in settings.model_fields_set and settings.state_file.exists():
             import json
 
             state = json.loads(settings.state_file.read_text())
             settings = settings.model_copy(update={"broker_url": state["broker_url"]})
-        return cls(settings)
+        return settings
 
     @classmethod
     def local(

@@ -1,31 +1,10 @@
 """``Farm.map``: many items through a farm, each in a box of its own, as one engine.
 
-Items are read lazily and sent in chunks (``farm.batch`` tasks): the first chunks hold one item,
-so that the first result comes back in tens of milliseconds, and they double up to ``MAX_CHUNK``
-(or fewer, so each worker gets several). Workers push each item's result to the map's own Redis
-list as it ends; this reads that list in batches. At most ``concurrency`` items are between
-being read and being yielded, so mapping over a generator of a million items keeps memory flat,
-and ``ordered=True`` holds back only what that window allows.
-
-What happens to an item, whatever happens to the farm (checked once a second, one round trip):
-- a chunk that no worker claimed is abandoned (claimed for nobody, so a late copy runs
-  nothing) and its items are sent again: after ``TAKEN_WAIT_S`` when its queue is empty (so a
-  consumer took the message: a killed worker that took it without a trace), else after
-  ``CLAIM_WAIT_S``; both double at each resend (a queue that other maps keep long, or a
-  worker slow to claim, is waited out, never turned into a resend loop): noticed in seconds,
-  not at a deadline;
-- a chunk whose worker died: its items that never started are sent again with the same exec
-  ids (the claim makes a second copy harmless); those that had started are infrastructure
-  failures (``sandbox_lost``), retried up to ``retries`` times with a new exec id, like every
-  ``infra`` and ``sandbox_lost`` result; user errors, timeouts and OOMs are results;
-- a broker that lost its data (``BrokerLost``) ends the items in flight as ``infra`` (whether
-  they ran cannot be known) and they are not retried; an outage longer than the farm waits out
-  ends them the same way and then raises ``BrokerUnavailable``, with the items not yet sent
-  never sent (``farm sweep --resume`` runs them);
-- leaving the loop early (``break``, an exception, ``close()``) cancels the map: nothing more is
-  sent, workers start none of its items and stop those that run;
-- an image is checked when the first item that runs on it is sent (a local farm starts a worker
-  for it then); with none serving it, its items' records say so (kind ``infra``).
+Items are read lazily and sent in growing chunks; at most ``concurrency`` items are between
+being read and being yielded (memory stays flat). Every item ends in exactly one record:
+an unclaimed chunk is sent again (a late copy runs nothing), a dead worker's unstarted items
+keep their exec ids, started ones are retried as ``infra``; leaving the loop cancels the map.
+Why and how: docs/design/map-engine.md.
 """
 
 from __future__ import annotations

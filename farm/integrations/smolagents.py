@@ -1,25 +1,9 @@
 """``FarmExecutor``: smolagents' code agents run their code in a farm session.
 
-``CodeAgent(tools=..., model=..., executor=FarmExecutor(farm))`` runs every step's code in one
-farm session (one box, one Python namespace), so a variable defined in one step is there in the
-next, as with smolagents' own remote executors (E2B, Docker, Modal): tools travel as source code
-and run in the sandbox, ``final_answer`` raises a ``FinalAnswerException`` whose value carries
-the serialized answer, and the session closes with the agent (``with CodeAgent(...)`` or
-``agent.cleanup()``; closing twice is harmless).
-
-Two differences from a Jupyter kernel, handled here:
-
-- farm cuts an error's ``evalue`` at 8192 characters, and the final answer travels in one. The
-  final-answer tool is wrapped in the sandbox so that it also writes the serialized answer to a
-  file of the workspace (``ANSWER_FILE``), which comes back whole through ``session.files``;
-- packages are not installed at run time (sandboxes have no network, and farm refuses
-  IPython's ``!pip``): the image must hold them (``farm image build NAME --pip PKG``). The
-  executor refuses ``additional_imports`` the image lacks, and logs the tools' missing ones.
-
-A session that loses its variables (a cell killed by its timeout or the OOM killer) or its sandbox
-is replaced by a fresh namespace holding the tools and variables again, and the step fails with
-an error that says so: the model sees it and can redo the lost work, instead of meeting
-``NameError`` on every step after.
+Every step of an agent runs in one session (variables live on between steps); the final
+answer comes back whole through a workspace file (an error's ``evalue`` is cut at 8192
+characters); a session that lost its state is replaced by a fresh namespace with the tools,
+and the step fails saying so. Why and how: docs/design/smolagents-executor.md.
 """
 
 from __future__ import annotations

@@ -22,10 +22,10 @@ class BatchItem(Model):
     cells: list[str] | None = None
     cmd: str | list[str] | None = None
     setup: str | None = None
-    timeout_s: float | None = Field(None, gt=0)
-    files: dict[str, str] | None = Field(None, description="workspace path -> text content")
+    timeout_s: float | None = Field(default=None, gt=0)
+    files: dict[str, str] | None = Field(default=None, description="workspace path -> text content")
     limits: BoxLimits | None = None
-    image: str | None = Field(None, description="the image it runs on (default: the map's)")
+    image: str | None = Field(default=None, description="the image it runs on (default: the map's)")
 
     @model_validator(mode="after")
     def _one_body(self) -> BatchItem:
@@ -55,13 +55,14 @@ class BatchRecord(Model):
     kind: str | None = None
     message: str | None = None
     cells: list[ExecResult] = Field(default_factory=list)
-    command: CommandResult | None = Field(None, description="what an item's 'cmd' did")
+    command: CommandResult | None = Field(default=None, description="what an item's 'cmd' did")
     attempts: int = 0
     duration_s: float = 0.0
     cached: bool = False
     manifest: dict[str, Any] = Field(default_factory=dict)
     journal: list[dict[str, Any]] | None = Field(
-        None, description="with journal=True: the item's session journal as mime_stream dicts"
+        default=None,
+        description="with journal=True: the item's session journal as mime_stream dicts",
     )
 
     @property
@@ -75,7 +76,7 @@ class ChunkItem(Model):
     key: int
     exec_id: str = Field(description="claimed before the item runs: a copy never runs twice")
     cells: list[str]
-    argv: list[str] | None = Field(None, description="a command, run after the cells")
+    argv: list[str] | None = Field(default=None, description="a command, run after the cells")
     files: dict[str, str] = Field(default_factory=dict)
     timeout_s: float = Field(gt=0)
     limits: dict[str, int] = Field(default_factory=dict)

@@ -51,12 +51,18 @@ class SubCall(Model):
     name: str
     args: list[Any] = Field(default_factory=list)
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    batch: bool = Field(False, description="a <name>_batched call: args[0] is the list of inputs")
+    batch: bool = Field(
+        default=False, description="a <name>_batched call: args[0] is the list of inputs"
+    )
     ok: bool
-    response: Any = Field(None, description="what the callback returned (a list when batched)")
+    response: Any = Field(
+        default=None, description="what the callback returned (a list when batched)"
+    )
     error: str | None = None
     duration_s: float = 0.0
-    depth: int = Field(0, description="1 for a call from a top-level session, 2 from a child...")
+    depth: int = Field(
+        default=0, description="1 for a call from a top-level session, 2 from a child..."
+    )
 
 
 class CallAnswer(Model):
@@ -64,7 +70,7 @@ class CallAnswer(Model):
 
     ok: bool
     value: Any = None
-    error: dict[str, str] | None = Field(None, description="{'ename': ..., 'evalue': ...}")
+    error: dict[str, str] | None = Field(default=None, description="{'ename': ..., 'evalue': ...}")
     depth: int = 0
 
 
@@ -139,11 +145,11 @@ class BoxLimits(Model):
     ``fsize_mb`` the largest file, ``nofile`` open files, ``disk_mb`` the box's private disk
     (``/workspace``, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` together)."""
 
-    memory_mb: int | None = Field(None, ge=16)
-    pids: int | None = Field(None, ge=4)
-    fsize_mb: int | None = Field(None, ge=1)
-    nofile: int | None = Field(None, ge=16)
-    disk_mb: int | None = Field(None, ge=1)
+    memory_mb: int | None = Field(default=None, ge=16)
+    pids: int | None = Field(default=None, ge=4)
+    fsize_mb: int | None = Field(default=None, ge=1)
+    nofile: int | None = Field(default=None, ge=16)
+    disk_mb: int | None = Field(default=None, ge=1)
 
     @model_serializer(mode="wrap")
     def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -169,7 +175,8 @@ class RestoreReport(Model):
     reason: str
     replayed: list[ReplayedCell] = Field(default_factory=list)
     reran_lost_call: bool = Field(
-        False, description="the lost call had run nothing, so it was run again after the replay"
+        default=False,
+        description="the lost call had run nothing, so it was run again after the replay",
     )
     warning: str = (
         "replayed cells ran again: side effects outside the session (files, network, "
@@ -187,7 +194,8 @@ class CommandResult(Model):
     exec_id: str
     session_id: str
     returncode: int | None = Field(
-        None, description="the exit status, or 128 + N for a death by signal N (as shells say)"
+        default=None,
+        description="the exit status, or 128 + N for a death by signal N (as shells say)",
     )
     signal: int | None = None
     timed_out: bool = False

@@ -23,7 +23,8 @@ class SandboxInfo(Model):
     image: str | None = None
     image_digest: str | None = None
     image_spec: dict[str, Any] | None = Field(
-        None, description="the environment spec a farm image was built from (farm image build)"
+        default=None,
+        description="the environment spec a farm image was built from (farm image build)",
     )
     limits: dict[str, Any] = Field(default_factory=dict)
     kernel_version: str | None = None

@@ -86,7 +86,7 @@ class Execute(Model):
     timeout_s: float = Field(gt=0)
     exec_id: str
     max_output_bytes: int = Field(default=1024 * 1024, ge=1024)
-    events: bool = Field(False, description="send the cell's events before its result")
+    events: bool = Field(default=False, description="send the cell's events before its result")
     calls: list[str] = Field(default_factory=list, description="host callbacks it may call")
 
 
@@ -143,7 +143,7 @@ class Answer(Model):
     id: int
     ok: bool
     value: Any = None
-    error: dict[str, str] | None = Field(None, description="{'ename': ..., 'evalue': ...}")
+    error: dict[str, str] | None = Field(default=None, description="{'ename': ..., 'evalue': ...}")
 
 
 class ExecReply(Model):
@@ -167,7 +167,7 @@ class Command(Model):
     exec_id: str
     argv: list[str] = Field(min_length=1)
     timeout_s: float = Field(gt=0)
-    stdin: str | None = Field(None, description="base64")
+    stdin: str | None = Field(default=None, description="base64")
     stdin_path: str | None = None
     cwd: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
@@ -185,8 +185,8 @@ class FileRequest(Model):
     op: Literal["write", "read", "stat", "list", "remove", "extract"]
     path: str
     scope: Literal["workspace", "box"] = "workspace"
-    offset: int = Field(0, ge=0)
-    length: int | None = Field(None, ge=0)
+    offset: int = Field(default=0, ge=0)
+    length: int | None = Field(default=None, ge=0)
     data: str | None = None
     source: str | None = None
 

@@ -1,21 +1,9 @@
 """``BatchRunner``: a worker's side of ``Farm.map`` and sweeps — chunks of items, each in a box.
 
-A chunk (``farm.models.Chunk``) is one Celery task carrying many items. The worker runs its items
-at once (each in a box of its own: open, files, cells, close) on a pool as large as the
-sessions it may hold, and publishes each item's ``ItemDone`` to the map's result list the
-moment it ends, not at the end of the chunk: items that end within ``LINGER_S`` of each other
-(a chunk's items start together, and short ones end together) share one push, and the client
-one wake-up. Per item that is the claim and a share of a push; the chunk's own costs (its
-message, its claim) are shared, and whether the map was cancelled is asked at most twice a
-second per map, whatever the number of its chunks here.
-
-Invariants:
-- a chunk is claimed before its items start (``SET NX``): a copy of its message (a redelivery,
-  or one the client abandoned and sent again) runs nothing;
-- an item's ``exec_id`` is claimed before it runs: an item never runs twice, whatever copies
-  of it travel; the client decides what an item claimed by a worker that died becomes;
-- a map the client cancelled (it stopped reading) starts no more items, and the items it runs
-  are stopped (their boxes closed: every process killed).
+Invariants: a chunk is claimed before its items start (a copy of its message runs nothing);
+an item's ``exec_id`` is claimed before it runs (an item never runs twice); a cancelled map
+starts no more items and its running ones are stopped. Each item's result is pushed as it
+ends. Why and how: docs/design/map-engine.md.
 """
 
 from __future__ import annotations
@@ -138,11 +126,12 @@ class BatchRunner:
             future.cancel()
         with self._lock:
             running = self._open.pop(map_id, set())
-        kernel = self.worker._kernel()
         for session_id in running:  # its box is reset: every process it started dies
             try:
-                kernel.close_session(session_id)
-            except KernelError:
+                self.worker._kernel().close_session(session_id)
+            except KernelRequestError:
+                pass  # the item ended meanwhile (no such session): nothing left to stop
+            except KernelError:  # the connection broke: the next close gets a new one
                 self.worker._drop_kernel()
         log.info(
             "map %s cancelled on worker %s: %d items stopped", map_id, self.worker.id, len(running)

@@ -56,10 +56,10 @@ class FarmSandboxConfig(BaseModel):
 
     broker_url: str | None = None
     image: str = INSPECT_IMAGE
-    workers: int = Field(2, ge=1, description="workers of an embedded farm")
+    workers: int = Field(default=2, ge=1, description="workers of an embedded farm")
     limits: FarmSandboxLimits = FarmSandboxLimits()
-    timeout_s: float = Field(MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
-    open_wait_s: float = Field(600.0, gt=0)
+    timeout_s: float = Field(default=MAX_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S)
+    open_wait_s: float = Field(default=600.0, gt=0)
 
 
 def usable_config(config: BaseModel | str | None) -> FarmSandboxConfig:

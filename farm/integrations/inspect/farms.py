@@ -1,23 +1,10 @@
 """The farms Inspect evals use in this process: one per broker, shared by every task that names
 it, with the sample boxes open on each.
 
-A farm is acquired by each ``task_init`` and released by each ``task_cleanup``; the last release
-closes it (an embedded farm stops, removing its containers). Sample boxes are farm sessions
-opened by ``sample_init`` and closed by ``sample_cleanup``; what an interrupted eval left open is
-closed at ``task_cleanup`` or by ``inspect sandbox cleanup farm``.
-
-An embedded farm is started, grown and stopped from whichever of anyio's worker threads runs
-the call: ``farm.processes.popen_tied`` forks its redis-server and workers from one long-lived
-thread, so they do not die with the (short-lived) thread that asked for them.
-
-Why a ledger: ``inspect sandbox cleanup farm`` runs in another process than the eval it cleans
-up after. Every sample box open on a farm is recorded in that farm's broker (``LEDGER``: session
-id -> task) until its sample ends, so the command can close what an interrupted eval left on a
-running farm. An embedded farm's boxes end with its process; its workers, told by SIGTERM,
-remove their sandbox containers. An eval killed with every process it started (a cancelled CI
-job, a cgroup's OOM kill: SIGKILL for all) leaves those containers in Docker, and the farm's
-directory (its logs): ``inspect sandbox cleanup farm`` without an id removes them as ``farm gc``
-does (``remove_dead_farms``).
+A farm is acquired by each ``task_init`` and released by each ``task_cleanup`` (the last
+release closes it). Every open sample box is recorded in its farm's broker (``LEDGER``) until
+its sample ends, so ``inspect sandbox cleanup farm``, in another process, can close what an
+interrupted eval left. Why and how: docs/design/inspect-provider.md.
 """
 
 from __future__ import annotations

@@ -1,32 +1,10 @@
 """``FarmSandboxEnvironment``: Inspect AI's sandbox provider ``farm`` (``Task(sandbox="farm")``).
 
-Each sample environment is one farm box (a session: its own uid, workspace and limits, in a
-hardened container without network), opened by ``sample_init`` and closed by
-``sample_cleanup``. ``exec`` runs a program there with ``Session.exec`` (argv, stdin of any
-size, cwd relative to the workspace, which is the sample's working directory, env, a timeout
-that kills the whole process group); files move through ``session.files`` in chunks, as the
-box's own user, at any path it may reach. ``farm.integrations.inspect.contract`` maps farm's
-answers to Inspect's ``ExecResult`` and exceptions; ``farm.integrations.inspect.farms`` owns the
-farms (an embedded one when the config names none).
-
-Big commands: an argv or env of megabytes goes to farm as it is (Inspect's suite sends 1 MiB of
-argv). Linux's limits apply as to any ``execve``: 128 KiB for one argument or env entry,
-``ARG_MAX`` for all of them; past them the command fails (126, ``Argument list too long`` on
-stderr), which Inspect's tools show the model as they would any failed command.
-
-Inspect's injected tools (``text_editor``, ``bash_session``...): Inspect installs them at one
-fixed path under ``/var/tmp`` and would own it for one box at a time; every mention of that path
-is made the box's own directory (``farm.integrations.inspect.toolsdir``), so each sample in a
-sandbox gets its own copy and server.
-
-Users: farm runs a box's code as the box's own non-root uid and nothing else (no root, no
-setuid: see the README's security model). ``user="root"`` and other existing accounts raise
-``SandboxUserUnsupportedError`` (Inspect then judges root "unusable" and runs its tools as the
-default user); a name the sandbox has no account for fails like Docker's ``--user``.
-
-Every farm call blocks (it waits on the broker), so each runs in a worker thread, under a
-limiter of this provider's own: a thousand samples waiting for room on a full farm must not
-take the threads that the running samples' commands need.
+Each sample environment is one farm box, opened by ``sample_init`` and closed by
+``sample_cleanup``; ``exec`` is ``Session.exec`` and files move through ``session.files``, as
+the box's own non-root user (``user="root"`` raises ``SandboxUserUnsupportedError``). Every
+blocking farm call runs in a worker thread under the provider's own limiter, so samples
+waiting for room never starve running ones. Why and how: docs/design/inspect-provider.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Where Inspect's injected tools live in a box: a directory of each box's own, not the one
 fixed path Inspect gives every sandbox.
 
-Inspect installs its injected tools (a ~31 MiB tree) at one fixed path, ``SANDBOX_TOOLS_DIR``
-under ``/var/tmp``, as the sample's user. A box with namespaces has its own ``/var/tmp``; a uid
-box (the fallback) shares the sandbox's, where the first box would own that path until it ends.
-So every mention of the path a sample's environment is given (argv, shell scripts, working
-directory, environment values, file paths, the framework-directory helper's (parent, leaf)
-pair, the model's own commands) names the box's ``/var/tmp/.inspect-tools-<digest>``, a 0700
-directory the box makes before first use, under a name keyed by this process's secret that
-no other box can guess or take first. A command naming it that fails on a full ``/var/tmp``
-says so first, with what to set (``FULL``). Reasoning: ``docs/design/inspect-provider.md``.
+Every mention of ``SANDBOX_TOOLS_DIR`` in a sample's argv, cwd, env or file paths becomes
+``/var/tmp/.inspect-tools-<digest>``, the box's own (mode 0700, made before the first command
+naming it), keyed by a secret of this process so no other box can take the name first. Boxes
+with namespaces have their own ``/var/tmp`` anyway; uid boxes (the fallback) share it.
+Why and how: docs/design/inspect-provider.md.
 """
 
 from __future__ import annotations

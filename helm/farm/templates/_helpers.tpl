@@ -189,8 +189,8 @@ seccompProfile:
 {{- if and $r.tls.clientCertSecret (not $r.tls.enabled) -}}
 {{- fail "redis.tls.clientCertSecret needs redis.tls.enabled" -}}
 {{- end -}}
-{{- if not (has .Values.sandbox.mode (list "dind" "pod")) -}}
-{{- fail (printf "sandbox.mode must be dind or pod, not %q" .Values.sandbox.mode) -}}
+{{- if ne .Values.sandbox.mode "dind" -}}
+{{- fail (printf "sandbox.mode must be dind, not %q (farm has no Kubernetes sandbox backend: docs/design/kubernetes-sandbox-pods.md)" .Values.sandbox.mode) -}}
 {{- end -}}
 {{- if not (has .Values.autoscaling.engine (list "keda" "hpa")) -}}
 {{- fail (printf "autoscaling.engine must be keda or hpa, not %q" .Values.autoscaling.engine) -}}

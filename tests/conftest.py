@@ -167,6 +167,31 @@ def uid_sandbox(docker_env: Any, tmp_path_factory: Any) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
+def one_worker(docker_env: Any) -> Iterator[Any]:
+    """A farm of one worker: every session of a module's tests shares its sandbox (the
+    co-tenancy modules: one session attacks another on the same worker)."""
+    from farm.client import Farm
+    from farm.local import LocalFarm
+
+    local = LocalFarm(1).start()
+    with Farm(local.settings(), owned=local) as farm:
+        yield farm
+
+
+@pytest.fixture
+def pair(one_worker: Any) -> Iterator[tuple[Any, Any]]:
+    """Two sessions on ``one_worker``'s worker, A holding a secret (variable and file)."""
+    from tests.test_reliability_adversarial import session_on
+
+    a = one_worker.session()
+    b = session_on(one_worker, a.worker)
+    a.run("import os\nsecret = 'hunter2-' + 'a' * 10\nopen('mine.txt', 'w').write(secret)")
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.fixture(scope="module")
 def farm(docker_env: Any) -> Iterator[Any]:
     """A two-worker farm shared by a module's tests that do not break it."""
     from farm.client import Farm

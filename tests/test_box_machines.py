@@ -9,39 +9,16 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from farm.client import Farm, Session
-from farm.local import LocalFarm
+from tests.test_cotenancy import value
 from tests.test_reliability_adversarial import record, session_on
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
-
-
-@pytest.fixture(scope="module")
-def one_worker(docker_env: Any) -> Iterator[Farm]:
-    local = LocalFarm(1).start()
-    with Farm(local.settings(), owned=local) as farm:
-        yield farm
-
-
-@pytest.fixture
-def pair(one_worker: Farm) -> Iterator[tuple[Session, Session]]:
-    a = one_worker.session()
-    b = session_on(one_worker, a.worker)
-    yield a, b
-    a.close()
-    b.close()
-
-
-def value(session: Session, code: str) -> Any:
-    result = session.run(code)
-    assert result.ok and result.value is not None, result.error
-    return eval(result.value.text)  # the repr of plain data
 
 
 def outcome(session: Session, code: str) -> str:

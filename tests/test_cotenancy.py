@@ -19,30 +19,11 @@ import pytest
 from farm.client import Farm, Session
 from farm.client.files import SessionFiles
 from farm.errors import FileOperationError, InvalidRequest
-from farm.local import LocalFarm
 from farm.sweep import Sweep, plan_sweep
-from tests.test_reliability_adversarial import record, session_on
+from tests.test_reliability_adversarial import record
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
-
-
-@pytest.fixture(scope="module")
-def one_worker(docker_env: Any) -> Iterator[Farm]:
-    """A farm of one worker: every session of a test shares its sandbox."""
-    local = LocalFarm(1).start()
-    with Farm(local.settings(), owned=local) as farm:
-        yield farm
-
-
-@pytest.fixture
-def pair(one_worker: Farm) -> Iterator[tuple[Session, Session]]:
-    a = one_worker.session()
-    b = session_on(one_worker, a.worker)
-    a.run("import os\nsecret = 'hunter2-' + 'a' * 10\nopen('mine.txt', 'w').write(secret)")
-    yield a, b
-    a.close()
-    b.close()
 
 
 def value(session: Session, code: str) -> Any:

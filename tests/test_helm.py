@@ -443,8 +443,9 @@ def test_farm_containers_run_non_root_on_a_read_only_root(
                 assert ctx["capabilities"]["drop"] == ["ALL"], where
                 assert not ctx.get("privileged"), where
                 checked += 1
-    # worker and redis of the two single-pool renders; each pool's worker and redis of two more
-    assert checked == 2 * 2 + 2 * (len(POOL_NAMES) + 1)
+    # worker and redis of the two single-pool renders; each pool's worker and redis of two
+    # more; and the API server's container in each of the four
+    assert checked == 2 * 2 + 2 * (len(POOL_NAMES) + 1) + 4
 
 
 def test_only_the_dind_engine_is_privileged(

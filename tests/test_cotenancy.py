@@ -363,6 +363,8 @@ def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_prop
         open('work.txt', 'w').write('w')
         open('/tmp/left.txt', 'w').write('t')
         open('/dev/shm/left', 'w').write('s')
+        os.makedirs('deep/closed'); open('deep/closed/f', 'w').write('d'); os.chmod('deep', 0)
+        os.chmod('/workspace', 0o777); os.setxattr('/workspace', 'user.left', b'x')
         shm = ctypes.CDLL(None).shmget(0x4641524d, 4096, 0o1600)
         mq = ctypes.CDLL(None).mq_open(b'/left-mq', os.O_CREAT | os.O_RDWR, 0o600, None)
         if os.fork() == 0:
@@ -377,7 +379,7 @@ def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_prop
     uid, shm, mq = value(a, leftovers)
     assert shm >= 0 and mq >= 0
     seen = value(a, LOOK)
-    assert seen[0] == ["work.txt"] and "left.txt" in seen[1], seen
+    assert seen[0] == ["deep", "work.txt"] and "left.txt" in seen[1], seen
     assert seen[2:4] == [["left"], ["left-mq"]] and len(seen[4]) == 1, seen
     container = _container(one_worker, docker_env)
     assert wait_for(lambda: len(_uid_processes(container, uid)) >= 2, 10), "no daemon to outlive"
@@ -399,6 +401,8 @@ def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_prop
             f"A had {seen}; the next session with uid {uid} finds {found}",
         )
         assert found == [[], [], [], [], []], found
+        fresh = value(reused[-1], "import os\noct(os.stat('.').st_mode & 0o777), os.listxattr('.')")
+        assert fresh == ("0o700", []), fresh  # its /workspace as a new box's
     finally:
         for s in reused:
             s.close()

@@ -180,6 +180,7 @@ class BoxPool:
         self.free = list(range(count))
         self.quarantined: set[int] = set()
         self.held: dict[int, BoxLimits] = {}  # number -> limits, until given back clean
+        self.kept = 0  # emptied boxes kept for their number's next box (each an init's pid)
 
     @property
     def per_uid(self) -> bool:
@@ -197,7 +198,7 @@ class BoxPool:
             return None
         # each box's pid 1 counts in the pids, beside the box's own
         wanted = {"pids": limits.get("pids", 0) + 1, "disk_mb": limits.get("disk_mb", 0)}
-        held = {"pids": self.committed("pids") + len(self.held)}
+        held = {"pids": self.committed("pids") + len(self.held) + self.kept}
         held["disk_mb"] = self.committed("disk_mb")
         caps_now = {"pids": caps.pids and caps.pids - KERNEL_PIDS, "disk_mb": caps.disk_mb}
         for name, cap in caps_now.items():

@@ -35,6 +35,7 @@ class BoxInit:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)  # never a pid reused by another process
+        self.disk_mb = 0  # the size of the box's disk (a kept box serves boxes of that size)
         self.exit: dict[str, Any] | None = None
         self.exited = asyncio.Event()
 

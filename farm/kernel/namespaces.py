@@ -19,7 +19,7 @@ import os
 import socket
 import struct
 
-from . import seccomp
+from . import leftovers, seccomp, uids
 from .uids import libc
 
 CLONE_NEWNS = 0x00020000
@@ -174,6 +174,22 @@ def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
 # (a new procfs shows all of it): host-wide timers, tasks and keys hidden; sysctls read-only.
 PROC_MASKED = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug")
 PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+
+
+def empty_box(uid: int, gid: int) -> bool:
+    """In a box's init, once every other process of the box is gone: remove what the box left
+    (its files in its four directories, its POSIX queues, its System V objects, the extended
+    attributes and mode of its ``/workspace``), as the box's uid, which owns all of it and so
+    may remove all of it; ``True`` when nothing is left (the box may then be the next box of
+    its number: a machine as fresh as a new one)."""
+    roots = [*(target for target, _, _ in PRIVATE_DIRS if os.path.isdir(target)), "/dev/mqueue"]
+    roots = [root for root in roots if os.path.isdir(root)]
+    with uids.acting_as(uid, gid):
+        leftovers.remove((), keep_roots=roots)  # /workspace back to 0700, its owner's
+        leftovers.remove_ipc(uid)
+        for name in os.listxattr("/workspace"):
+            os.removexattr("/workspace", name)
+        return not any(os.listdir(root) for root in roots) and not os.listxattr("/workspace")
 
 
 def init_box() -> None:

@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 
 from . import leftovers, procs
 from .box_protocol import send_request
-from .boxes import Box, BoxPool, Caps
+from .boxes import DEFAULT_DISK_MB, Box, BoxPool, Caps
 from .commands import CommandRun
 from .framing import FrameError, read_frame
 from .links import BoxInit, Link, RequestError
@@ -94,6 +94,7 @@ class Spawner:
         self.tool_limit = tool_limit
         self.boxes: dict[int, tuple[Link, BoxInit]] = {}  # box number -> its pid 1 (namespaces)
         self.making: dict[int, asyncio.Lock] = {}  # box number -> held while made or ended
+        self.kept: set[int] = set()  # numbers whose emptied box waits for their next box
         self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
         # box number -> processes being started for it, not yet in its uid (or its groups): a
         # reset waits for them, so its kill finds them and no box is given back with one
@@ -138,12 +139,22 @@ class Spawner:
             return self.zygote
         async with self._making(box):  # one box at a time per number
             held = self.boxes.get(box.number)
+            disk_mb = box.limits.get("disk_mb", DEFAULT_DISK_MB)
             if held is not None:
-                if held[0].alive:
+                if held[0].alive and held[1].disk_mb == disk_mb:
+                    self._unkeep(box.number)
                     return held[0]
-                if not await self._end_now(box):  # its init died under it: a new box
+                # its init died under it, or it is kept with a disk of another size: a new box
+                if not await self._end_now(box):
                     raise RequestError("unavailable", f"box {box.number} did not end")
-            return await self._make(box)
+            link = await self._make(box)
+            self.boxes[box.number][1].disk_mb = disk_mb
+            return link
+
+    def _unkeep(self, number: int) -> None:
+        if number in self.kept:
+            self.kept.discard(number)
+            self.pool.kept -= 1
 
     def _making(self, box: Box) -> asyncio.Lock:
         return self.making.setdefault(box.number, asyncio.Lock())
@@ -235,7 +246,7 @@ class Spawner:
         while self.forking.get(box.number) and self.loop.time() < deadline:
             await asyncio.sleep(0.002)  # a process entering the box: poll of a deadline
         if self.pool.isolation == "namespaces":
-            return await (self._end(box) if remove else self._empty(box))
+            return await (self._recycle(box) if remove else self._empty(box))
         killed = await self._kill(box, proc)
         if killed and not remove:
             return True
@@ -266,6 +277,35 @@ class Spawner:
         finally:
             link.resets.pop(request_id, None)
 
+    async def _recycle(self, box: Box) -> bool:
+        """A box's end that keeps its init and namespaces for the number's next box: every
+        process killed and what the box left removed by its init (``namespaces.empty_box``).
+        A box that cannot be emptied so is ended instead (``_end_now``)."""
+        async with self._making(box):
+            held = self.boxes.get(box.number)
+            if held is None:
+                return True
+            link = held[0]
+            if link.alive:
+                future: asyncio.Future[bool] = self.loop.create_future()
+                request_id = next(_ids)
+                link.resets[request_id] = future
+                message = {"op": "recycle", "id": request_id, "box": box.describe()}
+                try:
+                    send_request(link.sock, message)
+                    emptied = await asyncio.wait_for(future, RESET_TIMEOUT_S)
+                except (asyncio.TimeoutError, RequestError, OSError):
+                    emptied = False
+                finally:
+                    link.resets.pop(request_id, None)
+                if emptied and link.alive:
+                    self.groups.pop(box.number, None)
+                    if box.number not in self.kept:
+                        self.kept.add(box.number)
+                        self.pool.kept += 1
+                    return True
+            return await self._end_now(box)
+
     async def _end(self, box: Box) -> bool:
         """The box's pid 1 killed and reaped (after a box being made for the number is made):
         the kernel has then ended every process of its pid namespace, and its mounts went
@@ -274,6 +314,7 @@ class Spawner:
             return await self._end_now(box)
 
     async def _end_now(self, box: Box) -> bool:
+        self._unkeep(box.number)
         held = self.boxes.pop(box.number, None)
         self.groups.pop(box.number, None)
         if held is None:

@@ -228,6 +228,24 @@ class Zygote:
         finally:
             theirs.close()
 
+    def recycle(self, request: dict[str, Any]) -> None:
+        """In a box's pid 1, as the box ends: every other process killed and reaped, then what
+        the box left removed (``namespaces.empty_box``); ``reset_done`` says whether the box is
+        as fresh as a new one (else the supervisor ends it)."""
+        box = request["box"]
+        deadline = time.monotonic() + uids.KILL_DEADLINE_S
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+        while self.reap() and time.monotonic() < deadline:
+            time.sleep(0.001)  # poll interval of the deadline: they are dying
+        ok = not self.reap()
+        if ok:
+            try:
+                ok = namespaces.empty_box(box["uid"], box["gid"])
+            except OSError:
+                ok = False
+        _send(self.sock, {"op": "reset_done", "id": request["id"], "ok": ok})
+
     def empty(self, request: dict[str, Any]) -> None:
         """In a box's pid 1: kill every other process of the box and reap them all (their
         exits reported), then ``reset_done``; not ok when one would not go in time."""
@@ -346,7 +364,7 @@ def _serve(zygote: Zygote) -> NoReturn:
     selector.register(wake_r, selectors.EVENT_READ, "child")
     handlers: dict[str, Any] = {"spawn": zygote.spawn, "command": zygote.command}
     if zygote.in_box:
-        handlers["reset"] = zygote.empty
+        handlers.update(reset=zygote.empty, recycle=zygote.recycle)
     else:
         handlers.update(reset=zygote.reset, box=zygote.box)
     while True:
@@ -365,7 +383,7 @@ def _serve(zygote: Zygote) -> NoReturn:
             try:
                 handler(message.get("session", {}) if message["op"] == "spawn" else message)
             except OSError as exc:  # fork failed (no pids left): the supervisor must hear it
-                if message["op"] == "reset":
+                if message["op"] in ("reset", "recycle"):
                     _send(sock, {"op": "reset_done", "id": message["id"], "ok": False})
                 else:
                     _send(sock, {"op": "spawned", "pid": -1, "error": str(exc)})

@@ -306,14 +306,10 @@ class Spawner:
                     return True
             return await self._end_now(box)
 
-    async def _end(self, box: Box) -> bool:
-        """The box's pid 1 killed and reaped (after a box being made for the number is made):
-        the kernel has then ended every process of its pid namespace, and its mounts went
-        with its mount namespace."""
-        async with self._making(box):
-            return await self._end_now(box)
-
     async def _end_now(self, box: Box) -> bool:
+        """The box's pid 1 killed and reaped (the caller holds the number's lock): the kernel
+        has then ended every process of its pid namespace, and its mounts went with its mount
+        namespace."""
         self._unkeep(box.number)
         held = self.boxes.pop(box.number, None)
         self.groups.pop(box.number, None)

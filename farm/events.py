@@ -1,7 +1,8 @@
 """The events of a run, as they happen: the live stream, the session journal and replay.
 
 One run is ``ExecStart``, then any number of ``Stream`` (stdout/stderr chunks), ``Display``
-(``display(obj)`` in the sandbox) and ``HostCall`` (a host callback such as ``llm_query``) in
+(``display(obj)`` in the sandbox), ``HostCall`` (a host callback such as ``llm_query``) and
+``Egress`` (a connection through the box's proxy) in
 the order they happened, then ``Result`` or ``Error`` when
 there is one, then ``ExecEnd``. The same models come out of ``Session.stream``, out of
 ``Farm.replay`` and off the wire (a sibling of ``farm.models``, which would pass its size
@@ -157,6 +158,31 @@ class HostCall(_Event):
         return f"↪ host call `{clip(f'{name}({shown})', 2000)}`"
 
 
+class Egress(_Event):
+    """A connection through the box's egress proxy, as it ended (``farm.egress``): where to,
+    whether its policy allowed it (and why not, or why it was cut off), bytes each way."""
+
+    type: Literal["egress"] = "egress"
+    host: str
+    port: int
+    allowed: bool
+    reason: str = ""
+    address: str = Field(default="", description="the address connected to, once checked")
+    bytes_out: int = Field(default=0, description="from the box")
+    bytes_in: int = Field(default=0, description="to the box")
+    duration_s: float = 0.0
+
+    def _repr_markdown_(self) -> str:
+        where = f"`{self.host}:{self.port}`"
+        if not self.allowed:
+            return f"⊘ egress to {where} denied: {clip(self.reason, 500)}"
+        cut = f"; {clip(self.reason, 500)}" if self.reason else ""
+        return (
+            f"⇄ egress to {where} ({self.address}): {self.bytes_out} B out, "
+            f"{self.bytes_in} B in, {self.duration_s:.2f} s{cut}"
+        )
+
+
 class ExecEnd(_Event):
     type: Literal["exec_end"] = "exec_end"
     status: Literal["ok", "error"]
@@ -217,11 +243,11 @@ def closing_events(
 
 
 Event = Annotated[
-    ExecStart | Stream | Display | HostCall | Result | Error | ExecEnd,
+    ExecStart | Stream | Display | HostCall | Egress | Result | Error | ExecEnd,
     Field(discriminator="type"),
 ]
 EVENT = TypeAdapter(Event)
-EVENT_TYPES = (ExecStart, Stream, Display, HostCall, Result, Error, ExecEnd)
+EVENT_TYPES = (ExecStart, Stream, Display, HostCall, Egress, Result, Error, ExecEnd)
 
 
 def parse_event(raw: str | bytes | dict[str, Any]) -> Event:

@@ -5,15 +5,16 @@ Nothing else in farm reads ``os.environ`` (the kernel, being stdlib-only, reads 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import ssl
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from farm.errors import InvalidRequest
 
@@ -97,6 +98,42 @@ class BoxSettings(BaseSettings):
     )
 
 
+class EgressSettings(BaseSettings):
+    """What boxes may reach (docs/design/egress.md): nothing unless the operator sets a ceiling.
+    Lists are comma-separated (or JSON) in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="FARM_EGRESS_", extra="ignore")
+
+    allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="the ceiling: host patterns any box may be allowed ('api.example.com', "
+        "'*.example.org:443', '*'); empty: no egress for anyone",
+    )
+    allow_private: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="address ranges (CIDR) a box may reach although not public; everything "
+        "private, loopback, link-local (cloud metadata) is refused otherwise",
+    )
+    ca_bundle: Path | None = Field(
+        default=None,
+        description="a CA bundle (PEM) on the host, mounted read-only into sandboxes and named "
+        "by SSL_CERT_FILE, REQUESTS_CA_BUNDLE, PIP_CERT, ... in boxes with egress",
+    )
+    max_bytes: int = Field(default=256 << 20, ge=1, description="bytes each way, per box")
+    max_connections: int = Field(default=32, ge=1, description="connections open at once a box")
+    connection_s: float = Field(default=600.0, gt=0, description="longest connection, seconds")
+
+    @field_validator("allow", "allow_private", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+
 # Limits that differ by image, applied where no FARM_SANDBOX_* (or FARM_BOX_*) variable says
 # otherwise. The browser runs Chromium and Playwright's node driver in the sandbox: about
 # 300-600 MiB and a hundred threads for a few pages, Chromium's shared memory in /tmp
@@ -176,6 +213,7 @@ class FarmSettings(BaseSettings):
     )
     limits: SandboxLimits = Field(default_factory=SandboxLimits)
     box: BoxSettings = Field(default_factory=BoxSettings)
+    egress: EgressSettings = Field(default_factory=EgressSettings)
     journal_max_events: int = Field(
         default=10000, ge=10, description="events a session's journal keeps (oldest trimmed first)"
     )

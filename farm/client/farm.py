@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from farm.backoff import delays
@@ -20,6 +20,7 @@ from farm.client.broker import Broker, Watch
 from farm.client.callbacks import Callbacks
 from farm.client.mapping import MapRun
 from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
+from farm.egress.policy import PolicyError, parse_rules
 from farm.errors import (
     BrokerLost,
     BrokerUnavailable,
@@ -169,6 +170,7 @@ class Farm:
         max_calls: int = 32,
         callback_timeout_s: float = 60.0,
         limits: BoxLimits | Mapping[str, int] | None = None,
+        egress: Sequence[str] | None = None,
     ) -> Session:
         """Open a session on a worker of ``image``; waits up to ``open_wait_s`` for room.
 
@@ -179,14 +181,17 @@ class Farm:
         re-running the journal's successful cells (see ``Session``); the default raises
         ``StateLost``. ``callbacks`` are functions of this process the session's code may call
         by name, within ``max_depth`` nested sessions, ``max_calls`` calls per run and
-        ``callback_timeout_s`` per call (``farm.client.callbacks``)."""
+        ``callback_timeout_s`` per call (``farm.client.callbacks``). ``egress`` names the
+        hosts its box may reach through the worker's proxy (``"api.example.com"``,
+        ``"*.example.org:443"``), within the farm's ceiling; none by default."""
         hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
         wanted = _limits(limits)
+        hosts = _egress(egress)
         self._require_image(image)
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
         for backoff in delays(0.05, 1.0):
             open_id = uuid.uuid4().hex
-            kwargs = {"tools": tools, "open_id": open_id, "limits": wanted}
+            kwargs = {"tools": tools, "open_id": open_id, "limits": wanted, "egress": hosts}
             pending, mark = self.broker.send(TASK_OPEN, shared_queue(image), kwargs=kwargs)
             try:
                 reply = self._open_reply(pending, open_id, mark, deadline + QUEUE_WAIT_S)
@@ -263,6 +268,7 @@ class Farm:
         max_output_bytes: int | None = None,
         limits: BoxLimits | Mapping[str, int] | None = None,
         exec_id: str | None = None,
+        egress: Sequence[str] | None = None,
     ) -> ExecResult:
         """One-shot run in a fresh session (a box of its own, with ``limits``); failures are
         results, never exceptions, once the call was sent (before that: ``SandboxUnavailable``
@@ -274,13 +280,15 @@ class Farm:
         have run is not run again behind the caller's back. A caller's ``exec_id`` (its first
         attempt's) makes a retry of the whole call return the first one's result.
         """
-        wanted = _limits(limits)
+        wanted, hosts = _limits(limits), _egress(egress)
         for attempt in range(retries + 1):
             request = exec_request(
                 code, timeout_s, max_output_bytes, exec_id if not attempt else None
             )
             if wanted:
                 request["limits"] = wanted
+            if hosts:
+                request["egress"] = hosts
             try:
                 self._require_image(image)
                 pending, mark = self.broker.send(TASK_RUN, shared_queue(image), args=[request])
@@ -320,6 +328,7 @@ class Farm:
         retries: int = 0,
         ordered: bool = True,
         journal: bool = False,
+        egress: Sequence[str] | None = None,
     ) -> MapRun:
         """Run many items, each in a box of its own; iterate the result for one ``BatchRecord``
         per item (the model of a ``farm sweep`` output line), in the items' order or, with
@@ -330,7 +339,8 @@ class Farm:
         record of kind ``input``. Items are read lazily, at most ``concurrency`` at a time
         (default: the capacity of the image's workers); leaving the loop early cancels the
         rest and stops what runs. ``retries`` infrastructure failures are retried per item;
-        user errors, timeouts and OOMs are results (``farm.client.mapping``)."""
+        user errors, timeouts and OOMs are results (``farm.client.mapping``). ``egress``:
+        the hosts each item's box may reach unless the item names its own (``egress``)."""
         return MapRun(
             self,
             items,
@@ -340,6 +350,7 @@ class Farm:
             retries=retries,
             ordered=ordered,
             journal=journal,
+            egress=_egress(egress),
         )
 
     def _started(self, request: dict[str, Any]) -> bool:
@@ -362,6 +373,19 @@ def _limits(limits: BoxLimits | Mapping[str, int] | None) -> dict[str, int] | No
     except ValueError as exc:
         raise InvalidRequest(f"bad box limits: {exc}") from None
     return checked.model_dump() or None
+
+
+def _egress(egress: Sequence[str] | None) -> list[str] | None:
+    """The egress rules a request carries (their syntax checked here; the ceiling by the
+    worker, whose operator sets it)."""
+    if egress is None:
+        return None
+    if isinstance(egress, str):
+        raise InvalidRequest("egress takes a list of host patterns, not one string")
+    try:
+        return [str(rule) for rule in parse_rules(egress)] or None
+    except PolicyError as exc:
+        raise InvalidRequest(str(exc)) from None
 
 
 def _callbacks(

@@ -71,9 +71,11 @@ class MapRun:
         ordered: bool = True,
         journal: bool = False,
         on_sent: Callable[[int], None] | None = None,
+        egress: list[str] | None = None,
     ) -> None:
         self.farm = farm
         self.image = image
+        self.egress = egress  # hosts every item's box may reach, unless the item says
         self.timeout_s = timeout_s
         self.retries = retries
         self.ordered = ordered
@@ -237,6 +239,7 @@ class MapRun:
             files=item.files or {},
             timeout_s=item.timeout_s or self.timeout_s,
             limits=item.limits.model_dump() if item.limits else {},
+            egress=item.egress if item.egress is not None else self.egress,
         )
 
     # --- receiving -----------------------------------------------------------------------
@@ -286,6 +289,8 @@ class MapRun:
             duration_s=time.perf_counter() - attempt.started,
             manifest=self._manifest(done.worker, self._image(attempt)),
         )
+        if done.egress:  # what the result depended on, beyond its own box
+            record.manifest["egress"] = done.egress
         if self.journal and done.session_id:
             from farm.streams import mime_stream
 

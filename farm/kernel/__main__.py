@@ -122,6 +122,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=3000,
         help="tool outputs are clipped head+tail to this many characters",
     )
+    parser.add_argument(
+        "--egress-ca",
+        help="the CA bundle (a path in the sandbox) that boxes with egress are told to trust",
+    )
     parser.add_argument("--log-level", default=os.environ.get("FARM_KERNEL_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -259,6 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         caps=caps,
         tool_limit=args.tool_output_chars,
         fallback=fallback,
+        egress_ca=args.egress_ca,
     )
 
     def ready(where: str) -> None:

@@ -145,6 +145,7 @@ class Box:
     workspace: str
     tmp: str
     limits: BoxLimits = field(default_factory=dict)  # type: ignore[assignment]
+    env: dict[str, str] = field(default_factory=dict)  # for its processes (its proxy's, say)
 
     def describe(self) -> dict[str, Any]:
         """The box as the zygote's children need it (a JSON datagram field)."""
@@ -155,6 +156,7 @@ class Box:
             "workspace": self.workspace,
             "tmp": self.tmp,
             "limits": dict(self.limits),
+            "env": dict(self.env),
         }
 
 

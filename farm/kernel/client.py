@@ -207,13 +207,30 @@ class KernelClient:
         return self.request({"type": "ping"}, timeout_s)
 
     def open_session(
-        self, *, tools: bool = True, limits: dict[str, int] | None = None
+        self,
+        *,
+        tools: bool = True,
+        limits: dict[str, int] | None = None,
+        session_id: str | None = None,
+        egress: bool = False,
     ) -> dict[str, Any]:
+        """Open a session (``session_id``: the host's choice); with ``egress`` its box's proxy
+        endpoint goes to the attached proxy (``attach_egress``) before this returns."""
         message: dict[str, Any] = {"type": "open_session", "tools": tools}
-        if limits:
-            message["limits"] = limits
+        optional = {"limits": limits, "session_id": session_id, "egress": egress}
+        message.update({k: v for k, v in optional.items() if v})
         reply = self.request(message)
         return {"session_id": reply["session_id"], "epoch": reply["epoch"]}
+
+    def attach_egress(self) -> socket.socket:
+        """Make this connection the one the kernel hands boxes' proxy endpoints to, and give
+        it to the caller (read it with ``framing.recv_frame_fds``); this client is then closed."""
+        reply = self.request({"type": "egress_attach"})
+        if reply.get("type") != "egress_attached" or self._sock is None:
+            raise KernelProtocolError(f"unexpected reply to egress_attach: {reply.get('type')!r}")
+        sock, self._sock = self._sock, None
+        sock.settimeout(None)
+        return sock
 
     def execute(
         self,
@@ -314,6 +331,7 @@ class KernelClient:
         max_output_bytes: int | None = None,
         grace_s: float = 2.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        egress: bool = False,
     ) -> dict[str, Any]:
         """A one-shot box in one round trip (``protocol.Item``): open, write ``files``, run
         ``cells`` (stopping at the first that fails), run ``argv``, close. With ``on_event``,
@@ -325,7 +343,7 @@ class KernelClient:
             "cells": cells,
             "timeout_s": timeout_s,
         }
-        optional = {"session_id": session_id, "limits": limits, "argv": argv}
+        optional = {"session_id": session_id, "limits": limits, "argv": argv, "egress": egress}
         message.update({k: v for k, v in optional.items() if v})
         if files:
             encoded = {path: base64.b64encode(data).decode("ascii") for path, data in files.items()}

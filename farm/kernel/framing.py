@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import struct
 from typing import Any
@@ -86,6 +87,32 @@ def recv_frame(sock: socket.socket, max_frame: int = DEFAULT_MAX_FRAME) -> dict[
     if body is None:
         raise FrameError("connection closed in the middle of a frame")
     return decode_body(body)
+
+
+def recv_frame_fds(
+    sock: socket.socket, max_frame: int = DEFAULT_MAX_FRAME
+) -> tuple[dict[str, Any], list[int]] | None:
+    """Read one frame from a blocking Unix socket with the fds sent along with its first byte
+    (``socket.send_fds``); ``None`` on a clean end of stream. The caller owns the fds."""
+    first, fds, _, _ = socket.recv_fds(sock, HEADER.size, 4)
+    try:
+        if not first:
+            if fds:
+                raise FrameError("fds without a frame")
+            return None
+        header = first + (_recv_exactly(sock, HEADER.size - len(first)) or b"")
+        if len(header) < HEADER.size:
+            raise FrameError("connection closed in the middle of a frame")
+        (length,) = HEADER.unpack(header)
+        check_length(length, max_frame)
+        body = _recv_exactly(sock, length)
+        if body is None:
+            raise FrameError("connection closed in the middle of a frame")
+        return decode_body(body), fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:

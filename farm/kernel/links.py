@@ -62,6 +62,7 @@ class Link:
         self.alive = True
         self.pending: list[asyncio.Future[tuple[int, int, list[int]]]] = []
         self.resets: dict[int, asyncio.Future[bool]] = {}
+        self.endpoints: dict[int, asyncio.Future[tuple[int, socket.socket]]] = {}
         self.by_pid: dict[int, Process] = {}
         # Exits reported for a process forked but not registered yet (a command that ends at
         # once: "spawned" and "exited" arrive in one read), kept for ``register``.
@@ -92,7 +93,11 @@ class Link:
             if not data:
                 self.alive = False
                 gone = RequestError("unavailable", "the zygote is gone")
-                waiting: list[asyncio.Future[Any]] = [*self.pending, *self.resets.values()]
+                waiting: list[asyncio.Future[Any]] = [
+                    *self.pending,
+                    *self.resets.values(),
+                    *self.endpoints.values(),
+                ]
                 for future in waiting:
                     if not future.done():
                         future.set_exception(gone)
@@ -134,10 +139,24 @@ class Link:
                     proc.exited.set()
                 elif message["pid"] in self.starting:
                     self.early_exits[message["pid"]] = message
+            elif message["op"] == "listening":
+                self._endpoint(message, fds)
             elif message["op"] == "reset_done":
                 done = self.resets.pop(message["id"], None)
                 if done is not None and not done.done():
                     done.set_result(bool(message["ok"]))
+
+    def _endpoint(self, message: dict[str, Any], fds: list[int]) -> None:
+        """A box's proxy endpoint (a listening socket, ``egress.listen``), or why not."""
+        endpoint = self.endpoints.pop(message["id"], None)
+        if endpoint is None or endpoint.done() or not fds:
+            for fd in fds:  # nobody waits for it (a timeout): closing it ends the endpoint
+                os.close(fd)
+            if endpoint is not None and not endpoint.done():
+                why = message.get("error") or "no socket came"
+                endpoint.set_exception(RequestError("unavailable", f"no proxy endpoint: {why}"))
+            return
+        endpoint.set_result((int(message["port"]), socket.socket(fileno=fds[0])))
 
     def close(self) -> None:
         self.alive = False

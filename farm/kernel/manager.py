@@ -19,6 +19,7 @@ Each session lives in a box of its own (``boxes``) and its processes come from t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -27,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
+from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN, egress
 from .boxes import Box, BoxPool, Caps, LimitsError
 from .cell import Cell, fit, over_budget
 from .commands import kill_tree
@@ -68,6 +69,7 @@ class Session:
         self.lock = asyncio.Lock()
         self.last_used = time.monotonic()
         self.memory_kills: list[tuple[int, int, int, int]] = []  # MemoryWatch: pid, kB, of kB
+        self.endpoint: socket.socket | None = None  # its proxy endpoint (egress), if any
         self.closed = False  # closed: whatever starts for it now must not outlive its box
         self.one_shot = False  # an item's: closed right after its last step, never replaced
 
@@ -94,6 +96,7 @@ class SessionManager:
         max_sessions: int,
         tool_limit: int = 3000,
         caps: Caps | None = None,
+        egress_ca: str | None = None,
     ) -> None:
         self.caps = caps or Caps.of_this_sandbox()
         self.spawner = Spawner(zygote, pool, self.caps, tool_limit)
@@ -102,6 +105,10 @@ class SessionManager:
         self.sessions: dict[str, Session] = {}
         self.closed_early: dict[str, None] = {}  # ids closed before they opened, oldest first
         self.watch = MemoryWatch(self._watched) if pool.per_uid else None
+        self.egress_ca = egress_ca  # the CA bundle boxes with egress are told to trust
+        # Hands a box's proxy endpoint to the host's proxy (``KernelServer``): session id, port,
+        # socket; raises ``RequestError`` when no proxy is attached.
+        self.hand_over: Callable[[str, int, socket.socket], None] | None = None
         self.opens = 0
         self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
         self.loop = asyncio.get_running_loop()
@@ -111,10 +118,13 @@ class SessionManager:
         tools: bool = True,
         limits: dict[str, Any] | None = None,
         session_id: str | None = None,
+        egress: bool = False,
     ) -> dict[str, Any]:
         """Open a session: a spare process when it fits (the usual case: default limits and
         tools), else a process spawned for it; either way a box of its own. ``session_id`` is
-        the host's choice (a one-shot ``item``), else a new one."""
+        the host's choice (a one-shot ``item``), else a new one. With ``egress`` the box gets a
+        proxy endpoint, handed to the host's proxy under the session's id, and its processes
+        the variables that name it."""
         if len(self.sessions) >= self.max_sessions:
             raise RequestError(
                 "too_many_sessions", f"this kernel holds {self.max_sessions} sessions"
@@ -128,26 +138,41 @@ class SessionManager:
             checked = self.caps.check(limits)
         except LimitsError as exc:
             raise RequestError("bad_limits", str(exc)) from None
-        spare = self.spawner.take_spare() if tools and checked == self.caps.defaults() else None
+        if egress and self.hand_over is None:
+            raise RequestError("unavailable", "no egress proxy is attached to this kernel")
+        fits = tools and not egress and checked == self.caps.defaults()
+        spare = self.spawner.take_spare() if fits else None
         self.opens += 1
+        session_id = session_id or uuid.uuid4().hex
         if spare is not None:
-            box, proc = spare
+            session = Session(session_id, spare[0], tools)
+            session.proc = spare[1]
             self.spare_opens += 1
         else:
-            box = self.spawner.take_box(checked)
+            session = Session(session_id, self.spawner.take_box(checked), tools)
             try:
-                proc = await self.spawner.spawn(box, tools)
+                if egress:
+                    await self._endpoint(session)
+                session.proc = await self.spawner.spawn(session.box, tools)
             except BaseException:
-                self.spawner.end_box(box, None)
+                _revoke(session)
+                self.spawner.end_box(session.box, None)
                 raise
-        session = Session(session_id or uuid.uuid4().hex, box, tools)
-        session.proc = proc
+        box, proc = session.box, session.proc
         self.sessions[session.id] = session
         self.spawner.refill()
         log.debug(  # debug: at a batch's rate (hundreds a second) a line each costs dockerd
             "session %s opened (pid %d, box %d, uid %d)", session.id, proc.pid, box.number, box.uid
         )
         return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
+
+    async def _endpoint(self, session: Session) -> None:
+        """Make the box's proxy endpoint and hand it to the host's proxy; the session keeps
+        its own copy, to revoke it when the session ends (``_revoke``)."""
+        port, session.endpoint = await self.spawner.endpoint(session.box)
+        session.box.env = egress.proxy_env(port, self.egress_ca)
+        assert self.hand_over is not None
+        self.hand_over(session.id, port, session.endpoint)
 
     def _watched(self) -> list[Watched]:
         return [w for session in self.sessions.values() if (w := session.watched()) is not None]
@@ -170,6 +195,7 @@ class SessionManager:
                 del self.closed_early[next(iter(self.closed_early))]
             raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
         session.closed = True
+        _revoke(session)
         # Killed before its socket is closed: closing first would wake it to read the end of
         # its input and exit by itself, which costs more than the kill its box gets anyway.
         session.proc.signal(signal.SIGKILL, group=True)
@@ -259,7 +285,9 @@ class SessionManager:
         close. The same steps as the host taking them one request at a time, with the same
         rules (each cell's timeout, caps, kinds), for one round trip instead of four or more:
         a batch item's cost is its box, not its messages."""
-        opened = await self.open(request["tools"], request["limits"], request["session_id"])
+        opened = await self.open(
+            request["tools"], request["limits"], request["session_id"], request["egress"]
+        )
         session_id, epoch = opened["session_id"], opened["epoch"]
         self.sessions[session_id].one_shot = True
         outcome: dict[str, Any] = {
@@ -403,3 +431,13 @@ class SessionManager:
             return reply_task.result(), reason, killed
         except (FrameError, ConnectionError, OSError):
             return None, reason, killed
+
+
+def _revoke(session: Session) -> None:
+    """End the session's proxy endpoint for every holder of it (the host's proxy too): shut
+    down, it listens no more, so no later tenant of the box can reach this session's policy."""
+    if session.endpoint is not None:
+        with contextlib.suppress(OSError):
+            session.endpoint.shutdown(socket.SHUT_RDWR)
+        session.endpoint.close()
+        session.endpoint = None

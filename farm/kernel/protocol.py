@@ -185,8 +185,28 @@ class _OpenSessionRequired(TypedDict):
 
 
 class OpenSession(_OpenSessionRequired, total=False):
+    """``egress``: the box gets a proxy endpoint, sent to the attached proxy (``EgressBox``)
+    under ``session_id`` (the host's choice, else a new one)."""
+
     tools: bool
     limits: BoxLimits
+    session_id: str
+    egress: bool
+
+
+class EgressAttach(TypedDict):
+    """This connection (a Unix socket) becomes the host proxy's: boxes' endpoints come on it."""
+
+    type: Literal["egress_attach"]
+
+
+class EgressBox(TypedDict):
+    """A box's proxy endpoint (its listening socket travels as ``SCM_RIGHTS`` with the
+    frame's first byte) for the session ``session_id``; ``port`` on the box's loopback."""
+
+    type: Literal["egress_box"]
+    session_id: str
+    port: int
 
 
 class SessionOpened(TypedDict):
@@ -336,6 +356,7 @@ class Item(_ItemRequired, total=False):
     argv: list[str]
     max_output_bytes: int
     events: bool
+    egress: bool
 
 
 class ItemOutcome(TypedDict):

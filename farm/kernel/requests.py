@@ -62,8 +62,9 @@ class Requests:
         if not isinstance(limits, dict):
             raise RequestError("bad_request", "field 'limits' must be an object")
         tools, events = message.get("tools", True), message.get("events", False)
-        if not isinstance(tools, bool) or not isinstance(events, bool):
-            raise RequestError("bad_request", "fields 'tools' and 'events' must be booleans")
+        egress = message.get("egress", False)
+        if not all(isinstance(flag, bool) for flag in (tools, events, egress)):
+            raise RequestError("bad_request", "'tools', 'events' and 'egress' must be booleans")
         return {
             "exec_id": field(message, "exec_id", str),
             "session_id": _optional(message, "session_id", str),
@@ -73,6 +74,7 @@ class Requests:
             "limits": limits,
             "tools": tools,
             "events": events,
+            "egress": egress,
             "timeout_s": self.timeout(message),
             "max_output_bytes": self.max_output(message),
             # each cell's result, each done event and the command's fit in this much of the

@@ -18,7 +18,7 @@ import socket
 import time
 from typing import Any
 
-from . import KERNEL_VERSION, auth
+from . import KERNEL_VERSION, auth, egress
 from .boxes import BoxPool, Caps
 from .cell import fit
 from .framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
@@ -51,8 +51,11 @@ class KernelServer:
         caps: Caps | None = None,
         tool_limit: int = 3000,
         fallback: str | None = None,
+        egress_ca: str | None = None,
     ) -> None:
         self._token = token
+        self.egress_ca = egress_ca
+        self.egress = egress.ProxyChannel()
         self.fallback = fallback  # why boxes have no namespaces although asked to
         self.pool = pool
         self.caps = caps
@@ -76,7 +79,9 @@ class KernelServer:
             max_sessions=self.max_sessions,
             tool_limit=self.tool_limit,
             caps=self.caps,
+            egress_ca=self.egress_ca,
         )
+        self.manager.hand_over = self.egress.hand_over
         if unix is not None:
             if os.path.exists(unix):
                 os.unlink(unix)
@@ -113,6 +118,7 @@ class KernelServer:
             await _reply(writer, {"type": "error", "code": "internal", "message": "kernel bug"})
         finally:
             self.connections -= 1
+            self.egress.detach(writer.get_extra_info("socket"))
             writer.close()
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -209,7 +215,16 @@ class KernelServer:
             limits = message.get("limits") or {}
             if not isinstance(limits, dict):
                 raise RequestError("bad_request", "field 'limits' must be an object")
-            return await self.manager.open(tools, limits)
+            wanted = message.get("egress", False)
+            if not isinstance(wanted, bool):
+                raise RequestError("bad_request", "field 'egress' must be a boolean")
+            session_id = message.get("session_id")
+            if session_id is not None and not isinstance(session_id, str):
+                raise RequestError("bad_request", "field 'session_id' must be a string")
+            return await self.manager.open(tools, limits, session_id, wanted)
+        if kind == "egress_attach":  # this connection now carries boxes' proxy endpoints
+            self.egress.attach(writer.get_extra_info("socket"))
+            return {"type": "egress_attached"}
         if kind == "execute":
             request = self.requests.execute(message)
             emit = _emitter(writer, request["exec_id"]) if request["events"] else None

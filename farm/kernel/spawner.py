@@ -173,6 +173,28 @@ class Spawner:
         self.loop.add_reader(link.sock, self._on_box, link)
         return link
 
+    async def endpoint(self, box: Box) -> tuple[int, socket.socket]:
+        """``box``'s proxy endpoint, made by its pid 1 in its network namespace: the port and
+        the listening socket (``egress.py``). Boxes without a network of their own have none:
+        a port on a shared loopback would be every box's way out."""
+        if self.pool.isolation != "namespaces":
+            raise RequestError(
+                "bad_request",
+                f"egress needs boxes with namespaces; this sandbox has {self.pool.isolation} "
+                "boxes (farm doctor says why)",
+            )
+        link = await self._link(box)
+        future: asyncio.Future[tuple[int, socket.socket]] = self.loop.create_future()
+        request_id = next(_ids)
+        link.endpoints[request_id] = future
+        try:
+            send_request(link.sock, {"op": "listen", "id": request_id})
+            return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+        except (asyncio.TimeoutError, OSError) as exc:
+            raise RequestError("unavailable", f"no proxy endpoint for the box: {exc!r}") from None
+        finally:
+            link.endpoints.pop(request_id, None)
+
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
         """A new session process in ``box``, once it said it is ready (in its box)."""
         with self._starting(box):
@@ -404,6 +426,8 @@ class Spawner:
             self.spares.append((box, proc))
 
     def end_box(self, box: Box, proc: SessionProcess | None) -> None:
+        box.env = {}  # the next tenant's processes start without this one's proxy
+
         async def reset_then_give_back() -> None:
             try:
                 clean = await self.reset(box, proc, remove=True)

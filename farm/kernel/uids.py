@@ -121,6 +121,7 @@ def enter(box: dict[str, Any], isolation: str) -> None:
         XDG_CACHE_HOME=os.path.join(box["tmp"], ".cache"),
         XDG_CONFIG_HOME=os.path.join(box["tmp"], ".config"),
     )
+    os.environ.update(box.get("env") or {})
     tempfile.tempdir = None  # the zygote may have cached the shared /tmp
 
 

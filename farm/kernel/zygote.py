@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from . import commands, leftovers, namespaces, seccomp, session, uids
+from . import commands, egress, leftovers, namespaces, seccomp, session, uids
 from .box_protocol import read_request
 from .box_protocol import send as _send
 from .boxes import DEFAULT_DISK_MB
@@ -228,6 +228,20 @@ class Zygote:
         finally:
             theirs.close()
 
+    def listen(self, request: dict[str, Any]) -> None:
+        """In a box's pid 1: the box's proxy endpoint (``egress.listen``), sent with its port
+        (the supervisor hands it to the host's proxy; no copy stays here)."""
+        answer: dict[str, Any] = {"op": "listening", "id": request["id"]}
+        try:
+            endpoint = egress.listen()
+        except OSError as exc:
+            _send(self.sock, {**answer, "error": str(exc)})
+            return
+        try:
+            _send(self.sock, {**answer, "port": endpoint.getsockname()[1]}, [endpoint.fileno()])
+        finally:
+            endpoint.close()
+
     def recycle(self, request: dict[str, Any]) -> None:
         """In a box's pid 1, as the box ends: every other process killed and reaped, then what
         the box left removed (``namespaces.empty_box``); ``reset_done`` says whether the box is
@@ -364,7 +378,7 @@ def _serve(zygote: Zygote) -> NoReturn:
     selector.register(wake_r, selectors.EVENT_READ, "child")
     handlers: dict[str, Any] = {"spawn": zygote.spawn, "command": zygote.command}
     if zygote.in_box:
-        handlers.update(reset=zygote.empty, recycle=zygote.recycle)
+        handlers.update(reset=zygote.empty, recycle=zygote.recycle, listen=zygote.listen)
     else:
         handlers.update(reset=zygote.reset, box=zygote.box)
     while True:
@@ -385,6 +399,8 @@ def _serve(zygote: Zygote) -> NoReturn:
             except OSError as exc:  # fork failed (no pids left): the supervisor must hear it
                 if message["op"] in ("reset", "recycle"):
                     _send(sock, {"op": "reset_done", "id": message["id"], "ok": False})
+                elif message["op"] == "listen":
+                    _send(sock, {"op": "listening", "id": message["id"], "error": str(exc)})
                 else:
                     _send(sock, {"op": "spawned", "pid": -1, "error": str(exc)})
         sys.stdout.flush()

@@ -26,6 +26,9 @@ class BatchItem(Model):
     files: dict[str, str] | None = Field(default=None, description="workspace path -> text content")
     limits: BoxLimits | None = None
     image: str | None = Field(default=None, description="the image it runs on (default: the map's)")
+    egress: list[str] | None = Field(
+        default=None, description="hosts its box may reach (default: the map's; none)"
+    )
 
     @model_validator(mode="after")
     def _one_body(self) -> BatchItem:
@@ -80,6 +83,7 @@ class ChunkItem(Model):
     files: dict[str, str] = Field(default_factory=dict)
     timeout_s: float = Field(gt=0)
     limits: dict[str, int] = Field(default_factory=dict)
+    egress: list[str] | None = None
 
 
 class Chunk(Model):
@@ -102,3 +106,6 @@ class ItemDone(Model):
     session_id: str = ""
     cells: list[ExecResult] = Field(default_factory=list)
     command: CommandResult | None = None
+    egress: list[dict[str, Any]] = Field(
+        default_factory=list, description="where its box connected to (host, port, allowed)"
+    )

@@ -60,6 +60,7 @@ LABEL_OWNER = "farm.owner"
 LABEL_HOST = "farm.host"
 LABEL_PID = "farm.pid"
 LABEL_UID_BASE = "farm.uid_base"
+CA_MOUNT = "/etc/farm/egress-ca.pem"  # where boxes with egress find the operator's CA bundle
 MOUNT = "/run/farm"
 BOX_CAPS = ["CHOWN", "SETUID", "SETGID", "SETPCAP", "KILL"]
 # Making a box's namespaces, disk and loopback: held by the kernel's zygote alone (the
@@ -83,12 +84,14 @@ class DockerSandbox(Sandbox):
         socket_dir: Path = Path("/tmp/farm-sockets"),
         start_timeout_s: float = 30.0,
         client: docker.DockerClient | None = None,
+        ca_bundle: Path | None = None,
     ) -> None:
         # default: the build of this checkout's kernel (``images.own_sandbox_tag``)
         self.image = image or own_sandbox_tag()
         self.owner = owner or f"local-{os.getpid()}"
         self.limits = limits or SandboxLimits()
         self.box = box
+        self.ca_bundle = ca_bundle  # the host's CA bundle for boxes with egress (read-only)
         self.start_timeout_s = start_timeout_s
         self.id = uuid.uuid4().hex[:12]
         self.dir = socket_dir / self.id
@@ -196,8 +199,11 @@ class DockerSandbox(Sandbox):
                 "--box-uid-base",
                 str(uid_base),
                 *box_arguments(self.box),
+                *(["--egress-ca", CA_MOUNT] if self.ca_bundle else []),
             ],
         }
+        if self.ca_bundle:
+            kwargs["volumes"][str(self.ca_bundle)] = {"bind": CA_MOUNT, "mode": "ro"}
         if lim.runtime:
             kwargs["runtime"] = lim.runtime
         if lim.apparmor_profile:

@@ -37,6 +37,7 @@ import tomli_w
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from farm.egress.policy import PolicyError, parse_rules
 from farm.errors import InvalidRequest
 
 SANDBOX_REPOSITORY = "farm-sandbox"
@@ -89,6 +90,9 @@ class EnvSpec(BaseModel):
     requirements: tuple[str, ...] = ()
     apt: tuple[str, ...] = ()
     limits: EnvLimits = EnvLimits()
+    egress: tuple[str, ...] = Field(
+        (), description="hosts its boxes may reach (within the farm's ceiling, FARM_EGRESS_ALLOW)"
+    )
 
     @property
     def tag(self) -> str:
@@ -111,6 +115,15 @@ class EnvSpec(BaseModel):
                 raise ValueError(f"not a pip requirement: {line!r} ({exc})") from None
         return pip
 
+    @field_validator("egress")
+    @classmethod
+    def _egress_rules(cls, egress: tuple[str, ...]) -> tuple[str, ...]:
+        try:
+            parse_rules(egress)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
+        return egress
+
     @field_validator("apt")
     @classmethod
     def _apt_names(cls, apt: tuple[str, ...]) -> tuple[str, ...]:
@@ -129,9 +142,10 @@ class EnvSpec(BaseModel):
 
     def canonical(self) -> str:
         """One JSON text per spec: what the image's label holds and its hash covers."""
-        return json.dumps(
-            self.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":")
-        )
+        data = self.model_dump(mode="json", by_alias=True)
+        if not data["egress"]:  # specs from before egress keep their digest (and images)
+            del data["egress"]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
         return hashlib.sha256(self.canonical().encode()).hexdigest()

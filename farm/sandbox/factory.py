@@ -65,7 +65,12 @@ def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
     if backend == "process":
         from farm.sandbox.process import ProcessSandbox
 
-        return ProcessSandbox(grace_s=settings.limits.grace_s, box=settings.box)
+        ca = settings.egress.ca_bundle
+        return ProcessSandbox(
+            grace_s=settings.limits.grace_s,
+            box=settings.box,
+            extra_args=["--egress-ca", str(ca)] if ca else None,
+        )
     from farm.sandbox.docker import DockerSandbox
 
     return DockerSandbox(
@@ -75,4 +80,5 @@ def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
         box=settings.box,
         socket_dir=settings.socket_dir,
         start_timeout_s=settings.sandbox_start_timeout_s,
+        ca_bundle=settings.egress.ca_bundle,
     )

@@ -22,6 +22,7 @@ from farm.kernel.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecResult, ItemOutcome
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.registry import cancel_key
+from farm.worker.egress import PolicyError, destinations
 from farm.worker.recorder import ExecRecorder
 
 if TYPE_CHECKING:
@@ -174,9 +175,16 @@ class BatchRunner:
             else:
                 recorder.on_kernel_event(event)
 
+        try:
+            policy = worker.egress.policy(item.egress)
+        except PolicyError as exc:
+            done.cells.append(self._failure(item, ErrorKind.INPUT, "InvalidRequest", str(exc)))
+            return done
         with self._lock:
             self._open.setdefault(chunk.map_id, set()).add(session_id)
         try:
+            if policy is not None:
+                worker.egress.expect(session_id, policy)
             reply = worker._kernel().item(
                 item.exec_id,
                 item.cells,
@@ -187,6 +195,7 @@ class BatchRunner:
                 argv=item.argv,
                 grace_s=worker.settings.limits.grace_s,
                 on_event=on_event if recorders else None,  # cell events, each cell's end
+                egress=policy is not None,
             )
             outcome = ItemOutcome.model_validate(
                 {
@@ -206,6 +215,7 @@ class BatchRunner:
             return done
         finally:
             self._forget(chunk.map_id, session_id)
+            done.egress = destinations(worker.egress.forget(session_id))
         for result in outcome.cells:  # cells whose end the kernel could not tell (none, usually)
             recorder = recorders.get(result.exec_id)
             if recorder is not None:

@@ -77,6 +77,7 @@ class SessionCalls:
         refused = _oversized(request["code"])
         if refused is not None:
             return self._failure(request, ErrorKind.INPUT, "InputTooLarge", refused), held
+        self.worker.egress.running(session_id, recorder)
         try:
             raw = self.worker._kernel().execute(
                 session_id,
@@ -98,6 +99,8 @@ class SessionCalls:
             self.worker._drop_kernel()
             held.lost = f"its sandbox failed during a call ({exc})"
             return self._lost(request, held.lost), None
+        finally:
+            self.worker.egress.running(session_id, None)
         held.epoch = raw["epoch"]
         held.last_used = time.monotonic()
         return {**raw, "worker": self.worker.id}, held
@@ -204,7 +207,9 @@ class SessionCalls:
 
     def run_once(self, request: dict[str, Any]) -> dict[str, Any]:
         """A one-shot run: a fresh session for this code alone, closed afterwards."""
-        opened = self.worker.open_session(limits=request.get("limits"))
+        opened = self.worker.open_session(
+            limits=request.get("limits"), egress=request.get("egress")
+        )
         if opened.get("refused"):
             return self._failure(request, ErrorKind.INPUT, "InvalidRequest", opened["reason"])
         if opened.get("busy"):

@@ -41,6 +41,18 @@ SANDBOX_ISOLATION = Gauge(
     ["isolation"],
     registry=REGISTRY,
 )
+EGRESS_CONNECTIONS = Counter(
+    "farm_egress_connections",
+    "Connections through boxes' egress proxy, by decision (allowed, denied)",
+    ["decision"],
+    registry=REGISTRY,
+)
+EGRESS_BYTES = Counter(
+    "farm_egress_bytes",
+    "Bytes through boxes' egress proxy, by direction (out: from boxes, in: to boxes)",
+    ["direction"],
+    registry=REGISTRY,
+)
 SANDBOX_RESTARTS = Counter("farm_sandbox_restarts_total", "Sandbox replacements", registry=REGISTRY)
 KERNEL_RTT = Histogram(
     "farm_kernel_rtt_seconds",

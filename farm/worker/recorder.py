@@ -15,10 +15,11 @@ its result through the task.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
-from farm.events import Display, Event, ExecStart, Result, Stream, clip, closing_events
+from farm.events import Display, Egress, Event, ExecStart, Result, Stream, clip, closing_events
 from farm.journal import Journal
 from farm.models import Value
 from farm.worker.hostcalls import HostCalls
@@ -37,8 +38,15 @@ class ExecRecorder:
         self.held: list[Event] = []  # ExecStart, until something else is published
         self.budget = journal.exec_max_bytes
         self.calls = HostCalls(journal.redis, request, self.live)
+        self.ended = False
+        # Egress records come from the proxy's thread (``egress``); the rest from the run's.
+        self._lock = threading.RLock()
 
     def _common(self) -> dict[str, Any]:
+        with self._lock:
+            return self._next()
+
+    def _next(self) -> dict[str, Any]:
         fields = {
             "exec_id": self.request["exec_id"],
             "session_id": self.request.get("session_id", ""),
@@ -70,7 +78,20 @@ class ExecRecorder:
         text = clip(event.value.text, 2000)
         return event.model_copy(update={"value": Value(text=text, data={"text/plain": text})})
 
+    def egress(self, fields: dict[str, Any]) -> bool:
+        """A connection of the run's box ended (``Egress`` fields); ``False`` once the run's
+        record is closed (the caller journals it on its own)."""
+        with self._lock:
+            if self.ended:
+                return False
+            self._publish([Egress(**self._common(), **fields)])
+            return True
+
     def _publish(self, events: list[Event]) -> None:
+        with self._lock:
+            self._publish_locked(events)
+
+    def _publish_locked(self, events: list[Event]) -> None:
         events, self.held = self.held + events, []
         if not events:
             return
@@ -111,6 +132,11 @@ class ExecRecorder:
 
     def finish(self, result: dict[str, Any]) -> None:
         """The run's result is known: close its record (after this, the task returns)."""
+        with self._lock:
+            self.ended = True
+            self._finish(result)
+
+    def _finish(self, result: dict[str, Any]) -> None:
         if self.calls.records:
             result["sub_calls"] = [c.model_dump(mode="json") for c in self.calls.records]
         events: list[Event] = [] if self.started else [self._start()]

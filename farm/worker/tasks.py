@@ -87,9 +87,12 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     # second worker in one process (the in-process tests) would answer with the first's tasks.
     @app.task(name=TASK_OPEN, shared=False)
     def open_session(
-        tools: bool = True, open_id: str | None = None, limits: dict[str, Any] | None = None
+        tools: bool = True,
+        open_id: str | None = None,
+        limits: dict[str, Any] | None = None,
+        egress: list[str] | None = None,
     ) -> dict[str, Any]:
-        return current().open_session(tools, open_id, limits)
+        return current().open_session(tools, open_id, limits, egress)
 
     @app.task(name=TASK_EXEC, shared=False)
     def exec_code(request: dict[str, Any]) -> dict[str, Any]:

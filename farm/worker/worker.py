@@ -17,6 +17,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ from farm.settings import FarmSettings
 from farm.worker import metrics
 from farm.worker.batch import BatchRunner
 from farm.worker.calls import SessionCalls
+from farm.worker.egress import PolicyError, WorkerEgress
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ class Worker:
         self.metrics_url = ""
         self.batch = BatchRunner(self)
         self.calls = SessionCalls(self)
+        self.egress = WorkerEgress(self)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -102,6 +105,7 @@ class Worker:
             held, self.sessions = self.sessions, {}
             clients, self._clients = self._clients, set()
         self.batch.stop()
+        self.egress.close()
         for client in clients:  # every thread's connection to the kernel
             client.close()
         self.keeper.stop()
@@ -222,10 +226,11 @@ class Worker:
         tools: bool = True,
         open_id: str | None = None,
         limits: dict[str, Any] | None = None,
+        egress: list[str] | None = None,
     ) -> dict[str, Any]:
         """Open a session in a box of its own (``limits`` over ``FarmSettings.box``, which the
-        sandbox's kernel holds as its boxes' defaults); ``open_id`` is claimed first, like an
-        exec id.
+        sandbox's kernel holds as its boxes' defaults; ``egress``: the hosts it may reach,
+        within the farm's ceiling); ``open_id`` is claimed first, like an exec id.
 
         The claim names this worker generation, so a client whose open was taken by a worker
         that then died sees the death (heartbeat) and asks again, instead of waiting for an
@@ -244,24 +249,37 @@ class Worker:
                         "reason": "this open was abandoned or is under way",
                     }
                 )
-            reply = self._open_session(tools, limits)
+            reply = self._open_session(tools, limits, egress)
             self.registry.finish_exec(open_id, reply)
             return reply
-        return self._open_session(tools, limits)
+        return self._open_session(tools, limits, egress)
 
-    def _open_session(self, tools: bool, limits: dict[str, Any] | None) -> dict[str, Any]:
+    def _open_session(
+        self, tools: bool, limits: dict[str, Any] | None, egress: list[str] | None = None
+    ) -> dict[str, Any]:
         with self._lock:
             if len(self.sessions) >= self.settings.max_sessions:
                 return {"busy": True, "worker": self.id, "reason": "at capacity"}
         if not self.keeper.ready:
             return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
+        try:
+            policy = self.egress.policy(egress)
+        except PolicyError as exc:
+            return Refused(worker=self.id, reason=str(exc)).model_dump()
+        session_id = uuid.uuid4().hex if policy is not None else None
         try:  # the box's defaults are the kernel's own (FarmSettings.box, given at its start)
-            opened = self._kernel().open_session(tools=tools, limits=limits)
+            if session_id is not None and policy is not None:
+                self.egress.expect(session_id, policy)
+            opened = self._kernel().open_session(
+                tools=tools, limits=limits, session_id=session_id, egress=policy is not None
+            )
         except KernelRequestError as exc:
-            if exc.code != "bad_limits":
+            self.egress.forget(session_id or "")
+            if exc.code not in ("bad_limits", "bad_request"):
                 raise
             return Refused(worker=self.id, reason=str(exc)).model_dump()
         except KernelError as exc:  # the sandbox is failing: let the client try elsewhere
+            self.egress.forget(session_id or "")
             self._drop_kernel()
             return {"busy": True, "worker": self.id, "reason": f"sandbox failed: {exc}"}
         session_id, epoch = opened["session_id"], opened["epoch"]
@@ -292,6 +310,7 @@ class Worker:
         with self._lock:
             held = self.sessions.pop(session_id, None)
         self.registry.drop_session(session_id)
+        self.egress.forget(session_id)
         if held is not None and held.lost is None:
             try:
                 self._kernel().close_session(session_id)

@@ -1,0 +1,200 @@
+"""``WorkerEgress``: a worker's side of egress — policies, the proxy, the kernel's endpoints.
+
+A box's policy is decided here, before its box opens (what it asked for, within the farm's
+ceiling), and registered under its session id; the kernel then hands the box's endpoint over
+the attached connection and the proxy serves it with that policy. An endpoint nobody expects
+is closed at once. Every connection ends in an ``Egress`` event (the running cell's record, or
+the session's journal), a metric and the session's list of destinations (an item's manifest).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from farm.egress.policy import Policy, PolicyError, box_policy
+from farm.egress.proxy import EgressProxy, Limits, Record
+from farm.events import Egress
+from farm.kernel.framing import FrameError, recv_frame_fds
+from farm.worker import metrics
+
+if TYPE_CHECKING:
+    from farm.worker.recorder import ExecRecorder
+    from farm.worker.worker import Worker
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PolicyError", "WorkerEgress"]
+
+
+@dataclass
+class _Expected:
+    policy: Policy
+    records: list[Record] = field(default_factory=list)
+    recorder: ExecRecorder | None = None  # the run under way in the box, if any
+
+
+class WorkerEgress:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.settings = worker.settings.egress
+        self.expected: dict[str, _Expected] = {}
+        self._lock = threading.Lock()
+        self._proxy: EgressProxy | None = None
+        self._attached: tuple[int, socket.socket] | None = None  # sandbox generation, channel
+        self._records: queue.SimpleQueue[tuple[str, Record] | None] = queue.SimpleQueue()
+
+    def policy(self, asked: Sequence[str] | None) -> Policy | None:
+        """The policy of a box that asked for ``asked``, with the hosts its image's spec names
+        (``None``: no egress); raises ``PolicyError`` for a rule beyond the farm's ceiling."""
+        spec = (self.worker.keeper.info().image_spec or {}) if self.worker.keeper.ready else {}
+        wanted = [*(asked or ()), *spec.get("egress", ())]  # the image's own hosts come too
+        if not wanted:
+            return None
+        return box_policy(wanted, self.settings.allow, self.settings.allow_private)
+
+    def expect(self, session_id: str, policy: Policy) -> None:
+        """Serve the endpoint the kernel will hand over for ``session_id`` with ``policy``
+        (call before asking the kernel for the box)."""
+        self._attach()
+        with self._lock:
+            self.expected[session_id] = _Expected(policy)
+
+    def running(self, session_id: str, recorder: ExecRecorder | None) -> None:
+        """The run under way in the session's box (its events get the box's connections)."""
+        held = self.expected.get(session_id)
+        if held is not None:
+            held.recorder = recorder
+
+    def forget(self, session_id: str) -> list[Record]:
+        """The session ended: stop serving its endpoint; what it connected to."""
+        with self._lock:
+            held = self.expected.pop(session_id, None)
+        if held is None:
+            return []
+        if self._proxy is not None:
+            self._proxy.stop(session_id)
+        return list(held.records)
+
+    def close(self) -> None:
+        with self._lock:
+            attached, self._attached = self._attached, None
+            proxy, self._proxy = self._proxy, None
+        if attached is not None:
+            attached[1].close()
+        if proxy is not None:
+            proxy.close()
+            self._records.put(None)
+
+    # --- the kernel's endpoints -----------------------------------------------------------
+
+    def _attach(self) -> None:
+        """Attach to the current sandbox's kernel (once a sandbox generation)."""
+        generation = self.worker.keeper.generation
+        with self._lock:
+            if self._attached is not None and self._attached[0] == generation:
+                return
+            if self._proxy is None:
+                limits = Limits(
+                    self.settings.max_bytes,
+                    self.settings.max_connections,
+                    self.settings.connection_s,
+                )
+                self._proxy = EgressProxy(limits, self._on_record)
+                threading.Thread(
+                    target=self._publish, name="farm-egress-records", daemon=True
+                ).start()
+            if self._attached is not None:
+                self._attached[1].close()
+            channel = self.worker.keeper.kernel().attach_egress()
+            self._attached = (generation, channel)
+        threading.Thread(
+            target=self._endpoints,
+            args=(generation, channel),
+            name="farm-egress-endpoints",
+            daemon=True,
+        ).start()
+
+    def _endpoints(self, generation: int, channel: socket.socket) -> None:
+        while True:
+            try:
+                got = recv_frame_fds(channel, 4096)
+            except (OSError, FrameError) as exc:
+                got = None
+                log.info("egress channel of sandbox generation %d: %s", generation, exc)
+            if got is None:
+                with self._lock:
+                    if self._attached is not None and self._attached[1] is channel:
+                        self._attached = None
+                channel.close()
+                return
+            frame, fds = got
+            endpoint = socket.socket(fileno=fds[0]) if fds else None
+            for extra in fds[1:]:
+                socket.socket(fileno=extra).close()
+            held = self.expected.get(str(frame.get("session_id")))
+            if endpoint is None:
+                continue
+            if held is None or self._proxy is None:  # nobody's: no policy, no way out
+                endpoint.close()
+                continue
+            self._proxy.serve(frame["session_id"], endpoint, held.policy)
+
+    # --- records --------------------------------------------------------------------------
+
+    def _on_record(self, session_id: str, record: Record) -> None:
+        self._records.put((session_id, record))  # never block the proxy's loop
+
+    def _publish(self) -> None:
+        while (item := self._records.get()) is not None:
+            session_id, record = item
+            try:
+                self._record(session_id, record)
+            except Exception:
+                log.exception("egress record of session %s", session_id)
+
+    def _record(self, session_id: str, record: Record) -> None:
+        decision = "allowed" if record.allowed else "denied"
+        metrics.EGRESS_CONNECTIONS.labels(decision=decision).inc()
+        metrics.EGRESS_BYTES.labels(direction="out").inc(record.bytes_out)
+        metrics.EGRESS_BYTES.labels(direction="in").inc(record.bytes_in)
+        log.info(
+            "egress of session %s on worker %s: %s:%d %s %s",
+            session_id,
+            self.worker.id,
+            record.host,
+            record.port,
+            decision,
+            record.reason,
+        )
+        held = self.expected.get(session_id)
+        if held is None:
+            return
+        held.records.append(record)
+        fields: dict[str, Any] = asdict(record)
+        recorder = held.recorder
+        if recorder is None or not recorder.egress(fields):
+            event = Egress(exec_id="", session_id=session_id, seq=0, ts=time.time(), **fields)
+            try:
+                self.worker.journal.append([event])
+            except Exception as exc:
+                log.warning("egress event of session %s not journaled: %s", session_id, exc)
+
+
+def destinations(records: list[Record]) -> list[dict[str, Any]]:
+    """What a box connected to, for its manifest: each host and port once, with counts."""
+    seen: dict[tuple[str, int, bool], dict[str, Any]] = {}
+    for record in records:
+        key = (record.host, record.port, record.allowed)
+        entry = seen.setdefault(
+            key,
+            {"host": record.host, "port": record.port, "allowed": record.allowed, "connections": 0},
+        )
+        entry["connections"] += 1
+    return list(seen.values())

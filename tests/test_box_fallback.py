@@ -16,6 +16,7 @@ import pytest
 
 from farm.errors import SandboxStartError
 from farm.kernel import seccomp
+from farm.kernel.client import KernelRequestError
 from tests.conftest import make_docker_sandbox, no_mount_limits
 
 
@@ -32,6 +33,20 @@ def test_a_host_that_forbids_mount_gets_uid_boxes_and_says_so(uid_sandbox: Any) 
     info = uid_sandbox.info()
     assert (info.isolation, info.isolation_fallback) == ("uids", pong["isolation_fallback"])
     assert cwd["value"]["text"].startswith("'/workspace/box-")  # a uid box's directories
+
+
+@pytest.mark.docker
+def test_uid_boxes_refuse_egress_since_their_loopback_is_shared(uid_sandbox: Any) -> None:
+    """An endpoint on a loopback every box shares would be every box's way out: refused as
+    bad input (the worker answers kind ``input``), and no session is left behind."""
+    with uid_sandbox.kernel() as attached, uid_sandbox.kernel() as client:
+        channel = attached.attach_egress()
+        try:
+            with pytest.raises(KernelRequestError, match="egress needs boxes with namespaces"):
+                client.open_session(egress=True)
+            assert client.ping()["sessions"] == 0
+        finally:
+            channel.close()
 
 
 @pytest.mark.docker

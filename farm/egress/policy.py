@@ -1,9 +1,10 @@
 """Allowlists: host patterns with ports, a ceiling they must fit, and the addresses refused.
 
 A rule is ``host``, ``*.domain`` (any name under it, not itself) or ``*`` (any host), with
-``:port`` or ``:port,port`` (ports 80 and 443 when none is named). A box's rules must each fit
-a rule of the operator's ceiling (``within``), else the request is refused. Addresses are
-checked after resolving: only global unicast ones, plus ranges the operator names.
+``:port``, ``:port,port`` or ``:*`` (any port; 80 and 443 when none is named). A box's rules
+must each fit a rule of the operator's ceiling (``box_policy``), else the request is refused.
+Addresses are checked after resolving: only global unicast ones, plus ranges the operator
+names.
 """
 
 from __future__ import annotations
@@ -24,20 +25,15 @@ class PolicyError(ValueError):
 @dataclass(frozen=True)
 class Rule:
     host: str  # "example.com", "*.example.com" or "*"
-    ports: frozenset[int]
+    ports: frozenset[int] | None  # None: any port
 
     @classmethod
     def parse(cls, text: str) -> Rule:
         spec = text.strip().lower().rstrip(".")
-        host, ports = spec, DEFAULT_PORTS
+        host, ports = spec, DEFAULT_PORTS  # type: str, frozenset[int] | None
         if spec.count(":") == 1 or (spec.startswith("[") and "]:" in spec):
             host, _, port_text = spec.rpartition(":")
-            try:
-                ports = frozenset(int(p) for p in port_text.split(","))
-            except ValueError:
-                raise PolicyError(f"egress rule {text!r}: ports must be numbers") from None
-            if not ports or not all(0 < p < 65536 for p in ports):
-                raise PolicyError(f"egress rule {text!r}: ports must be 1-65535")
+            ports = None if port_text == "*" else _ports(text, port_text)
         host = host.strip("[]")
         name = host[2:] if host.startswith("*.") else host
         if host != "*" and (not name or "*" in name or "/" in name or " " in name):
@@ -47,15 +43,30 @@ class Rule:
         return cls(host, ports)
 
     def matches(self, host: str, port: int) -> bool:
-        return port in self.ports and _host_in(host, self.host)
+        return (self.ports is None or port in self.ports) and _host_in(host, self.host)
 
     def fits(self, ceiling: Rule) -> bool:
         """Everything this rule allows, ``ceiling`` allows too."""
-        return self.ports <= ceiling.ports and _host_in(self.host, ceiling.host)
+        ports_fit = ceiling.ports is None or (
+            self.ports is not None and self.ports <= ceiling.ports
+        )
+        return ports_fit and _host_in(self.host, ceiling.host)
 
     def __str__(self) -> str:
+        if self.ports is None:
+            return f"{self.host}:*"
         ports = "" if self.ports == DEFAULT_PORTS else ":" + ",".join(map(str, sorted(self.ports)))
         return f"{self.host}{ports}"
+
+
+def _ports(text: str, port_text: str) -> frozenset[int]:
+    try:
+        ports = frozenset(int(p) for p in port_text.split(","))
+    except ValueError:
+        raise PolicyError(f"egress rule {text!r}: ports must be numbers or '*'") from None
+    if not ports or not all(0 < p < 65536 for p in ports):
+        raise PolicyError(f"egress rule {text!r}: ports must be 1-65535")
+    return ports
 
 
 def _host_in(host: str, pattern: str) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import threading
 import time
@@ -164,6 +165,8 @@ class EgressProxy:
             else:
                 upstream.write(request)
             upstream.write(rest)
+            record.bytes_out = len(request or b"") + len(rest)
+            box.sent += record.bytes_out
             record.reason = await self._relay(box, record, (reader, writer), (up_reader, upstream))
         except Denied as exc:
             record.reason = str(exc)
@@ -310,9 +313,13 @@ async def _refuse(writer: asyncio.StreamWriter, status: int, reason: str) -> Non
     phrase = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests"}.get(
         status, "Bad Gateway"
     )
+    # The reason in the status line too: a CONNECT client shows only that ("Tunnel connection
+    # failed: 403 Forbidden (...)"), never the body.
+    said = re.sub(r"[^\x20-\x7e]", "?", reason)[:300]
     head = (
-        f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain; charset=utf-8\r\n"
-        f"Content-Length: {len(body)}\r\nX-Farm-Egress: denied\r\nConnection: close\r\n\r\n"
+        f"HTTP/1.1 {status} {phrase} (farm egress: {said})\r\n"
+        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        "X-Farm-Egress: denied\r\nConnection: close\r\n\r\n"
     )
     with contextlib.suppress(OSError):
         writer.write(head.encode() + body)

@@ -1,0 +1,161 @@
+"""The egress policy and proxy on their own (no Docker): rules, the ceiling, refused addresses,
+and the proxy serving an endpoint (a listening socket, as a box's would be) against a real
+server on this host's loopback. The whole path through a sandbox is tests/test_egress.py."""
+
+from __future__ import annotations
+
+import http.server
+import queue
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from farm.egress.policy import PolicyError, Rule, box_policy
+from farm.egress.proxy import EgressProxy, Limits, Record
+
+# --- rules and the ceiling ----------------------------------------------------------------
+
+
+def test_rules_name_hosts_subdomains_and_ports() -> None:
+    rule = Rule.parse("*.Example.org:443,8443")
+    assert rule.matches("api.example.org", 443) and rule.matches("a.b.example.org", 8443)
+    assert not rule.matches("example.org", 443)  # the domain itself is not under "*."
+    assert not rule.matches("api.example.org", 80)
+    assert Rule.parse("pypi.org").ports == {80, 443}
+    for bad in ("pypi.org:http", "pypi.org:0", "*example.org", "a*b.org", "", "x/y"):
+        with pytest.raises(PolicyError):
+            Rule.parse(bad) if bad else box_policy([":"], ["*"], [])
+
+
+def test_a_box_gets_what_it_asked_only_within_the_ceiling() -> None:
+    policy = box_policy(["api.example.org:443"], ["*.example.org"], [])
+    assert policy.allows("api.example.org", 443) and not policy.allows("www.example.org", 443)
+    with pytest.raises(PolicyError, match="beyond this farm's ceiling"):
+        box_policy(["api.example.org:22"], ["*.example.org"], [])
+    with pytest.raises(PolicyError, match="FARM_EGRESS_ALLOW is empty"):
+        box_policy(["example.org"], [], [])
+    assert box_policy(["*"], ["*"], []).allows("anything.test", 80)
+    assert not box_policy(["*"], ["*"], []).allows("anything.test", 22)
+    assert box_policy(["a.test:*"], ["*:*"], []).allows("a.test", 22)
+    with pytest.raises(PolicyError, match="ceiling"):
+        box_policy(["a.test:*"], ["*:443"], [])
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["127.0.0.1", "10.1.2.3", "192.168.0.1", "169.254.169.254", "::1", "fd00::1",
+     "::ffff:10.0.0.1", "0.0.0.0", "224.0.0.1", "100.64.0.1", "fe80::1%eth0"],
+)  # fmt: skip
+def test_non_public_addresses_are_refused_unless_their_range_is_opened(address: str) -> None:
+    assert box_policy([], ["*"], []).address_refused(address) is not None
+    opened = box_policy([], ["*"], ["0.0.0.0/0", "::/0"])
+    assert opened.address_refused(address) is None
+    assert box_policy([], ["*"], []).address_refused("93.184.216.34") is None
+
+
+# --- the proxy ----------------------------------------------------------------------------
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"y" * 300_000 if self.path == "/big" else f"got {self.path}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[int]:
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def proxy() -> Iterator[tuple[EgressProxy, queue.Queue[Record]]]:
+    records: queue.Queue[Record] = queue.Queue()
+    egress = EgressProxy(Limits(100_000, 2, 5.0), lambda _, record: records.put(record))
+    yield egress, records
+    egress.close()
+
+
+def endpoint(egress: EgressProxy, rules: list[str], private: list[str]) -> int:
+    """A listening socket served with a policy (a box's endpoint, here on this host)."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = int(sock.getsockname()[1])
+    egress.serve("s1", sock, box_policy(rules, ["*:*"], private))
+    return port
+
+
+def ask(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        chunks = []
+        while data := conn.recv(65536):
+            chunks.append(data)
+    return b"".join(chunks)
+
+
+def test_plain_http_is_forwarded_and_recorded(
+    proxy: tuple[EgressProxy, queue.Queue[Record]], upstream: int
+) -> None:
+    egress, records = proxy
+    port = endpoint(egress, [f"127.0.0.1:{upstream}"], ["127.0.0.0/8"])
+    reply = ask(port, f"GET http://127.0.0.1:{upstream}/a HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.0 200") and reply.endswith(b"got /a")
+    record = records.get(timeout=5)
+    assert (record.host, record.port, record.allowed, record.address) == (
+        "127.0.0.1", upstream, True, "127.0.0.1",
+    )  # fmt: skip
+    assert record.bytes_in == len(reply) and record.bytes_out > 0
+
+
+def test_connect_tunnels_and_refusals_say_why(
+    proxy: tuple[EgressProxy, queue.Queue[Record]], upstream: int
+) -> None:
+    egress, records = proxy
+    port = endpoint(egress, [f"127.0.0.1:{upstream}", f"localhost:{upstream}"], [])
+    # allowed by name, but every address it resolves to is loopback: refused, no connection
+    refused = ask(
+        port,
+        f"CONNECT localhost:{upstream} HTTP/1.1\r\nHost: localhost:{upstream}\r\n\r\n".encode(),
+    )
+    assert refused.startswith(b"HTTP/1.1 403 Forbidden (farm egress: localhost resolves only")
+    not_listed = ask(port, b"CONNECT example.org:443 HTTP/1.1\r\nHost: example.org:443\r\n\r\n")
+    assert (
+        b"403" in not_listed.split(b"\r\n")[0] and b"not in this box's egress policy" in not_listed
+    )
+    garbage = ask(port, b"\x16\x03\x01 not http\r\n\r\n")
+    assert garbage.startswith(b"HTTP/1.1 400")
+    got = [records.get(timeout=5) for _ in range(3)]
+    assert [r.allowed for r in got] == [False, False, False]
+
+
+def test_a_box_is_cut_off_past_its_byte_budget_and_its_connection_limit(
+    proxy: tuple[EgressProxy, queue.Queue[Record]], upstream: int
+) -> None:
+    egress, records = proxy
+    port = endpoint(egress, [f"127.0.0.1:{upstream}"], ["127.0.0.0/8"])
+    reply = ask(port, f"GET http://127.0.0.1:{upstream}/big HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert len(reply) < 300_000
+    cut = records.get(timeout=5)
+    assert "budget" in cut.reason and cut.bytes_in <= 100_000 + 65536
+    again = ask(port, f"GET http://127.0.0.1:{upstream}/a HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert again.startswith(b"HTTP/1.1 403") and b"budget" in again  # spent for the whole box
+    # two connections open at once at most: the third is refused while they wait
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    try:
+        third = ask(port, f"GET http://127.0.0.1:{upstream}/a HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert third.startswith(b"HTTP/1.1 429")
+    finally:
+        for conn in held:
+            conn.close()

@@ -43,8 +43,11 @@ def image_build(
     ),
     save: Path | None = typer.Option(None, help="also write the spec to this file (TOML)"),
     force: bool = typer.Option(False, help="rebuild without the layer cache"),
-    allow_host: list[str] = typer.Option(
-        [], "--allow-host", help="browser only: farm-sandbox:browser-egress may request HOST"
+    egress: list[str] = typer.Option(
+        [],
+        "--egress",
+        help="a host its boxes may reach, e.g. pypi.org or '*.example.org:443' (repeatable; "
+        "within the farm's FARM_EGRESS_ALLOW)",
     ),
 ) -> None:
     """Build a farm image when missing or stale: the default one, a variant, or an
@@ -57,16 +60,17 @@ def image_build(
     base_dir = Path.cwd()
     try:
         if spec_file is not None:
-            if pip or requirements or apt or from_image:
+            if pip or requirements or apt or from_image or egress:
                 fail("give packages either in the spec file or as options, not both", 2)
             spec = load_spec(spec_file, name=name)
             base_dir = spec_file.resolve().parent
-        elif pip or requirements or apt or from_image:
+        elif pip or requirements or apt or from_image or egress:
             spec = make_spec(
                 name=name or "",
                 pip=pip,
                 requirements=requirements,
                 apt=apt,
+                egress=egress,
                 **({"from": from_image} if from_image else {}),
             )
         if save is not None:
@@ -78,7 +82,6 @@ def image_build(
             spec.name if spec else name or "default",
             spec,
             force=force,
-            allow_hosts=allow_host,
             base_dir=base_dir,
         )
     except InvalidRequest as exc:

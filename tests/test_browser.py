@@ -1,10 +1,13 @@
 """The ``browser`` global in the browser image: a real Chromium in a real sandbox (``--network
-none``) through a local farm, browsing a small site served from inside the sandbox."""
+none``) through a local farm, browsing a small site served from inside the sandbox, and a page
+of the host through the box's egress proxy."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import http.server
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +15,7 @@ from typing import Any
 import pytest
 
 from farm.client import Farm, Session
+from farm.local import LocalFarm
 from farm.models import ExecResult
 from farm.sandbox.variants import ensure_variant_image
 from tests.conftest import remove_image_tags
@@ -342,32 +346,43 @@ def test_a_directory_served_by_python_m_http_server(web: Session) -> None:
         web.run("import os, signal\nos.kill(pid, signal.SIGTERM)").raise_for_error()
 
 
-def test_the_egress_allowlist_is_an_opt_in_image_that_keeps_the_network_policy(
-    docker_env: Any, tmp_path_factory: Any, web: Session
-) -> None:
-    """``--allow-host`` builds farm-sandbox:browser-egress; its browser asks for the host, and
-    the sandbox's --network none still answers: no route."""
-    from farm.settings import FarmSettings
-    from tests.conftest import Cells, make_docker_sandbox
+def test_the_browser_goes_out_only_through_its_boxs_egress_policy(docker_env: Any) -> None:
+    """One way out for the browser too: in a box with egress, Chromium uses the box's proxy
+    and the worker's policy decides (an allowed host is served, another refused, each one
+    recorded); without egress it requests loopback and workspace files only."""
+    gateway = docker_env.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    httpd = http.server.ThreadingHTTPServer((gateway, 0), _Page)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    allowed = f"{gateway}:{httpd.server_address[1]}"
+    env = {"FARM_EGRESS_ALLOW": f"{allowed},example.org", "FARM_EGRESS_ALLOW_PRIVATE": gateway}
+    local = LocalFarm({"browser": 1}, env=env).start()
+    try:
+        with (
+            Farm(local.settings(), owned=local) as farm,
+            farm.session(image="browser", egress=[allowed]) as out,
+        ):
+            page = observe(out, f"browser.goto('http://{allowed}/')")
+            assert (page["title"], page["error"]) == ("Outside", None)
+            other = observe(out, "browser.goto('http://example.org/')")
+            assert "not in this box's egress policy" in f"{other['content']} {other['error']}"
+            hosts = [(e.host, e.allowed) for e in farm.replay(out.id) if e.type == "egress"]
+            assert (gateway, True) in hosts and ("example.org", False) in hosts
+            with farm.session(image="browser") as closed:
+                shut = observe(closed, f"browser.goto('http://{allowed}/')")
+            assert "this box has no egress" in str(shut["error"])
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
-    assert web.run("browser.allow_hosts").value.text == "frozenset()"  # type: ignore[union-attr]
-    image = ensure_variant_image("browser", docker_env, allow_hosts=["Example.com"])
-    assert image.tag == "farm-sandbox:browser-egress"
-    settings = FarmSettings(image="browser")  # Chromium needs the browser's box limits too
-    with (
-        _removed_after(docker_env, image.tag),
-        make_docker_sandbox(
-            docker_env, tmp_path_factory, image=image.tag, limits=settings.limits
-        ) as box,
-        box.kernel() as client,
-    ):
-        cells = Cells(client, limits=settings.box.model_dump(exclude_none=True))
-        assert cells.value("browser.allow_hosts") == "frozenset({'example.com'})"
-        result = cells.run("browser.goto('http://example.com/')['error']", timeout_s=60)
-        assert result.value is not None
-        error = result.value.text
-        assert "not an allowed host" not in error and "ERR_BLOCKED_BY_CLIENT" not in error
-        assert "ERR_NAME_NOT_RESOLVED" in error or "ERR_INTERNET_DISCONNECTED" in error, error
-        assert "not an allowed host" in str(
-            cells.value("browser.goto('http://other.org/')['error']")
-        )
+
+class _Page(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"<html><head><title>Outside</title></head><body>a page of the host</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass

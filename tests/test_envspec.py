@@ -116,11 +116,13 @@ def test_an_environment_may_not_take_the_name_of_a_farm_image(name: str) -> None
         build_image(name, make_spec(name=name, pip=["numpy"]))
 
 
-def test_only_the_browser_variant_takes_an_egress_allowlist() -> None:
-    with pytest.raises(InvalidRequest, match="browser"):
-        build_image("ds", make_spec(name="ds", pip=["numpy"]), allow_hosts=["example.com"])
-    with pytest.raises(InvalidRequest, match="browser"):
-        build_image("docs", allow_hosts=["example.com"])
+def test_an_environments_egress_rules_are_checked_and_keep_old_digests() -> None:
+    with pytest.raises(InvalidRequest, match="ports must be"):
+        make_spec(name="net", egress=["pypi.org:https"])
+    plain = make_spec(name="net", pip=["numpy"])
+    assert "egress" not in plain.canonical()  # specs from before egress: the same digest
+    allowed = make_spec(name="net", pip=["numpy"], egress=["pypi.org"])
+    assert allowed.digest() != plain.digest() and allowed.egress == ("pypi.org",)
 
 
 def test_the_variants_are_specs_with_their_images_limits() -> None:

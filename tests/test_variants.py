@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.kernel.browser import Browser, allow_hosts_from_image
+from farm.kernel.browser import Browser
 from farm.kernel.documents import DocumentError, paginate
 from farm.kernel.tools import Workspace
 from farm.sandbox.variants import VARIANTS
@@ -47,8 +47,6 @@ def test_pages_are_cut_by_lines() -> None:
         ("http://localhost/x", True),
         ("http://[::1]:80/", True),
         ("http://example.com/", False),
-        ("https://allowed.example/", True),
-        ("https://sub.allowed.example/", False),
         ("ftp://127.0.0.1/", False),
         ("data:text/html,hi", True),
         ("file:///etc/passwd", False),
@@ -56,17 +54,17 @@ def test_pages_are_cut_by_lines() -> None:
         ("file://{ws}/../etc/passwd", False),
     ],
 )
-def test_the_browser_requests_only_loopback_the_workspace_and_the_allowlist(
+def test_without_egress_the_browser_requests_only_loopback_and_the_workspace(
     tmp_path: Path, url: str, allowed: bool
 ) -> None:
-    browser = Browser(Workspace(tmp_path), allow_hosts=frozenset({"allowed.example"}))
+    browser = Browser(Workspace(tmp_path), proxy="")
     assert browser._allowed(url.format(ws=tmp_path)) is allowed
 
 
-def test_the_allowlist_is_empty_unless_the_image_has_one(tmp_path: Path) -> None:
-    assert allow_hosts_from_image(tmp_path / "missing") == frozenset()
-    (tmp_path / "hosts").write_text("\nExample.org\n  api.example.com \n")
-    assert allow_hosts_from_image(tmp_path / "hosts") == {"example.org", "api.example.com"}
+def test_with_egress_other_hosts_go_to_the_boxs_proxy_which_decides(tmp_path: Path) -> None:
+    browser = Browser(Workspace(tmp_path), proxy="http://127.0.0.1:4000")
+    assert browser._allowed("https://example.com/") and browser._allowed("http://a.b/")
+    assert not browser._allowed("file:///etc/passwd") and not browser._allowed("ftp://a.b/")
 
 
 def test_the_kernel_imports_only_the_standard_library_at_module_level() -> None:

@@ -14,9 +14,8 @@ Invariants:
 - The kernel stays stdlib-only: Playwright and markdownify are imported on first use, and
   only the browser image has them (``AVAILABLE``).
 - Requests go only to loopback hosts and ``file://`` inside the workspace (pages, links and
-  their resources alike), unless a host is in the image's allowlist,
-  ``/etc/farm/browser-allow-hosts`` (empty by default; the sandbox's network, ``--network
-  none`` by default, decides whether anything is reachable at all).
+  their resources alike); in a box with egress, other hosts go through the box's proxy, whose
+  policy (the worker's) decides, like any other program's (``egress.py``).
 """
 
 from __future__ import annotations
@@ -27,9 +26,10 @@ import importlib.util
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
+
+from .egress import NO_PROXY
 
 if TYPE_CHECKING:
     from .tools import Workspace
@@ -45,7 +45,6 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-ALLOW_HOSTS_FILE = Path("/etc/farm/browser-allow-hosts")
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 NAVIGATION_TIMEOUT_S = 20.0
 ACTION_TIMEOUT_S = 5.0
@@ -77,15 +76,6 @@ BODY_HTML_JS = """() => {
   body.querySelectorAll("script,style,noscript,template").forEach((e) => e.remove());
   return body.outerHTML;
 }"""
-
-
-def allow_hosts_from_image(path: Path = ALLOW_HOSTS_FILE) -> frozenset[str]:
-    """The image's egress allowlist: one host a line; missing or empty means none."""
-    try:
-        text = path.read_text()
-    except OSError:
-        return frozenset()
-    return frozenset(line.strip().lower() for line in text.splitlines() if line.strip())
 
 
 def _clip(text: str, limit: int) -> str:
@@ -125,9 +115,10 @@ class Browser:
     Links and forms that would open a new tab (``target``, ``window.open``) open in that one
     page, so every observation shows where an action led."""
 
-    def __init__(self, workspace: Workspace, allow_hosts: frozenset[str] | None = None) -> None:
+    def __init__(self, workspace: Workspace, proxy: str | None = None) -> None:
         self.workspace = workspace
-        self.allow_hosts = allow_hosts_from_image() if allow_hosts is None else allow_hosts
+        # the box's proxy endpoint when it has egress (egress.proxy_env), else no way out
+        self.proxy = proxy if proxy is not None else os.environ.get("HTTPS_PROXY")
         self.timeout_s = NAVIGATION_TIMEOUT_S
         self.action_timeout_s = ACTION_TIMEOUT_S
         self._playwright: Any = None
@@ -137,7 +128,7 @@ class Browser:
     # --- actions ------------------------------------------------------------------------
 
     def goto(self, url: str, timeout_s: float | None = None) -> Observation:
-        """Open ``url``: http(s) on loopback (or allowlisted hosts), or a workspace file
+        """Open ``url``: http(s) on loopback (or, with egress, its policy's hosts), a workspace file
         (``file:///workspace/x.html`` or just ``x.html``)."""
         return self._act(lambda page: self._goto(page, url, timeout_s))
 
@@ -230,8 +221,13 @@ class Browser:
             _ignore_sigpipe()
 
             self._playwright = sync_playwright().start()
+            proxy = {"server": self.proxy, "bypass": NO_PROXY} if self.proxy else None
             self._browser = self._playwright.chromium.launch(
-                executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True, timeout=30_000
+                executable_path=CHROMIUM,
+                args=CHROMIUM_FLAGS,
+                headless=True,
+                timeout=30_000,
+                proxy=proxy,
             )
         context = self._browser.new_context(viewport=VIEWPORT, service_workers="block")
         context.route("**/*", self._filter)
@@ -252,7 +248,7 @@ class Browser:
         if parts.scheme not in ("http", "https", "ws", "wss"):
             return False
         host = (parts.hostname or "").lower()
-        return host in LOOPBACK_HOSTS or host.startswith("127.") or host in self.allow_hosts
+        return host in LOOPBACK_HOSTS or host.startswith("127.") or bool(self.proxy)
 
     def _filter(self, route: Any, request: Any) -> None:
         if self._allowed(request.url):
@@ -266,7 +262,10 @@ class Browser:
             # A workspace file: confined like every tool's path.
             url = self.workspace.confine(unquote(parts.path) if parts.scheme else url).as_uri()
         elif not self._allowed(url):
-            self._fail(f"{parts.hostname!r} is not an allowed host (loopback or the allowlist)")
+            self._fail(
+                f"{parts.hostname!r} is not reachable: this box has no egress (loopback and "
+                "workspace files only; farm.session(egress=[...]) opens hosts)"
+            )
         try:
             page.goto(url, wait_until="load", timeout=(timeout_s or self.timeout_s) * 1000)
         except Exception:

@@ -13,7 +13,6 @@ spec, is served as it is.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +71,6 @@ def build_image(
     *,
     client: docker.DockerClient | None = None,
     force: bool = False,
-    allow_hosts: Sequence[str] = (),
     base_dir: Path | None = None,
     repo_root: Path | None = None,
 ) -> SandboxImage:
@@ -83,8 +81,6 @@ def build_image(
     built before, from the spec its image recorded (after a kernel change, say).
     """
     if spec is not None:
-        if allow_hosts:
-            raise InvalidRequest("an egress allowlist (--allow-host) is the browser variant's")
         if spec.name in RESERVED:
             raise InvalidRequest(
                 f"{spec.name!r} is one of farm's images ({', '.join(sorted(RESERVED))}); "
@@ -92,14 +88,10 @@ def build_image(
             )
         resolved = spec.resolve(base_dir or Path.cwd())
         return ensure_env_image(resolved, client, force=force, repo_root=repo_root)
-    if allow_hosts and name != "browser":
-        raise InvalidRequest("only the browser variant has an egress allowlist (--allow-host)")
     if name == "default":
         return ensure_sandbox_image(client, tag=DEFAULT_TAG, force=force, repo_root=repo_root)
     if name in VARIANTS:
-        return ensure_variant_image(
-            name, client, force=force, repo_root=repo_root, allow_hosts=allow_hosts
-        )
+        return ensure_variant_image(name, client, force=force, repo_root=repo_root)
     with docker_client(client) as client:
         recorded = _recorded_spec(client, name)
         if recorded is None:

@@ -14,7 +14,6 @@ They are specs like the ones users build (``farm.sandbox.envspec``), built by th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,8 +25,6 @@ from farm.settings import IMAGE_LIMITS
 
 if TYPE_CHECKING:
     import docker
-
-LABEL_ALLOW_HOSTS = "farm.browser_allow_hosts"
 
 VARIANTS: dict[str, EnvSpec] = {
     "docs": EnvSpec(
@@ -50,28 +47,10 @@ def ensure_variant_image(
     *,
     force: bool = False,
     repo_root: Path | None = None,
-    allow_hosts: Sequence[str] = (),
 ) -> SandboxImage:
     """Make ``farm-sandbox:NAME`` current for the variant ``name``, building only if needed.
-
-    ``allow_hosts`` (browser only) builds the egress extension point instead:
-    ``farm-sandbox:browser-egress``, whose browser may request those hosts too. It never
-    replaces ``farm-sandbox:browser``, which stays loopback-only; workers opt in with
-    ``FARM_IMAGE=browser FARM_SANDBOX_IMAGE=farm-sandbox:browser-egress`` and a
-    ``FARM_SANDBOX_NETWORK`` whose only way out enforces the same list (README, "Browser").
-    """
+    (What its boxes may reach is their egress policy's, per session: no image has a network.)"""
     if name not in VARIANTS:
         raise ImageBuildError(f"unknown sandbox variant {name!r}; known: {sorted(VARIANTS)}")
     variant = VARIANTS[name]
-    if allow_hosts and name != "browser":
-        raise ImageBuildError("only the browser variant has an egress allowlist")
-    hosts = " ".join(sorted({h.strip().lower() for h in allow_hosts if h.strip()}))
-    return ensure_env_image(
-        variant,
-        client,
-        force=force,
-        repo_root=repo_root,
-        tag=f"{variant.tag}-egress" if hosts else variant.tag,
-        buildargs={"BROWSER_ALLOW_HOSTS": hosts},
-        labels={LABEL_ALLOW_HOSTS: hosts},
-    )
+    return ensure_env_image(variant, client, force=force, repo_root=repo_root, tag=variant.tag)

@@ -45,13 +45,6 @@ RUN set -e; \
     fi; \
     rm -rf /tmp/wheels
 
-# Browser egress allowlist (hosts, space separated), written to /etc/farm/browser-allow-hosts.
-# Empty by default: the browser requests only loopback and workspace files. It does not open
-# the sandbox's network (FARM_SANDBOX_NETWORK does): see the README, "Browser". Declared here,
-# after the heavy layers, so an allowlisted image shares them.
-ARG BROWSER_ALLOW_HOSTS=""
-RUN printf '%s\n' $BROWSER_ALLOW_HOSTS > /etc/farm/browser-allow-hosts
-
 # Only the kernel: an empty farm/__init__.py stands in for the real one, which must not be here.
 COPY farm/kernel/ /opt/farm/farm/kernel/
 RUN touch /opt/farm/farm/__init__.py \

@@ -123,6 +123,11 @@ class EgressSettings(BaseSettings):
     max_connections: int = Field(default=32, ge=1, description="connections open at once a box")
     connection_s: float = Field(default=600.0, gt=0, description="longest connection, seconds")
 
+    @field_validator("ca_bundle", mode="before")
+    @classmethod
+    def _unset_when_empty(cls, value: Any) -> Any:
+        return None if value == "" else value  # an empty variable (compose passes them on)
+
     @field_validator("allow", "allow_private", mode="before")
     @classmethod
     def _comma_separated(cls, value: Any) -> Any:

@@ -402,6 +402,29 @@ def test_user_code_cannot_reach_redis(default: list[dict[str, Any]]) -> None:
     assert worker_env["DOCKER_HOST"] == "unix:///run/farm-docker/docker.sock"
 
 
+def test_the_workers_network_policy_follows_the_egress_ceiling(
+    default: list[dict[str, Any]],
+) -> None:
+    """No ceiling: no egress variable and nothing opened beyond DNS, Redis and the registry;
+    a ceiling: the worker gets it and its policy opens the proxy's ports (and the private
+    ranges named), never the cloud metadata range."""
+    worker_policy = find(default, "NetworkPolicy", f"{FULLNAME}-worker")
+    assert len(worker_policy["spec"]["egress"]) == 3
+    assert "FARM_EGRESS_ALLOW" not in env(container(worker_pod(default)["spec"], "worker"))
+    objects = render({"egress": {"allow": ["pypi.org", "*.example.org:443"],
+                                 "allowPrivate": ["10.9.0.0/16"]}})  # fmt: skip
+    worker_env = env(container(worker_pod(objects)["spec"], "worker"))
+    assert worker_env["FARM_EGRESS_ALLOW"] == "pypi.org,*.example.org:443"
+    assert worker_env["FARM_EGRESS_ALLOW_PRIVATE"] == "10.9.0.0/16"
+    rules = find(objects, "NetworkPolicy", f"{FULLNAME}-worker")["spec"]["egress"]
+    (proxy,) = rules[3:]
+    assert [p["port"] for p in proxy["ports"]] == [80, 443]
+    public, private = proxy["to"]
+    assert public["ipBlock"]["cidr"] == "0.0.0.0/0"
+    assert "169.254.0.0/16" in public["ipBlock"]["except"]
+    assert private == {"ipBlock": {"cidr": "10.9.0.0/16"}}
+
+
 def test_dind_engine_socket_and_kernel_sockets_are_shared_only_inside_the_pod(
     default: list[dict[str, Any]],
 ) -> None:

@@ -36,6 +36,7 @@ MODULES = {
     "tests/test_reliability_chaos.py": "chaos",
     "tests/test_cotenancy.py": "co-tenancy",
     "tests/test_box_machines.py": "co-tenancy",
+    "tests/test_egress.py": "egress",
 }
 COTENANCY = "co-tenancy"  # its cases get a section of their own, not rows of the main table
 GENERIC_TESTS = {"test_hostile_code_gets_its_kind_and_harms_no_one_else"}

@@ -183,11 +183,18 @@ def test_the_index_is_reached_only_by_a_box_allowed_it(
     assert took < 5
 
 
-def test_a_program_that_ignores_the_proxy_has_no_route(open_farm: Farm, server: int) -> None:
+def test_a_program_that_ignores_the_proxy_has_no_route(
+    open_farm: Farm, server: int, record_property: Any
+) -> None:
     with open_farm.session(egress=[f"127.0.0.1:{server}"]) as session:
         probe = "import socket\ntry:\n  socket.create_connection(('1.1.1.1', 80), 3)\n"
         probe += "except OSError as e:\n  r = e.errno\nr"
         result = session.run(probe)
+    record(
+        record_property,
+        "a box with egress that connects directly: ENETUNREACH (101), no route",
+        f"errno {result.value.text if result.value else result.error}",
+    )
     assert result.ok and result.value is not None and result.value.text == "101"  # ENETUNREACH
 
 
@@ -212,7 +219,7 @@ def test_a_loopback_server_needs_its_private_range_opened(
 
 
 def test_two_boxes_on_one_worker_each_get_exactly_their_own_policy(
-    open_farm: Farm, server: int, index_access: IndexAccess
+    open_farm: Farm, server: int, index_access: IndexAccess, record_property: Any
 ) -> None:
     page = urljoin(index_access.index, f"{PACKAGE}/")
     a = open_farm.session(egress=[f"127.0.0.1:{server}"])
@@ -240,6 +247,12 @@ def test_two_boxes_on_one_worker_each_get_exactly_their_own_policy(
         )
         assert widened.value is not None
         expected = "403" if ports[0] == ports[1] else "Connection refused"
+        record(
+            record_property,
+            "A and B on one worker each reach only their own hosts; B naming A's endpoint "
+            "reaches nothing",
+            f"endpoints {ports}; B through A's port: {widened.value.text}",
+        )
         assert expected in widened.value.text, widened.value.text
     finally:
         a.close()
@@ -267,7 +280,7 @@ def test_a_box_over_its_byte_budget_is_cut_off_and_the_worker_serves_on(
 
 
 def test_connections_are_recorded_in_the_run_the_journal_metrics_and_manifest(
-    open_farm: Farm, server: int
+    open_farm: Farm, server: int, record_property: Any
 ) -> None:
     with open_farm.session(egress=[f"127.0.0.1:{server}"]) as session:
         run = session.stream(
@@ -283,12 +296,18 @@ def test_connections_are_recorded_in_the_run_the_journal_metrics_and_manifest(
     ]
     assert live[0].bytes_in > 0 and live[0].address == "127.0.0.1"
     assert [(e.host, e.allowed) for e in journaled] == [(e.host, e.allowed) for e in live]
-    (record,) = open_farm.map(
+    (item,) = open_farm.map(
         [{"id": "m", "code": FETCH + f"fetch('http://127.0.0.1:{server}/m')[0]"}],
         egress=[f"127.0.0.1:{server}"],
     )
-    assert record.ok, record.message
-    assert record.manifest["egress"] == [
+    record(
+        record_property,
+        "each connection an Egress event (live and journaled), counted, in the item's manifest",
+        f"live {[(e.host, e.allowed, e.bytes_in) for e in live]}; manifest "
+        f"{item.manifest.get('egress')}",
+    )
+    assert item.ok, item.message
+    assert item.manifest["egress"] == [
         {"host": "127.0.0.1", "port": server, "allowed": True, "connections": 1}
     ]
     (worker,) = open_farm.workers()
@@ -298,9 +317,12 @@ def test_connections_are_recorded_in_the_run_the_journal_metrics_and_manifest(
     assert re.search(r'farm_egress_bytes_total\{direction="in"\} [1-9]', metrics)
 
 
-def test_asking_beyond_the_ceiling_is_refused_as_input(closed_farm: Farm) -> None:
-    with pytest.raises(InvalidRequest, match="beyond this farm's ceiling"):
+def test_asking_beyond_the_ceiling_is_refused_as_input(
+    closed_farm: Farm, record_property: Any
+) -> None:
+    with pytest.raises(InvalidRequest, match="beyond this farm's ceiling") as refused:
         closed_farm.session(egress=["example.org"])
+    record(record_property, "InvalidRequest (kind input) naming the ceiling", str(refused.value))
     result = closed_farm.run("1", egress=["*"])
     assert result.kind == "input" and "ceiling" in (result.error.evalue if result.error else "")
     (item,) = closed_farm.map([{"id": 1, "code": "1", "egress": ["example.org:22"]}])
@@ -309,14 +331,17 @@ def test_asking_beyond_the_ceiling_is_refused_as_input(closed_farm: Farm) -> Non
         closed_farm.session(egress=["example.org:http"])
 
 
-def test_a_box_without_egress_has_no_endpoint_and_no_variables(open_farm: Farm) -> None:
+def test_a_box_without_egress_has_no_endpoint_and_no_variables(
+    open_farm: Farm, record_property: Any
+) -> None:
     with open_farm.session() as session:
         env = session.run("import os; sorted(k for k in os.environ if 'proxy' in k.lower())")
+    record(record_property, "no proxy variables", str(env.value and env.value.text))
     assert env.value is not None and env.value.text == "[]"
 
 
 def test_pip_installs_a_package_through_the_proxy(
-    pip_image: str, index_access: IndexAccess, server: int
+    pip_image: str, index_access: IndexAccess, server: int, record_property: Any
 ) -> None:
     """In an image with pip whose spec allows the index: ``pip install --target``, then import
     it; the image's own egress is its sessions' (they ask for none)."""
@@ -332,6 +357,11 @@ def test_pip_installs_a_package_through_the_proxy(
             "import sys\nsys.path.insert(0, '/workspace/lib')\n"
             f"import {PACKAGE}\n{PACKAGE}.__file__"
         )
+    record(
+        record_property,
+        f"pip install --target {PACKAGE} through the proxy, then import it",
+        f"exit {install.returncode}; imported from {imported.value and imported.value.text}",
+    )
     assert imported.value is not None and "/workspace/lib/" in imported.value.text
 
 
@@ -351,7 +381,9 @@ def pip_image(docker_env: Any, index_access: IndexAccess) -> Iterator[str]:
         _forget(docker_env, name)
 
 
-def test_an_endpoint_is_revoked_for_every_holder_when_its_session_ends(docker_sandbox: Any) -> None:
+def test_an_endpoint_is_revoked_for_every_holder_when_its_session_ends(
+    docker_sandbox: Any, record_property: Any
+) -> None:
     """The kernel shuts the endpoint down as the session closes: the copy a proxy holds
     listens no more, so no later tenant of the box number reaches this session's policy."""
     from farm.kernel.framing import recv_frame_fds
@@ -367,7 +399,9 @@ def test_an_endpoint_is_revoked_for_every_holder_when_its_session_ends(docker_sa
             assert frame == {"type": "egress_box", "session_id": "revoked-1", "port": frame["port"]}
             assert endpoint.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
             client.close_session(opened["session_id"])
-            assert endpoint.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 0
+            listening = endpoint.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+            record(record_property, "the proxy's copy listens no more", f"listening={listening}")
+            assert listening == 0
             endpoint.close()
         finally:
             channel.close()

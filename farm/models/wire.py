@@ -70,6 +70,8 @@ class OpenSession(Model):
     type: Literal["open_session"]
     tools: bool = True
     limits: BoxLimits = Field(default_factory=lambda: BoxLimits())
+    session_id: str | None = None
+    egress: bool = False
 
 
 class SessionOpened(Model):
@@ -219,6 +221,7 @@ class Item(Model):
     argv: list[str] | None = None
     max_output_bytes: int = Field(default=1024 * 1024, ge=1024)
     events: bool = False
+    egress: bool = False
 
 
 class ItemOutcome(Model):

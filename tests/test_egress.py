@@ -272,7 +272,7 @@ def test_a_box_over_its_byte_budget_is_cut_off_and_the_worker_serves_on(
         f"client got {got[0]} {got[2]} bytes; events: {[(e.bytes_in, e.reason) for e in events]}",
     )
     assert got[2] < BIG
-    assert cut and cut[0].bytes_in <= BUDGET + 2 * 65536
+    assert cut and cut[0].bytes_in <= BUDGET
     after = open_farm.run(
         FETCH + f"fetch('http://127.0.0.1:{server}/after')[:2]", egress=[f"127.0.0.1:{server}"]
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import re
 import socket
@@ -28,7 +29,7 @@ from farm.egress.policy import Policy
 log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 30.0
-CHUNK = 65536
+CHUNK = 256 * 1024
 HOP_HEADERS = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization"}
 
 
@@ -65,6 +66,7 @@ class _Box:
     sent: int = 0
     received: int = 0
     open: int = 0
+    spent: bool = False  # a connection was cut at the byte budget: no more for this box
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -155,7 +157,7 @@ class EgressProxy:
                     f"{record.host}:{record.port} is not in this box's egress policy "
                     f"(allowed: {box.policy.describe()})",
                 )
-            if max(box.sent, box.received) >= self.limits.max_bytes:
+            if box.spent or max(box.sent, box.received) >= self.limits.max_bytes:
                 raise Denied(403, f"the box's budget of {self.limits.max_bytes} bytes is spent")
             record.address = await self._resolve(box.policy, record.host, record.port)
             up_reader, upstream = await self._connect(record)
@@ -191,6 +193,15 @@ class EgressProxy:
 
     async def _resolve(self, policy: Policy, host: str, port: int) -> str:
         """The address to connect to: the first the name resolves to that is allowed."""
+        try:
+            literal = ipaddress.ip_address(host)
+        except ValueError:
+            pass
+        else:  # an address: nothing to resolve
+            why = policy.address_refused(str(literal))
+            if why is not None:
+                raise Denied(403, why)
+            return str(literal)
         try:
             infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except OSError as exc:
@@ -228,15 +239,16 @@ class EgressProxy:
 
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, out: bool) -> None:
             while data := await src.read(CHUNK):
+                if (box.sent if out else box.received) + len(data) > self.limits.max_bytes:
+                    box.spent = True  # not forwarded: the box gets at most its budget
+                    over.set()
+                    return
                 if out:
                     box.sent += len(data)
                     record.bytes_out += len(data)
                 else:
                     box.received += len(data)
                     record.bytes_in += len(data)
-                if max(box.sent, box.received) > self.limits.max_bytes:
-                    over.set()
-                    return
                 dst.write(data)
                 await dst.drain()
             with contextlib.suppress(OSError):

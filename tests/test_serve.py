@@ -220,9 +220,9 @@ def test_bad_bodies_are_refused_before_any_worker_sees_them(
     )
     problem(malformed, 400, "input")
     unknown = problem(
-        alice.post("/v1/run", json={"code": "1", "egress": ["pypi.org"]}), 422, "input"
+        alice.post("/v1/run", json={"code": "1", "network": ["pypi.org"]}), 422, "input"
     )
-    assert unknown["errors"][0]["loc"] == ["body", "egress"]
+    assert unknown["errors"][0]["loc"] == ["body", "network"]
     problem(alice.post("/v1/sessions", json={"image": "default", "egress": "none"}), 422, "input")
     problem(alice.post(f"/v1/sessions/{session}/run", json={"cod": "1"}), 422, "input")
     assert exec_records(farm) == before  # nothing reached a worker

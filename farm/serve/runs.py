@@ -70,6 +70,7 @@ async def run_once(
             max_output_bytes=body.max_output_bytes,
             limits=body.limits.model_dump(exclude_none=True) if body.limits else None,
             exec_id=idempotent_id(token, "run", idempotency_key),
+            egress=body.egress,
         )
 
 

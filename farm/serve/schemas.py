@@ -19,6 +19,11 @@ class SessionCreate(Model):
     open_wait_s: float | None = Field(None, gt=0, le=600, description="wait for room this long")
     tools: bool = Field(True, description="the agent tools (ls, read, grep, apply_patch, bash)")
     limits: BoxLimits | None = Field(None, description="the box's limits (within the sandbox's)")
+    egress: list[str] | None = Field(
+        None,
+        description="hosts its box may reach ('pypi.org', '*.example.org:443'), within "
+        "the farm's ceiling",
+    )
 
 
 class SessionInfo(Model):
@@ -38,6 +43,7 @@ class OneShotRequest(RunRequest):
     image: str = "default"
     limits: BoxLimits | None = None
     retries: int = Field(0, ge=0, le=5, description="retries of infrastructure failures")
+    egress: list[str] | None = Field(None, description="hosts its box may reach")
 
 
 class ExecRequest(Model):

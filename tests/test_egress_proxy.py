@@ -159,3 +159,22 @@ def test_a_box_is_cut_off_past_its_byte_budget_and_its_connection_limit(
     finally:
         for conn in held:
             conn.close()
+
+
+def test_a_connection_is_cut_at_its_time_limit(upstream: int) -> None:
+    """A tunnel that stays open (a server that never answers) is closed at the box's time
+    limit per connection, and its record says so."""
+    records: queue.Queue[Record] = queue.Queue()
+    egress = EgressProxy(Limits(10**9, 4, 0.5), lambda _, record: records.put(record))
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (backlog), never answers
+    try:
+        port = endpoint(egress, [f"127.0.0.1:{silent.getsockname()[1]}"], ["127.0.0.0/8"])
+        request = f"CONNECT 127.0.0.1:{silent.getsockname()[1]} HTTP/1.1\r\nHost: x\r\n\r\n"
+        reply = ask(port, request.encode())
+        assert reply.startswith(b"HTTP/1.1 200 Connection established")
+        record = records.get(timeout=10)
+        assert record.allowed and "time limit" in record.reason
+        assert 0.5 <= record.duration_s < 5
+    finally:
+        silent.close()
+        egress.close()

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import http.server
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +17,7 @@ from farm.local import LocalFarm
 from farm.models import ExecResult
 from farm.sandbox.variants import ensure_variant_image
 from tests.conftest import remove_image_tags
+from tests.http_servers import http_server
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -208,7 +207,7 @@ def test_scroll_moves_down_and_up(web: Session) -> None:
     [
         ("browser.click('#no-such-element')", "Timeout"),
         ("browser.type('#missing', 'x')", "Timeout"),
-        ("browser.goto('http://example.com/')", "not an allowed host"),
+        ("browser.goto('http://example.com/')", "this box has no egress"),
         ("browser.goto('file:///etc/passwd')", "outside the workspace"),
         ("browser.goto('http://127.0.0.1:59999/')", "ERR_CONNECTION_REFUSED"),
         ("browser.scroll('sideways')", "direction must be"),
@@ -351,18 +350,17 @@ def test_the_browser_goes_out_only_through_its_boxs_egress_policy(docker_env: An
     and the worker's policy decides (an allowed host is served, another refused, each one
     recorded); without egress it requests loopback and workspace files only."""
     gateway = docker_env.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
-    httpd = http.server.ThreadingHTTPServer((gateway, 0), _Page)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    allowed = f"{gateway}:{httpd.server_address[1]}"
-    env = {"FARM_EGRESS_ALLOW": f"{allowed},example.org", "FARM_EGRESS_ALLOW_PRIVATE": gateway}
-    local = LocalFarm({"browser": 1}, env=env).start()
-    try:
+    page = b"<html><head><title>Outside</title></head><body>a page of the host</body></html>"
+    with http_server(lambda _: page, gateway, "text/html") as port:
+        allowed = f"{gateway}:{port}"
+        env = {"FARM_EGRESS_ALLOW": f"{allowed},example.org", "FARM_EGRESS_ALLOW_PRIVATE": gateway}
+        local = LocalFarm({"browser": 1}, env=env).start()
         with (
             Farm(local.settings(), owned=local) as farm,
             farm.session(image="browser", egress=[allowed]) as out,
         ):
-            page = observe(out, f"browser.goto('http://{allowed}/')")
-            assert (page["title"], page["error"]) == ("Outside", None)
+            seen = observe(out, f"browser.goto('http://{allowed}/')")
+            assert (seen["title"], seen["error"]) == ("Outside", None)
             other = observe(out, "browser.goto('http://example.org/')")
             assert "not in this box's egress policy" in f"{other['content']} {other['error']}"
             hosts = [(e.host, e.allowed) for e in farm.replay(out.id) if e.type == "egress"]
@@ -370,19 +368,3 @@ def test_the_browser_goes_out_only_through_its_boxs_egress_policy(docker_env: An
             with farm.session(image="browser") as closed:
                 shut = observe(closed, f"browser.goto('http://{allowed}/')")
             assert "this box has no egress" in str(shut["error"])
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-
-
-class _Page(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"<html><head><title>Outside</title></head><body>a page of the host</body></html>"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass

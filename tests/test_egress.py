@@ -10,14 +10,12 @@ with what is found at test time (``index_access``), never a name or address writ
 from __future__ import annotations
 
 import contextlib
-import http.server
 import ipaddress
 import re
 import socket
 import ssl
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -31,6 +29,7 @@ import pytest
 from farm.client import Farm, Session
 from farm.errors import InvalidRequest
 from farm.local import LocalFarm
+from tests.http_servers import http_server
 from tests.test_reliability_adversarial import record
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
@@ -82,26 +81,15 @@ def index_access() -> IndexAccess:
     return IndexAccess(index, hosts, sorted(set(networks)), str(Path(cafile).resolve()))
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"x" * BIG if self.path == "/big" else f"served {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[int]:
     """An HTTP server on this host's loopback: its port."""
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+
+    def answer(path: str) -> bytes:
+        return b"x" * BIG if path == "/big" else f"served {path}".encode()
+
+    with http_server(answer) as port:
+        yield port
 
 
 @contextlib.contextmanager

@@ -4,17 +4,15 @@ server on this host's loopback. The whole path through a sandbox is tests/test_e
 
 from __future__ import annotations
 
-import http.server
 import queue
 import socket
-import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from farm.egress.policy import PolicyError, Rule, box_policy
 from farm.egress.proxy import EgressProxy, Limits, Record
+from tests.http_servers import http_server
 
 # --- rules and the ceiling ----------------------------------------------------------------
 
@@ -59,25 +57,13 @@ def test_non_public_addresses_are_refused_unless_their_range_is_opened(address: 
 # --- the proxy ----------------------------------------------------------------------------
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"y" * 300_000 if self.path == "/big" else f"got {self.path}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[int]:
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield httpd.server_address[1]
-    httpd.shutdown()
-    httpd.server_close()
+    def answer(path: str) -> bytes:
+        return b"y" * 300_000 if path == "/big" else f"got {path}".encode()
+
+    with http_server(answer) as port:
+        yield port
 
 
 @pytest.fixture

@@ -17,6 +17,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,8 +197,21 @@ class Worker:
 
     # --- kernel access --------------------------------------------------------------------
 
-    def _kernel(self) -> KernelClient:
-        """This thread's connection to the current sandbox's kernel."""
+    @contextmanager
+    def kernel(self) -> Iterator[KernelClient]:
+        """Lend this thread's connection to the current sandbox's kernel. A kernel failure
+        drops it, so the thread's next call connects again; a refusal (``KernelRequestError``)
+        keeps it: the client closes its own socket when the kernel closed its end."""
+        client = self._thread_client()
+        try:
+            yield client
+        except KernelRequestError:
+            raise
+        except KernelError:
+            self._drop_kernel()
+            raise
+
+    def _thread_client(self) -> KernelClient:
         local = self._local
         if getattr(local, "generation", None) != self.keeper.generation:
             self._drop_kernel()
@@ -256,20 +271,18 @@ class Worker:
         if not self.keeper.ready:
             return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
         try:  # the box's defaults are the kernel's own (FarmSettings.box, given at its start)
-            opened = self._kernel().open_session(tools=tools, limits=limits)
+            with self.kernel() as kernel:
+                opened = kernel.open_session(tools=tools, limits=limits)
         except KernelRequestError as exc:
             if exc.code != "bad_limits":
                 raise
             return Refused(worker=self.id, reason=str(exc)).model_dump()
         except KernelError as exc:  # the sandbox is failing: let the client try elsewhere
-            self._drop_kernel()
             return {"busy": True, "worker": self.id, "reason": f"sandbox failed: {exc}"}
         session_id, epoch = opened["session_id"], opened["epoch"]
         with self._lock:
             self.sessions[session_id] = HeldSession(self.keeper.generation, epoch, time.monotonic())
-        self.registry.put_session(
-            session_id, self._session_fields(epoch), self.settings.idle_timeout_s
-        )
+        self.registry.put_session(*self.session_entry(session_id, epoch))
         log.info("session %s opened on worker %s", session_id, self.id)
         return {
             "session_id": session_id,
@@ -279,14 +292,17 @@ class Worker:
             "queue": self.queue,
         }
 
-    def _session_fields(self, epoch: int) -> dict[str, Any]:
-        return {
+    def session_entry(self, session_id: str, epoch: int) -> tuple[str, dict[str, Any], float]:
+        """The registry's entry of a session held here at ``epoch`` (id, fields, ttl): written
+        when it opens and refreshed with each call's result (``Registry.finish_exec``)."""
+        fields = {
             "worker": self.id,
             "generation": self.generation,
             "queue": self.queue,
             "image": self.image,
             "epoch": epoch,
         }
+        return session_id, fields, self.settings.idle_timeout_s
 
     def close_session(self, session_id: str) -> dict[str, Any]:
         with self._lock:
@@ -294,7 +310,8 @@ class Worker:
         self.registry.drop_session(session_id)
         if held is not None and held.lost is None:
             try:
-                self._kernel().close_session(session_id)
+                with self.kernel() as kernel:
+                    kernel.close_session(session_id)
             except KernelError as exc:
                 log.info("closing session %s: %s", session_id, exc)
         return {"session_id": session_id, "closed": held is not None}

@@ -261,7 +261,7 @@ class Sweep:
                 return []
             self._asked[image] = now
             try:
-                self.farm._require_image(image)
+                self.farm.require_image(image)
             except SandboxUnavailable:
                 return []
         self._read_workers()

@@ -24,7 +24,7 @@ from farm.events import Event, ExecEnd, ExecStart
 from farm.models import ErrorKind, ExecResult, ReplayedCell, RestoreReport
 
 if TYPE_CHECKING:
-    from farm.client.session import Session
+    from farm.client.calls import Caller
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def live_cells(events: Iterable[Event], lost_exec_id: str) -> list[ExecStart]:
 
 
 def restore(
-    session: Session, lost: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
+    session: Caller, lost: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
 ) -> ExecResult:
     """Rebuild ``session``'s namespace after ``lost``; return the call's result."""
     journal = session.farm.journal

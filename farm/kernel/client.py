@@ -1,19 +1,10 @@
 """``KernelClient``: the stdlib client of the kernel protocol, reused by every host-side layer.
 
-One request at a time per connection (a lock makes it thread-safe); open several clients for
-concurrency. Every socket operation has a deadline: connecting, the handshake, and each
-request (an execute waits ``timeout_s + grace + slack``, since the kernel itself enforces the
-timeout). Failures raise ``KernelError`` subclasses; results are plain dicts that validate as
-``farm.models.ExecResult``.
-
-Its errors (``farm.kernel.errors``, importable from here too) derive from ``FarmError``, the
-root of every farm error: what ``Sandbox.kernel()``'s clients raise needs no translation.
-
-A request is an exchange: the kernel may send intermediate frames before the final one
-(``event`` frames of a running cell, see ``farm.kernel.streaming``); ``request`` hands each to
-``on_frame`` and returns the final frame. This is the channel for everything that travels
-kernel -> host while code runs; a request from sandboxed code that waits for an answer would
-be one more intermediate frame type whose handler writes a reply frame back.
+Invariants: one request at a time per connection (a lock; open several for concurrency); every
+socket operation has a deadline (an execute waits ``timeout_s + grace + slack``); failures
+raise ``KernelError``s (``farm.kernel.errors``, under ``FarmError``). A request is an exchange:
+intermediate frames (a running cell's events, host calls) go to ``on_frame``, the final frame
+is returned. More: docs/design/host-callbacks.md, docs/design/errors.md.
 """
 
 from __future__ import annotations

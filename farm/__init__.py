@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from farm.client import AsyncFarm, AsyncSession, Farm, Session, replay
+    from farm.errors import FarmError
     from farm.models import BoxLimits, ExecResult
     from farm.models.batch import BatchItem, BatchRecord
 
@@ -24,6 +25,7 @@ __all__ = [
     "BoxLimits",
     "ExecResult",
     "Farm",
+    "FarmError",
     "Session",
     "__version__",
     "replay",
@@ -38,6 +40,7 @@ _LAZY = {
     "BatchItem": "farm.models.batch",
     "BatchRecord": "farm.models.batch",
     "BoxLimits": "farm.models",
+    "FarmError": "farm.errors",
     "replay": "farm.client",
 }
 

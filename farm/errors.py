@@ -3,24 +3,22 @@
 Error kinds are written once, in the kernel's protocol (``farm.kernel.protocol.Kind``), which
 ``farm.models.ErrorKind`` mirrors; they are mapped to exceptions once, here.
 
-The root, ``FarmError``, and the kernel client's errors are defined in ``farm.kernel.client``
-(the kernel is stdlib only and imports nothing of farm's outside it, so its client's errors can
-derive from no root defined here) and re-exported here: what ``Sandbox.kernel()``'s clients
-raise is a ``FarmError`` too. ``KernelRequestError.code`` says why the kernel refused a request;
-``KernelConnectionError``, ``KernelAuthError`` and ``KernelProtocolError`` that it could not be
-reached, authenticated or understood.
+The root, ``FarmError``, and the kernel client's errors are defined in ``farm.kernel.errors``
+and re-exported here (imports run from here into the kernel, never back; why the root lives
+there: docs/design/errors.md). ``KernelRequestError.code`` says why the kernel refused a request;
+the other ``Kernel*Error``s that it could not be reached, authenticated or understood.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from farm.kernel.client import FarmError as FarmError
-from farm.kernel.client import KernelAuthError as KernelAuthError
-from farm.kernel.client import KernelConnectionError as KernelConnectionError
-from farm.kernel.client import KernelError as KernelError
-from farm.kernel.client import KernelProtocolError as KernelProtocolError
-from farm.kernel.client import KernelRequestError as KernelRequestError
+from farm.kernel.errors import FarmError as FarmError
+from farm.kernel.errors import KernelAuthError as KernelAuthError
+from farm.kernel.errors import KernelConnectionError as KernelConnectionError
+from farm.kernel.errors import KernelError as KernelError
+from farm.kernel.errors import KernelProtocolError as KernelProtocolError
+from farm.kernel.errors import KernelRequestError as KernelRequestError
 
 if TYPE_CHECKING:
     from farm.models import ExecResult

@@ -1,15 +1,10 @@
 """The events of a run, as they happen: the live stream, the session journal and replay.
 
-One run is ``ExecStart``, then any number of ``Stream`` (stdout/stderr chunks), ``Display``
-(``display(obj)`` in the sandbox), ``HostCall`` (a host callback such as ``llm_query``) and
-``Egress`` (a connection through the box's proxy) in
-the order they happened, then ``Result`` or ``Error`` when
-there is one, then ``ExecEnd``. The same models come out of ``Session.stream``, out of
-``Farm.replay`` and off the wire (a sibling of ``farm.models``, which would pass its size
-budget with them).
-
-Invariants: every event is JSON-serialisable (``model_dump(mode="json")``) and every rendering
-is bounded (``RENDER_CHARS``), whatever the code printed or displayed.
+A run is ``ExecStart``, then ``Stream``, ``Display``, ``HostCall`` and ``Egress`` (a
+connection through the box's proxy) in the order they happened, then ``Result`` or ``Error``
+when there is one, then ``ExecEnd``: the same models from ``Session.stream``, ``Farm.replay``
+and the wire. Invariants: every event is JSON-serialisable and every rendering is bounded
+(``RENDER_CHARS``).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Where events live in Redis: a stream per streamed run, and a journal per session.
 
-Keys (all under ``farm:``):
-- ``journal:<session>``  Redis stream of every event of the session's runs, in order; bounded
-                         (``journal_max_events``, trimmed oldest first; a run adds at most
-                         ``journal_exec_max_bytes``, past which its outputs keep only their
-                         text) and expiring ``journal_ttl_s`` after its last event, so any
-                         process can replay it
-- ``events:<exec>``      Redis stream of one run's events, written only when the caller
-                         streams it; bounded and expiring (``event_stream_ttl_s``)
-- ``journals``           sorted set of session ids by last event time (newest kept), so a UI
-                         lists sessions without scanning the keyspace
-
-Each entry holds one event as JSON in field ``e``. Writers never fail a run: the journal is a
-record of what happened, not part of running it.
+``farm:journal:<session>`` holds every event of a session's runs, bounded and expiring, so any
+process can replay it; ``farm:events:<exec>`` one streamed run's events; ``farm:journals`` the
+sessions by last event, for a UI. Invariant: writers never fail a run (the journal records
+what happened; it is not part of running it). Keys and bounds: docs/design/events-and-journal.md.
 """
 
 from __future__ import annotations

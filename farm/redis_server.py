@@ -1,14 +1,8 @@
 """``RedisServer``: the ephemeral ``redis-server`` of a local farm (and of the tests).
 
-It listens on loopback only, on a free port, and requires a password made at start: whoever can
-write to a farm's broker can run code in its sandboxes and read every result, so no broker farm
-starts is open to anonymous clients, not even on a shared host. The password travels only in
-files readable by their owner (the server's config, mode 0600) and in the environment of the
-processes that need it (``FARM_BROKER_URL``), never on a command line (``/proc/*/cmdline`` is
-world-readable) or in a log line. Persistence is off: a local farm's broker is ephemeral.
-
-With ``tls`` it serves TLS only (``port 0``, ``tls-port``): what the tests use to show that a
-farm works end to end over ``rediss://`` and that a plain-TCP client gets nowhere.
+Invariants: loopback only, a free port, a password made at start that travels only in 0600
+files and the environment of the processes that need it (never a command line or a log line);
+persistence off. With ``tls`` it serves TLS only. Why: docs/design/control-plane.md.
 """
 
 from __future__ import annotations

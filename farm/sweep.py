@@ -1,18 +1,10 @@
 """Resumable JSONL sweeps: thousands of snippets through a farm, one output line per id.
 
-A thin front over ``Farm.map`` (``farm.client.mapping``), which runs every item in a box of its
-own, in chunks: this reads the input, skips what a ``--resume`` finds done and what the cache
-holds, and appends each record as it comes. Input lines are ``BatchItem``s: ``{"id": ...,
-"code": "..."}`` or ``{"id": ..., "cells": ["...", ...]}`` (cells run in one session, in order,
-stopping at the first failure), optional ``timeout_s``, ``setup`` (a cell run first), ``files``
-(``{"path": "text"}`` written to the workspace first) and ``limits`` (the item's box). Invariants:
-- every input id appears in the output exactly once; a malformed line becomes an error line
-  and the sweep goes on; duplicate ids are refused before anything runs;
-- an output line is written whole and flushed as soon as its item ends, so an interrupted
-  sweep leaves a valid file that ``resume`` continues;
-- only infrastructure failures (``sandbox_lost``, ``infra``) are retried; user failures,
-  timeouts and OOMs are results; an outage of the broker stops the sweep, the items it kept
-  from being sent get no line (``--resume`` runs them).
+A thin front over ``Farm.map``: it reads ``BatchItem`` lines, skips what ``--resume`` finds
+done and the cache holds, and appends each record as it comes. Invariants: every input id
+appears once in the output (a malformed line is an error line; duplicate ids are refused before
+anything runs); a line is written whole and flushed as its item ends; only ``sandbox_lost`` and
+``infra`` are retried. Input format and outages: docs/design/map-engine.md.
 """
 
 from __future__ import annotations
@@ -261,7 +253,7 @@ class Sweep:
                 return []
             self._asked[image] = now
             try:
-                self.farm._require_image(image)
+                self.farm.require_image(image)
             except SandboxUnavailable:
                 return []
         self._read_workers()

@@ -57,8 +57,10 @@ def test_the_kernel_defines_them_with_the_standard_library_alone(tmp_path: Path)
     bundle = kernel_bundle(tmp_path)
     code = (
         f"import sys; sys.path.insert(0, {str(bundle)!r})\n"
-        "from farm.kernel.client import FarmError, KernelRequestError\n"
-        "assert issubclass(KernelRequestError, FarmError)\n"
+        "from farm.kernel.errors import FarmError, KernelRequestError\n"
+        "from farm.kernel import client\n"
+        "assert issubclass(client.KernelRequestError, FarmError)\n"
+        "assert client.KernelRequestError is KernelRequestError\n"
         "print(sorted(m for m in sys.modules if m.startswith('farm')))"
     )
     run = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
@@ -67,3 +69,14 @@ def test_the_kernel_defines_them_with_the_standard_library_alone(tmp_path: Path)
     assert "farm.errors" not in loaded and all(
         m.startswith("farm.kernel") or m == "farm" for m in loaded
     )
+
+
+def test_the_public_root_is_the_one_the_kernel_client_raises_under() -> None:
+    """``farm.FarmError`` is the kernel's root itself, not a copy: ``except farm.FarmError``
+    catches a kernel client's failure."""
+    import farm
+    import farm.kernel.errors
+
+    assert farm.FarmError is errors.FarmError is farm.kernel.errors.FarmError
+    with pytest.raises(farm.FarmError):
+        raise farm.kernel.errors.KernelConnectionError("the kernel is gone")

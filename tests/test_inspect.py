@@ -468,8 +468,8 @@ def test_a_broker_url_without_a_password_is_kept() -> None:
 
 def test_the_inspect_images_sandboxes_have_room_for_eight_samples_tools() -> None:
     """Each sample that uses Inspect's injected tools keeps ~32 MiB in /var/tmp and ~33 MiB in
-    their server (README): the inspect image's sandboxes default to room for eight, explicit
-    settings still win."""
+    their server (docs/design/inspect-provider.md): the inspect image's sandboxes default to
+    room for eight, explicit settings still win."""
     from farm.settings import FarmSettings
 
     limits = FarmSettings(image="inspect").limits

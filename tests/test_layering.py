@@ -1,13 +1,18 @@
-"""The tiers keep their shape: a worker never imports the client, and importing any worker
-module builds no Celery app (each check in a fresh interpreter, so nothing else loaded it)."""
+"""The tiers keep their shape: a worker never imports the client, importing any worker module
+builds no Celery app (each check in a fresh interpreter, so nothing else loaded it), and no
+farm module imports itself back (read from the source: module level, and for type checking).
+"""
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
+import farm
 import farm.worker
 
 WORKER_MODULES = sorted(
@@ -57,3 +62,101 @@ def test_the_probe_sees_a_client_import_and_an_app() -> None:
     )
     assert built.returncode == 0, built.stderr
     assert json.loads(built.stdout)["apps"] >= 1
+
+
+# --- import cycles -------------------------------------------------------------------------
+
+FARM = Path(farm.__file__).parent
+# Cycles that only type checking sees, and why they stay: a Session holds its Farm (public:
+# ``session.farm``), and a worker's parts (its calls, its batches) act for the Worker they
+# belong to. Any other cycle, or one of these at run time, fails.
+TYPING_CYCLES = [
+    {"farm.client.farm", "farm.client.session"},
+    {"farm.worker.worker", "farm.worker.calls", "farm.worker.batch"},
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(FARM.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, typing: bool) -> set[str]:
+    """The farm modules ``path`` imports at module level (and under ``TYPE_CHECKING`` when
+    ``typing``); an import inside a function is a deliberate late one, not a cycle."""
+    names: set[str] = set()
+    body = list(ast.parse(path.read_text()).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            body.extend(node.body if typing else node.orelse)
+        elif isinstance(node, (ast.If, ast.Try)):
+            body.extend(node.body + node.orelse)
+            body.extend(getattr(node, "finalbody", []))
+            for handler in getattr(node, "handlers", []):
+                body.extend(handler.body)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph(typing: bool) -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in FARM.rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {
+        name: {m for m in map(resolve, imports(path, typing)) if m and m != name}
+        for name, path in modules.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while (w := stack.pop()) != v:
+                component.add(w)
+            if component:
+                found.append(component | {v})
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_farm_module_imports_itself_back_at_run_time() -> None:
+    assert len(import_graph(typing=False)) > 100  # the walk found the package
+    assert cycles(import_graph(typing=False)) == []
+
+
+def test_helpers_are_typed_against_narrow_protocols_not_their_owners() -> None:
+    """``MapRun`` sees its farm as ``MapHost``; a session's files, stream and restore see it
+    as ``FileChannel``/``Caller``: none of them imports ``Farm`` or ``Session``, not even for
+    type checking, so the only typing cycles are the two ``TYPING_CYCLES`` name."""
+    found = cycles(import_graph(typing=True))
+    assert sorted(map(sorted, found)) == sorted(map(sorted, TYPING_CYCLES))
+
+
+def test_the_cycle_check_sees_a_cycle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]

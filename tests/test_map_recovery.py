@@ -63,10 +63,36 @@ def test_cancelling_items_that_already_ended_keeps_the_kernel_connection(tmp_pat
     server = RedisServer(tmp_path).start()
     try:
         with farm_worker(server.url) as worker:
-            client = worker._kernel()
+            with worker.kernel() as client:
+                pass
             worker.batch._open["a-map"] = {"ended-1", "ended-2", "ended-3"}
             worker.batch._cancel("a-map", {})
-            assert worker._kernel() is client
+            with worker.kernel() as again:
+                assert again is client
             assert worker._clients == {client}
+    finally:
+        server.stop()
+
+
+def test_a_lent_kernel_client_is_dropped_on_a_failure_and_kept_on_a_refusal(
+    tmp_path: Any,
+) -> None:
+    """``Worker.kernel()`` lends the thread's client: a refusal leaves it in place, a broken
+    connection drops it (closed, forgotten), and the next loan connects a new one."""
+    from farm.kernel.client import KernelConnectionError, KernelRequestError
+
+    server = RedisServer(tmp_path).start()
+    try:
+        with farm_worker(server.url) as worker:
+            with pytest.raises(KernelRequestError), worker.kernel() as client:
+                client.close_session("no-such-session")
+            with pytest.raises(KernelConnectionError), worker.kernel() as same:
+                assert same is client
+                raise KernelConnectionError("the connection broke")
+            assert worker._clients == set()
+            with worker.kernel() as fresh:
+                assert fresh is not client
+                assert fresh.ping()["type"] == "pong"
+            assert worker._clients == {fresh}
     finally:
         server.stop()

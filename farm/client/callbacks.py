@@ -1,16 +1,10 @@
 """Host callbacks: functions of the client's process that sandboxed code may call.
 
 ``farm.session(callbacks={"llm_query": fn})`` gives the session's code ``llm_query(...)`` and
-``llm_query_batched(items)``; each call travels kernel -> worker -> this process, which runs
-``fn`` here and sends the answer back (``farm.kernel.calls``, ``farm.worker.hostcalls``).
-A callback may itself open a child session (a sub-agent), whose callbacks run one level
-deeper; depth is carried by a context variable, so it follows the call, not the thread.
-
-Bounds, each answered inside the sandbox as a ``CallbackError`` (never a dead session):
-``max_depth`` levels of nesting (default 2, as the ART sub-agents), ``max_calls`` calls per
-run (a batch counts its items) and ``timeout_s`` per call. A function that does not return in
-time is left running in its daemon thread (Python cannot stop a thread) and its answer is
-dropped. Arguments and answers are JSON; an exception in ``fn`` becomes the sandbox's error.
+``llm_query_batched(items)``; a callback may open a child session, one level deeper (depth
+follows the call through a context variable). Invariant: every bound (``max_depth``,
+``max_calls``, ``timeout_s``) is answered in the sandbox as a ``CallbackError``, never a dead
+session. The path of a call: docs/design/host-callbacks.md.
 """
 
 from __future__ import annotations

@@ -131,8 +131,9 @@ class Farm:
         }
         return {name: self.registry.queue_length(name) for name in sorted(names)}
 
-    def _require_image(self, image: str) -> None:
-        """Fail fast when no live worker serves ``image`` (checked at most once a second).
+    def require_image(self, image: str) -> None:
+        """Fail fast (``SandboxUnavailable``) when no live worker serves ``image``, after
+        asking a local farm to start one (checked at most once a second).
         An image this client saw served gets until ``open_wait_s`` after that to come back:
         its workers may be restarting, or re-registering with a broker that restarted."""
         now = time.monotonic()
@@ -187,7 +188,7 @@ class Farm:
         hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
         wanted = _limits(limits)
         hosts = _egress(egress)
-        self._require_image(image)
+        self.require_image(image)
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
         for backoff in delays(0.05, 1.0):
             open_id = uuid.uuid4().hex
@@ -290,7 +291,7 @@ class Farm:
             if hosts:
                 request["egress"] = hosts
             try:
-                self._require_image(image)
+                self.require_image(image)
                 pending, mark = self.broker.send(TASK_RUN, shared_queue(image), args=[request])
                 deadline = time.monotonic() + timeout_s + QUEUE_WAIT_S
                 watch = Watch(exec_id=request["exec_id"], mark=mark)

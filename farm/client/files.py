@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from farm.errors import FileOperationError
 
 if TYPE_CHECKING:
-    from farm.client.session import Session
+    from farm.client.calls import FileChannel
 
 CHUNK = 4 * 1024 * 1024
 Scope = Literal["workspace", "box"]
@@ -32,7 +32,7 @@ Scope = Literal["workspace", "box"]
 class SessionFiles:
     """``session.files``: the session's workspace (``/workspace/box-N`` in a docker sandbox)."""
 
-    def __init__(self, session: Session, scope: Scope = "workspace") -> None:
+    def __init__(self, session: FileChannel, scope: Scope = "workspace") -> None:
         self.session = session
         self.scope = scope
 

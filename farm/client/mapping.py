@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from farm.celeryconf import TASK_BATCH, shared_queue
 from farm.client.map_records import Item, failed, manifest, outcome, parse_item
@@ -25,7 +25,9 @@ from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
 from farm.registry import BROKER_MARK, PREFIX, cancel_key, results_key
 
 if TYPE_CHECKING:
-    from farm.client.farm import Farm
+    from farm.client.broker import Broker
+    from farm.events import Event
+    from farm.registry import Registry
 
 MAX_CHUNK = 64
 TAKEN_WAIT_S = 2.0  # unclaimed this long with its queue empty: a consumer took it and died
@@ -35,6 +37,23 @@ BLOCK_S = 0.25
 DRAIN = 256
 CANCEL_TTL_S = 3600
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
+
+
+class MapHost(Protocol):
+    """What a ``MapRun`` needs of its farm (``Farm`` is one): the broker it sends through,
+    the registry it reads, the live workers, an image served, a session's journal."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    def workers(self) -> list[dict[str, Any]]: ...
+
+    def require_image(self, image: str) -> None: ...
+
+    def replay(self, session_id: str) -> Iterator[Event]: ...
 
 
 @dataclass
@@ -61,7 +80,7 @@ class MapRun:
 
     def __init__(
         self,
-        farm: Farm,
+        farm: MapHost,
         items: Iterable[Item],
         *,
         image: str = "default",
@@ -181,7 +200,7 @@ class MapRun:
         image = self._image(attempt)
         if image not in self._images:
             try:
-                self.farm._require_image(image)
+                self.farm.require_image(image)
             except SandboxUnavailable as exc:
                 self._images[image] = str(exc)
             else:

@@ -1,16 +1,10 @@
 """Opt-in restore after a state loss: re-run the session's successful cells from its journal.
 
-``farm.session(on_state_lost="replay")``: when a call reports ``state_lost`` (the session
-process died, was killed after ignoring a timeout, ran out of memory), the session accepts the
-new epoch and re-runs, in order, the cells that built the lost namespace: those that ended
-``ok`` since the last loss (earlier cells were lost before and replays of them count as cells).
-The report (``Session.restores``) names every replayed cell. Invariants:
-- nothing is replayed from a partial history: a journal that was trimmed or expired, or a
-  replayed cell that fails, ends in ``RestoreFailed`` (a ``StateLost``), never in a namespace
-  that silently lacks part of its state;
-- a lost call that ran nothing (the process had died between calls) is run again once after
-  the replay; a call that ran is never run again (its failure is the result returned);
-- replaying re-runs code: effects outside the namespace may repeat (the report says so).
+``farm.session(on_state_lost="replay")``. Invariants: nothing is replayed from a partial
+history (a trimmed journal or a failing replay is ``RestoreFailed``, never a namespace that
+silently lacks state); a lost call that ran nothing is run once more, one that ran never is;
+the report (``Session.restores``) names every replayed cell, whose effects outside the
+namespace may repeat. Details: docs/design/events-and-journal.md.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from farm.events import Event, ExecEnd, ExecStart
 from farm.models import ErrorKind, ExecResult, ReplayedCell, RestoreReport
 
 if TYPE_CHECKING:
-    from farm.client.session import Session
+    from farm.client.calls import Caller
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +41,7 @@ def live_cells(events: Iterable[Event], lost_exec_id: str) -> list[ExecStart]:
 
 
 def restore(
-    session: Session, lost: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
+    session: Caller, lost: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
 ) -> ExecResult:
     """Rebuild ``session``'s namespace after ``lost``; return the call's result."""
     journal = session.farm.journal

@@ -13,19 +13,19 @@ import contextlib
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE
 from farm.client.broker import Watch
 from farm.client.callbacks import Callbacks
+from farm.client.calls import Call
 from farm.client.files import SessionFiles
 from farm.client.stream import EventStream
 from farm.errors import FarmBusy, SessionLost, StateLost
 from farm.models import CommandResult, ErrorKind, ExecResult, Opened, RestoreReport
 
 if TYPE_CHECKING:
-    from farm.client import Farm
+    from farm.client.farm import Farm
 
 QUEUE_WAIT_S = 600.0
 INLINE_STDIN = 16 * 1024 * 1024  # a command's stdin past this is staged in the box first
@@ -46,17 +46,6 @@ def exec_request(
     if max_output_bytes is not None:
         request["max_output_bytes"] = max_output_bytes
     return request
-
-
-@dataclass
-class Call:
-    """One exec in flight: its task, request, deadline and what to watch while waiting
-    (``Session.send`` makes it, ``Session.collect`` waits for it)."""
-
-    pending: Any
-    request: dict[str, Any]
-    deadline: float
-    watch: Watch
 
 
 class Session:

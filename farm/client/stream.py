@@ -19,7 +19,7 @@ from farm.events import Event, ExecEnd, ExecStart, HostCall, closing_events
 from farm.models import CallAnswer, ExecResult
 
 if TYPE_CHECKING:
-    from farm.client.session import Session
+    from farm.client.calls import Caller
 
 BLOCK_MS = 250
 
@@ -32,7 +32,7 @@ class EventStream:
     ``StateLost``), after the events that tell them.
     """
 
-    def __init__(self, session: Session, code: str, timeout_s: float | None, **kwargs: Any):
+    def __init__(self, session: Caller, code: str, timeout_s: float | None, **kwargs: Any):
         self.session = session
         self.code = code
         self.timeout_s = timeout_s

@@ -16,6 +16,7 @@ outside this package. Layout, from the wire inwards:
 - ``streaming``  a running cell's events (output chunks, displays) sent before its result
 - ``cell``       the result dict of one execute call
 - ``client``     ``KernelClient``, the stdlib client every host-side layer reuses
+- ``errors``     ``FarmError``, the root of every farm error, and the client's errors
 """
 
 import sys

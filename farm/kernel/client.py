@@ -1,22 +1,10 @@
 """``KernelClient``: the stdlib client of the kernel protocol, reused by every host-side layer.
 
-One request at a time per connection (a lock makes it thread-safe); open several clients for
-concurrency. Every socket operation has a deadline: connecting, the handshake, and each
-request (an execute waits ``timeout_s + grace + slack``, since the kernel itself enforces the
-timeout). Failures raise ``KernelError`` subclasses; results are plain dicts that validate as
-``farm.models.ExecResult``.
-
-``FarmError``, the root of every farm error, is defined here and re-exported by
-``farm.errors``, where users import it: the kernel imports nothing of farm's outside itself, so
-the root its client's errors derive from must live inside it. That way a failure of the public
-sandbox API (``Sandbox.kernel()`` hands out these clients) is a ``FarmError`` like any other,
-with no translation layer to forget, and the kernel stays stdlib only.
-
-A request is an exchange: the kernel may send intermediate frames before the final one
-(``event`` frames of a running cell, see ``farm.kernel.streaming``); ``request`` hands each to
-``on_frame`` and returns the final frame. This is the channel for everything that travels
-kernel -> host while code runs; a request from sandboxed code that waits for an answer would
-be one more intermediate frame type whose handler writes a reply frame back.
+Invariants: one request at a time per connection (a lock; open several for concurrency); every
+socket operation has a deadline (an execute waits ``timeout_s + grace + slack``); failures
+raise ``KernelError``s (``farm.kernel.errors``, under ``FarmError``). A request is an exchange:
+intermediate frames (a running cell's events, host calls) go to ``on_frame``, the final frame
+is returned. More: docs/design/host-callbacks.md, docs/design/errors.md.
 """
 
 from __future__ import annotations
@@ -30,6 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 from . import auth
+from .errors import FarmError as FarmError
+from .errors import KernelAuthError as KernelAuthError
+from .errors import KernelConnectionError as KernelConnectionError
+from .errors import KernelError as KernelError
+from .errors import KernelProtocolError as KernelProtocolError
+from .errors import KernelRequestError as KernelRequestError
 from .framing import DEFAULT_MAX_FRAME, FrameError, recv_frame, send_frame
 from .protocol import RECOVERABLE_CODES
 
@@ -37,34 +31,6 @@ DEFAULT_TIMEOUT_S = 30.0
 INTERMEDIATE = {"event"}  # frame types a kernel may send before the final reply
 REQUEST_SLACK_S = 15.0
 FILE_TIMEOUT_S = 150.0
-
-
-class FarmError(Exception):
-    """Root of every farm error (``farm.errors.FarmError``; see the module's docstring)."""
-
-
-class KernelError(FarmError):
-    """Base of every kernel client failure."""
-
-
-class KernelConnectionError(KernelError):
-    """The kernel could not be reached, or the connection broke."""
-
-
-class KernelAuthError(KernelError):
-    """The handshake failed: wrong token, or the peer is not the kernel it claims to be."""
-
-
-class KernelProtocolError(KernelError):
-    """The kernel answered something that is not the protocol."""
-
-
-class KernelRequestError(KernelError):
-    """The kernel refused a request; ``code`` says why (e.g. ``no_such_session``)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
 
 
 def parse_address(address: str) -> tuple[int, Any]:

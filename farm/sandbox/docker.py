@@ -1,24 +1,11 @@
 """The ``docker`` backend: one hardened container running the kernel, a box per session.
 
-Defaults that hold (each from ``SandboxLimits``): no network at all (``--network none``: a
-container on an ``internal`` network still reaches the host through the bridge gateway), the
-kernel on a Unix socket in a per-sandbox host directory bind-mounted at ``/run/farm`` (0700,
-root: no box can reach it), read-only root, size-capped tmpfs ``/tmp``, ``/var/tmp`` (sticky
-and closed to listing, like ``/tmp``: where programs expect to write, e.g. the helper Inspect's
-tools install, ``/var/tmp/.<hash>``) and ``/workspace``, pids/memory(=swap)/cpu limits,
-nofile/fsize/core ulimits, ``--init``, no-new-privileges.
-
-The kernel runs as root *in the container* with five capabilities and no others
-(``BOX_CAPS``): CHOWN (give a box its directories), SETUID and SETGID (run each box as a uid of
-its own), SETPCAP (empty the boxes' bounding set) and KILL (interrupt and end a box's
-processes without a helper process; no more than SETUID already allows). No user code ever runs
-as root or with any
-capability: each session is a box with its own uid from a block chosen per sandbox
-(``farm.uid_base``), so that RLIMIT_NPROC, which counts per uid across the host, is not shared
-with another sandbox's boxes. The token is written to the socket directory, read and deleted
-by the kernel before any user code runs. Everything created carries ``farm.managed=1`` and
-``farm.owner`` labels, so a failed start leaves nothing and ``remove_orphans`` finds what a dead
-owner left.
+Invariants: no network (``--network none``), the kernel's socket in a root-only host directory,
+a read-only root with capped tmpfs, resource limits from ``SandboxLimits``; the kernel holds
+five capabilities (``BOX_CAPS``) and no user code runs as root or with any; each sandbox gets
+its own block of box uids; everything created carries ``farm.managed``/``farm.owner`` labels,
+so ``remove_orphans`` finds what a dead owner left. The defaults and their reasons:
+docs/design/docker-sandbox.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 # docker ships no type hints (see images.py).
 # mypy: disable-error-code="import-untyped"
 """The one engine that builds farm environments: a spec in (``farm.sandbox.envspec``), the
-image ``farm-sandbox:NAME`` out. The built-in variants (``docs``, ``browser``) and the
-environments users build (``farm image build NAME --pip ... --apt ...``) all go through here.
+image ``farm-sandbox:NAME`` out, for the built-in variants and users' environments alike.
 
-A container build may not reach a package index (no registry, or a TLS-intercepting proxy
-whose CA only the host trusts), so the host downloads the spec's wheels for the base image's
-own Python and machine (``farm.sandbox.wheels``) into ``build/sandbox-wheels/NAME/``. A build
-context of the image's own (``build/sandbox-context/NAME/``: ``images/sandbox/env.Dockerfile``,
-the kernel and the wheels) keeps them out of the repository's context. Debian packages are
-installed with apt inside the build, from the mirror the base was bootstrapped from. The base
-is the sandbox's (``images.ensure_base``), or the spec's ``from`` image: any local image with
-``python3`` >= 3.9. Only apt reaches a network in the build: a spec without Debian packages is
-built with ``--network none`` (its wheels are in the context), so it builds offline.
-
-Invariant: an image is reused while its labels match what it would be built from now: the
-kernel hash (the kernel and env.Dockerfile), the spec's hash (``farm.env_hash``) and, for a
-``from`` image, that image's id. Anything else rebuilds it; the heavy layers (apt, wheels) come
-before the kernel, so a kernel change rebuilds only the last layers. The image also records its
-spec (``farm.env_spec``) so it can be rebuilt, listed and reported without the spec's files.
-
-A failed build is an ``ImageBuildError`` whose ``package`` names the requirement or Debian
-package that failed and whose message says why, above the build's last lines.
+Invariants: an image is reused while its labels (kernel hash, spec hash, a ``from`` image's
+id) match what it would be built from now, and rebuilt otherwise; wheels are downloaded on the
+host, so only apt reaches a network in the build; a failed build is an ``ImageBuildError``
+naming the package that failed. How and why: docs/design/images.md.
 """
 
 from __future__ import annotations

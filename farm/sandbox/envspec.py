@@ -1,26 +1,11 @@
 """An environment's spec: what ``farm image build`` adds to the sandbox base, and its file.
 
-A spec names the image (``farm-sandbox:NAME``) and lists Python requirements (``pip``, and
-``requirements`` files), Debian packages (``apt``), an optional base image to start from
-(``from``: any local image with ``python3``) and the sandbox limits its work needs. The
-built-in variants (``docs``, ``browser``: ``farm.sandbox.variants``) are specs too, so one
-engine (``farm.sandbox.environments``) builds them all.
-
-The same spec lives in a file committed with a user's project, ``farm-env.toml``::
-
-    name = "ds"
-    pip = ["numpy>=1.26", "pandas"]
-    requirements = ["requirements.txt"]   # relative to this file
-    apt = ["nodejs"]
-
-    [limits]
-    memory_mb = 1024
-
-Everything is validated before anything is built: an unknown key, a name Docker could not tag,
-a requirement pip could not parse or an apt name that is not a Debian package name is an
-``InvalidRequest`` (apt names reach a shell in the build, so they must be names and nothing
-else). An image records its resolved spec (requirements files read into ``pip``) in a label, so
-it can be rebuilt, listed and reported without the files it came from.
+A spec names the image (``farm-sandbox:NAME``) and lists pip requirements, Debian packages,
+an optional base image (``from``) and the limits its work needs; ``farm-env.toml`` holds one
+in a user's project, and the built-in variants are specs too. Invariant: everything is
+validated before anything is built (apt names reach a shell, so they must be names and nothing
+else); an image records its resolved spec in a label. File format and reasons:
+docs/design/images.md.
 """
 
 from __future__ import annotations

@@ -3,20 +3,10 @@
 # mypy: disable-error-code="import-untyped"
 """Build the sandbox image that every DockerSandbox runs, and only when it is out of date.
 
-The image holds the kernel (``farm/kernel/``) and nothing else of this repository. It is
-labelled with a hash of the kernel sources and of its Dockerfile, so a sandbox never runs a
-kernel older than the code beside it: when the hash changes the image is rebuilt, and when it
-matches the existing image is reused in well under a second (``make setup`` runs this every
-time).
-
-The base image is ``python:3.12-slim`` when Docker can get it; on machines without a registry
-(no Docker Hub) ``images/base/build.sh`` debootstraps ``farm-base:bookworm`` from the Debian
-mirror instead. Either way the Dockerfile is the same; only its ``BASE`` build argument differs.
-
-Images with more in them (the ``docs`` and ``browser`` variants, environments users build)
-come from ``farm.sandbox.environments``, which calls :func:`ensure_sandbox_image` with its own
-Dockerfile and build context. ``python -m farm.sandbox.images [--force] [--tag TAG]`` is the
-command line.
+The image holds the kernel and nothing else of this repository, labelled with the kernel
+digest and its Dockerfile's hash: a sandbox never runs a kernel older than the code beside it,
+and a matching image is reused in well under a second. ``python -m farm.sandbox.images
+[--force] [--tag TAG]`` is the command line. Bases and variants: docs/design/images.md.
 """
 
 from __future__ import annotations

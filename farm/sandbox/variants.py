@@ -1,15 +1,9 @@
 """Sandbox image variants: the environments farm itself defines, for one kind of work each.
 
-- ``docs`` (``farm-sandbox:docs``): ``markitdown`` with its PDF, DOCX, PPTX and XLSX
-  converters, for ``read_document`` (``farm/kernel/documents.py``). Untrusted files are parsed
-  inside the sandbox, never on a worker.
-- ``browser`` (``farm-sandbox:browser``): Debian's ``chromium`` and Playwright (whose node
-  driver comes in its wheel; its browser download is never used), for the ``browser`` global
-  (``farm/kernel/browser.py``).
-
-They are specs like the ones users build (``farm.sandbox.envspec``), built by the same engine
-(``farm.sandbox.environments``); their limits are the ones the settings give their workers
-(``IMAGE_LIMITS``). ``farm image build docs`` builds one when missing or stale.
+``docs`` (markitdown and its converters, for ``read_document``: untrusted files are parsed in
+the sandbox, never on a worker) and ``browser`` (Debian's chromium and Playwright). They are
+specs like users' (``farm.sandbox.envspec``), built by the same engine, with the limits the
+settings give their workers (``IMAGE_LIMITS``). More: docs/design/images.md.
 """
 
 from __future__ import annotations

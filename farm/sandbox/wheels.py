@@ -1,17 +1,9 @@
 """Wheels for an image's Python, downloaded on the host: how images get pip packages here.
 
-A container build may not reach PyPI (no registry, or a TLS-intercepting proxy whose CA only
-the host trusts); the host's pip does. So the host downloads binary wheels for the base
-image's interpreter and machine, and the Dockerfile installs them with ``--no-index``. The
-worker image (``scripts/worker_wheels.py``) and the sandbox variants (``farm.sandbox.variants``)
-both use this module.
-
-``pip download --python-version`` picks wheels for another interpreter but evaluates
-environment markers against the running one (``python_full_version < "3.11.3"`` is decided
-by the host's Python, not the base's), so a dependency the base needs can be left out.
-:func:`download_closure` closes the set itself: it reads each wheel's ``Requires-Dist``,
-evaluates the markers with the base's own marker environment, and downloads what is missing,
-until nothing is.
+A container build may not reach PyPI; the host's pip does, so it downloads binary wheels for
+the base image's interpreter and machine, and the Dockerfile installs them with ``--no-index``.
+Invariant: :func:`download_closure` closes the set with the base's own environment markers
+(``pip download`` judges them by the host's Python). Why: docs/design/images.md.
 """
 
 from __future__ import annotations

@@ -129,11 +129,10 @@ class BatchRunner:
             running = self._open.pop(map_id, set())
         for session_id in running:  # its box is reset: every process it started dies
             try:
-                self.worker._kernel().close_session(session_id)
-            except KernelRequestError:
-                pass  # the item ended meanwhile (no such session): nothing left to stop
-            except KernelError:  # the connection broke: the next close gets a new one
-                self.worker._drop_kernel()
+                with self.worker.kernel() as kernel:
+                    kernel.close_session(session_id)
+            except KernelError:  # the item ended meanwhile (no such session), or the
+                pass  # connection broke (the lent client was dropped: the next gets a new one)
         log.info(
             "map %s cancelled on worker %s: %d items stopped", map_id, self.worker.id, len(running)
         )
@@ -185,18 +184,19 @@ class BatchRunner:
         try:
             if policy is not None:
                 worker.egress.expect(session_id, policy)
-            reply = worker._kernel().item(
-                item.exec_id,
-                item.cells,
-                timeout_s=item.timeout_s,
-                session_id=session_id,
-                limits=item.limits,
-                files={path: text.encode() for path, text in item.files.items()},
-                argv=item.argv,
-                grace_s=worker.settings.limits.grace_s,
-                on_event=on_event if recorders else None,  # cell events, each cell's end
-                egress=policy is not None,
-            )
+            with worker.kernel() as kernel:
+                reply = kernel.item(
+                    item.exec_id,
+                    item.cells,
+                    timeout_s=item.timeout_s,
+                    session_id=session_id,
+                    limits=item.limits,
+                    files={path: text.encode() for path, text in item.files.items()},
+                    argv=item.argv,
+                    grace_s=worker.settings.limits.grace_s,
+                    on_event=on_event if recorders else None,  # cell events, each cell's end
+                    egress=policy is not None,
+                )
             outcome = ItemOutcome.model_validate(
                 {
                     **reply,
@@ -209,7 +209,6 @@ class BatchRunner:
             done.cells.append(self._failure(item, kind, "BadRequest", str(exc)))
             return done
         except KernelError as exc:
-            worker._drop_kernel()
             why = f"the sandbox of worker {worker.id} failed during the item: {exc}"
             done.cells.append(self._failure(item, ErrorKind.SANDBOX_LOST, "SessionLost", why))
             return done

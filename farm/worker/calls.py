@@ -52,8 +52,7 @@ class SessionCalls:
         recorder.finish(result)  # the record is complete before anyone sees the result
         refresh = None
         if held is not None:  # the kernel ran it: the session lives on, at this epoch
-            fields = self.worker._session_fields(held.epoch)
-            refresh = (request["session_id"], fields, self.worker.settings.idle_timeout_s)
+            refresh = self.worker.session_entry(request["session_id"], held.epoch)
         self.worker.registry.finish_exec(exec_id, result, session=refresh)
         metrics.observe_exec(
             result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0
@@ -79,24 +78,23 @@ class SessionCalls:
             return self._failure(request, ErrorKind.INPUT, "InputTooLarge", refused), held
         self.worker.egress.running(session_id, recorder)
         try:
-            raw = self.worker._kernel().execute(
-                session_id,
-                request["code"],
-                epoch=request["epoch"],
-                timeout_s=request["timeout_s"],
-                exec_id=request["exec_id"],
-                max_output_bytes=request.get("max_output_bytes"),
-                grace_s=self.worker.settings.limits.grace_s,
-                on_event=recorder.on_kernel_event,
-                calls=request.get("calls"),
-            )
+            with self.worker.kernel() as kernel:
+                raw = kernel.execute(
+                    session_id,
+                    request["code"],
+                    epoch=request["epoch"],
+                    timeout_s=request["timeout_s"],
+                    exec_id=request["exec_id"],
+                    max_output_bytes=request.get("max_output_bytes"),
+                    grace_s=self.worker.settings.limits.grace_s,
+                    on_event=recorder.on_kernel_event,
+                    calls=request.get("calls"),
+                )
         except KernelRequestError as exc:
-            self.worker._drop_kernel()  # the kernel may close a connection after an error reply
             if exc.code in INPUT_CODES:  # nothing ran; the session and its variables live on
                 return self._failure(request, ErrorKind.INPUT, "BadRequest", str(exc)), held
             return self._lost(request, f"the sandbox no longer has it ({exc.code})"), None
         except KernelError as exc:
-            self.worker._drop_kernel()
             held.lost = f"its sandbox failed during a call ({exc})"
             return self._lost(request, held.lost), None
         finally:
@@ -120,11 +118,7 @@ class SessionCalls:
             result = self._command(request, held)
         refresh = None
         if held is not None:
-            refresh = (
-                request["session_id"],
-                worker._session_fields(held.epoch),
-                worker.settings.idle_timeout_s,
-            )
+            refresh = worker.session_entry(request["session_id"], held.epoch)
         worker.registry.finish_exec(exec_id, result, session=refresh)
         return result
 
@@ -132,24 +126,23 @@ class SessionCalls:
         worker = self.worker
         held.last_used = time.monotonic()
         try:
-            raw = worker._kernel().command(
-                request["session_id"],
-                list(request["argv"]),
-                exec_id=request["exec_id"],
-                timeout_s=float(request["timeout_s"]),
-                stdin=base64.b64decode(request["stdin"]) if request.get("stdin") else None,
-                stdin_path=request.get("stdin_path"),
-                cwd=request.get("cwd"),
-                env=request.get("env"),
-                max_output_bytes=request.get("max_output_bytes"),
-                grace_s=worker.settings.limits.grace_s,
-            )
+            with worker.kernel() as kernel:
+                raw = kernel.command(
+                    request["session_id"],
+                    list(request["argv"]),
+                    exec_id=request["exec_id"],
+                    timeout_s=float(request["timeout_s"]),
+                    stdin=base64.b64decode(request["stdin"]) if request.get("stdin") else None,
+                    stdin_path=request.get("stdin_path"),
+                    cwd=request.get("cwd"),
+                    env=request.get("env"),
+                    max_output_bytes=request.get("max_output_bytes"),
+                    grace_s=worker.settings.limits.grace_s,
+                )
         except KernelRequestError as exc:
-            worker._drop_kernel()
             kind = ErrorKind.INPUT if exc.code in INPUT_CODES else ErrorKind.SANDBOX_LOST
             return self._command_failure(request, kind, "BadRequest", str(exc))
         except KernelError as exc:
-            worker._drop_kernel()
             held.lost = f"its sandbox failed during a command ({exc})"
             return self._command_failure(request, ErrorKind.SANDBOX_LOST, "SessionLost", held.lost)
         held.last_used = time.monotonic()
@@ -166,11 +159,9 @@ class SessionCalls:
             k: v for k, v in request.items() if k not in ("session_id", "op", "path", "generation")
         }
         try:
-            reply = self.worker._kernel().file(
-                request["session_id"], request["op"], request["path"], **fields
-            )
+            with self.worker.kernel() as kernel:
+                reply = kernel.file(request["session_id"], request["op"], request["path"], **fields)
         except KernelError as exc:
-            self.worker._drop_kernel()
             why = f"its sandbox failed during a file operation ({exc})"
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
         held.last_used = time.monotonic()

@@ -1,14 +1,9 @@
 """The worker's part of host callbacks: ask the client, wait for its answer, record the call.
 
-Sandboxed code calls ``llm_query(...)`` (``farm.kernel.calls``); the kernel sends the call as
-an event of the running cell. Here it becomes a ``HostCall`` event on the run's live stream,
-which the client that sent the run reads (``farm.client.callbacks``); the client pushes its
-answer to a list of its own (``journal.answer_key``) and this waits for it, never past the
-cell's own deadline (by then the kernel has interrupted the cell and would drop a late answer).
-
-Invariants: a name the client did not send with the run is refused here without asking
-anyone, and so is any call of a run nobody streams; every call, answered or refused, is
-recorded in ``ExecResult.sub_calls``.
+A call arrives as an event of the running cell, goes out as a ``HostCall`` on the run's live
+stream, and its answer is waited for, never past the cell's own deadline. Invariants: a name
+the client did not send, or a call of a run nobody streams, is refused without asking anyone;
+every call is recorded in ``ExecResult.sub_calls``. The path: docs/design/host-callbacks.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """``ExecRecorder``: one run's kernel events and result turned into typed events, published.
 
-The kernel sends ``started``/``running``/``stream``/``display`` while the code runs
-(``farm.kernel.streaming``); the result ends the run. The recorder numbers them, publishes each
-as it comes (to the session's journal, and to the run's own stream when the caller streams it)
-and, at the end, adds ``Result``/``Error``/``ExecEnd`` from the result itself, so every run has
-a complete record even when the kernel was never reached (a lost session still gets start,
-error, end). ``ExecStart`` is held back until the cell has something else to say or is still
-running after the kernel's tick, so a quick silent cell costs one Redis round trip, not two.
-
-Publishing is best effort: a Redis hiccup is logged and the run goes on; the caller still gets
-its result through the task.
+Each event is numbered and published as it comes (the session's journal, and the run's stream
+when the caller streams it); the end adds ``Result``/``Error``/``ExecEnd`` from the result.
+Invariants: every run has a complete record, even one that never reached the kernel; publishing
+is best effort and never fails the run. Why ``ExecStart`` is held back:
+docs/design/events-and-journal.md.
 """
 
 from __future__ import annotations

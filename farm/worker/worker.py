@@ -18,6 +18,8 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,8 +201,21 @@ class Worker:
 
     # --- kernel access --------------------------------------------------------------------
 
-    def _kernel(self) -> KernelClient:
-        """This thread's connection to the current sandbox's kernel."""
+    @contextmanager
+    def kernel(self) -> Iterator[KernelClient]:
+        """Lend this thread's connection to the current sandbox's kernel. A kernel failure
+        drops it, so the thread's next call connects again; a refusal (``KernelRequestError``)
+        keeps it: the client closes its own socket when the kernel closed its end."""
+        client = self._thread_client()
+        try:
+            yield client
+        except KernelRequestError:
+            raise
+        except KernelError:
+            self._drop_kernel()
+            raise
+
+    def _thread_client(self) -> KernelClient:
         local = self._local
         if getattr(local, "generation", None) != self.keeper.generation:
             self._drop_kernel()
@@ -270,9 +285,10 @@ class Worker:
         try:  # the box's defaults are the kernel's own (FarmSettings.box, given at its start)
             if session_id is not None and policy is not None:
                 self.egress.expect(session_id, policy)
-            opened = self._kernel().open_session(
-                tools=tools, limits=limits, session_id=session_id, egress=policy is not None
-            )
+            with self.kernel() as kernel:
+                opened = kernel.open_session(
+                    tools=tools, limits=limits, session_id=session_id, egress=policy is not None
+                )
         except KernelRequestError as exc:
             self.egress.forget(session_id or "")
             if exc.code not in ("bad_limits", "bad_request"):
@@ -280,14 +296,11 @@ class Worker:
             return Refused(worker=self.id, reason=str(exc)).model_dump()
         except KernelError as exc:  # the sandbox is failing: let the client try elsewhere
             self.egress.forget(session_id or "")
-            self._drop_kernel()
             return {"busy": True, "worker": self.id, "reason": f"sandbox failed: {exc}"}
         session_id, epoch = opened["session_id"], opened["epoch"]
         with self._lock:
             self.sessions[session_id] = HeldSession(self.keeper.generation, epoch, time.monotonic())
-        self.registry.put_session(
-            session_id, self._session_fields(epoch), self.settings.idle_timeout_s
-        )
+        self.registry.put_session(*self.session_entry(session_id, epoch))
         log.info("session %s opened on worker %s", session_id, self.id)
         return {
             "session_id": session_id,
@@ -297,14 +310,17 @@ class Worker:
             "queue": self.queue,
         }
 
-    def _session_fields(self, epoch: int) -> dict[str, Any]:
-        return {
+    def session_entry(self, session_id: str, epoch: int) -> tuple[str, dict[str, Any], float]:
+        """The registry's entry of a session held here at ``epoch`` (id, fields, ttl): written
+        when it opens and refreshed with each call's result (``Registry.finish_exec``)."""
+        fields = {
             "worker": self.id,
             "generation": self.generation,
             "queue": self.queue,
             "image": self.image,
             "epoch": epoch,
         }
+        return session_id, fields, self.settings.idle_timeout_s
 
     def close_session(self, session_id: str) -> dict[str, Any]:
         with self._lock:
@@ -313,7 +329,8 @@ class Worker:
         self.egress.forget(session_id)
         if held is not None and held.lost is None:
             try:
-                self._kernel().close_session(session_id)
+                with self.kernel() as kernel:
+                    kernel.close_session(session_id)
             except KernelError as exc:
                 log.info("closing session %s: %s", session_id, exc)
         return {"session_id": session_id, "closed": held is not None}

@@ -1,19 +1,9 @@
 """``FarmSandboxConfig``: what a task says about its farm sandboxes (``sandbox=("farm", cfg)``).
 
-Inspect keeps sandbox configs in sets and writes them into the eval log, so the model is frozen
-(hashable) and made of plain JSON values; a log read back rebuilds it through the provider's
-``config_deserialize``. A task may also name a YAML or JSON file (``sandbox=("farm",
-"farm.yaml")``, or a ``farm.yaml`` next to the task): one loader reads both into this model.
-
-A ``broker_url`` holding a password is refused when the provider is to use it (``task_init``,
-``sample_init``: ``usable_config``): eval logs are shared, and whoever holds the broker's
-password can run code in every sandbox of that farm. The password goes in
-``FARM_BROKER_PASSWORD``, which the provider's client (``Farm.connect``) adds to the URL. The
-refusal shows the URL with its password masked, so it cannot leak it either. The model itself
-accepts such a URL: Inspect validates the sandbox config again whenever it reads a log
-(``SandboxEnvironmentSpec``'s validator calls the provider's ``config_deserialize``), and a log
-written before the refusal existed must still load. Inspect runs ``task_init`` before it writes
-a log, so a refused config never reaches one.
+Frozen and plain JSON, since Inspect keeps configs in sets and writes them into eval logs; one
+loader reads a YAML or JSON file into it too. Invariant: a ``broker_url`` holding a password
+is refused when the provider is to use it (eval logs are shared), with the password masked,
+while the model still accepts it so old logs load. Why: docs/design/inspect-provider.md.
 """
 
 from __future__ import annotations

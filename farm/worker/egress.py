@@ -25,8 +25,10 @@ from farm.kernel.framing import FrameError, recv_frame_fds
 from farm.worker import metrics
 
 if TYPE_CHECKING:
+    from farm.journal import Journal
+    from farm.sandbox.keeper import SandboxKeeper
+    from farm.settings import EgressSettings
     from farm.worker.recorder import ExecRecorder
-    from farm.worker.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +43,13 @@ class _Expected:
 
 
 class WorkerEgress:
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.settings = worker.settings.egress
+    def __init__(
+        self, settings: EgressSettings, keeper: SandboxKeeper, journal: Journal, worker_id: str
+    ) -> None:
+        self.settings = settings
+        self.keeper = keeper  # the sandbox whose kernel hands over the endpoints
+        self.journal = journal
+        self.worker_id = worker_id
         self.expected: dict[str, _Expected] = {}
         self._lock = threading.Lock()
         self._proxy: EgressProxy | None = None
@@ -53,7 +59,7 @@ class WorkerEgress:
     def policy(self, asked: Sequence[str] | None) -> Policy | None:
         """The policy of a box that asked for ``asked``, with the hosts its image's spec names
         (``None``: no egress); raises ``PolicyError`` for a rule beyond the farm's ceiling."""
-        spec = (self.worker.keeper.info().image_spec or {}) if self.worker.keeper.ready else {}
+        spec = (self.keeper.info().image_spec or {}) if self.keeper.ready else {}
         wanted = [*(asked or ()), *spec.get("egress", ())]  # the image's own hosts come too
         if not wanted:
             return None
@@ -96,7 +102,7 @@ class WorkerEgress:
 
     def _attach(self) -> None:
         """Attach to the current sandbox's kernel (once a sandbox generation)."""
-        generation = self.worker.keeper.generation
+        generation = self.keeper.generation
         with self._lock:
             if self._attached is not None and self._attached[0] == generation:
                 return
@@ -112,7 +118,7 @@ class WorkerEgress:
                 ).start()
             if self._attached is not None:
                 self._attached[1].close()
-            channel = self.worker.keeper.kernel().attach_egress()
+            channel = self.keeper.kernel().attach_egress()
             self._attached = (generation, channel)
         threading.Thread(
             target=self._endpoints,
@@ -167,7 +173,7 @@ class WorkerEgress:
         log.info(
             "egress of session %s on worker %s: %s:%d %s %s",
             session_id,
-            self.worker.id,
+            self.worker_id,
             record.host,
             record.port,
             decision,
@@ -182,7 +188,7 @@ class WorkerEgress:
         if recorder is None or not recorder.egress(fields):
             event = Egress(exec_id="", session_id=session_id, seq=0, ts=time.time(), **fields)
             try:
-                self.worker.journal.append([event])
+                self.journal.append([event])
             except Exception as exc:
                 log.warning("egress event of session %s not journaled: %s", session_id, exc)
 

@@ -77,7 +77,7 @@ class Worker:
         self.metrics_url = ""
         self.batch = BatchRunner(self)
         self.calls = SessionCalls(self)
-        self.egress = WorkerEgress(self)
+        self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
 
     # --- lifecycle ------------------------------------------------------------------------
 

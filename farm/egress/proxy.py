@@ -92,10 +92,15 @@ class EgressProxy:
         """Serve ``endpoint`` (this call owns it now) with ``policy``, until ``stop``."""
         asyncio.run_coroutine_threadsafe(self._serve(session_id, endpoint, policy), self.loop)
 
-    def stop(self, session_id: str) -> None:
-        """Close the box's endpoint and end its connections (the session ended)."""
-        if not self.loop.is_closed():
-            asyncio.run_coroutine_threadsafe(self._stop(session_id), self.loop)
+    def stop(self, session_id: str, wait_s: float = 0.0) -> None:
+        """Close the box's endpoint and end its connections (the session ended); with
+        ``wait_s``, wait that long for them to end by themselves and be reported."""
+        if self.loop.is_closed():
+            return
+        stopped = asyncio.run_coroutine_threadsafe(self._stop(session_id, wait_s), self.loop)
+        if wait_s:
+            with contextlib.suppress(Exception):
+                stopped.result(wait_s + 1.0)
 
     def close(self) -> None:
         async def stop_all() -> None:
@@ -130,14 +135,21 @@ class EgressProxy:
             log.info("egress endpoint of session %s: %s", session_id, exc)
             endpoint.close()
 
-    async def _stop(self, session_id: str) -> None:
+    async def _stop(self, session_id: str, grace_s: float = 0.0) -> None:
+        """No new connection for the box; those open end by themselves within ``grace_s``
+        (their box's processes are gone: EOF is on its way) or are cut, reported either way."""
         box = self.boxes.pop(session_id, None)
         if box is None:
             return
         if box.server is not None:
             box.server.close()
-        for task in list(box.tasks):
+        if box.tasks and grace_s:
+            await asyncio.wait(list(box.tasks), timeout=grace_s)
+        running = list(box.tasks)
+        for task in running:
             task.cancel()
+        if running:
+            await asyncio.gather(*running, return_exceptions=True)
 
     async def _connection(
         self, box: _Box, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -183,7 +183,7 @@ class BatchRunner:
             self._open.setdefault(chunk.map_id, set()).add(session_id)
         try:
             if policy is not None:
-                worker.egress.expect(session_id, policy)
+                worker.egress.expect(session_id, policy, journal=chunk.journal)
             with worker.kernel() as kernel:
                 reply = kernel.item(
                     item.exec_id,

@@ -32,12 +32,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STOP_WAIT_S = 0.5  # a box's connections may take this long to end once its session ends
+
 __all__ = ["PolicyError", "WorkerEgress"]
 
 
 @dataclass
 class _Expected:
     policy: Policy
+    journal: bool = True  # connections outside a recorded run go to the session's journal
     records: list[Record] = field(default_factory=list)
     recorder: ExecRecorder | None = None  # the run under way in the box, if any
 
@@ -54,7 +57,7 @@ class WorkerEgress:
         self._lock = threading.Lock()
         self._proxy: EgressProxy | None = None
         self._attached: tuple[int, socket.socket] | None = None  # sandbox generation, channel
-        self._records: queue.SimpleQueue[tuple[str, Record] | None] = queue.SimpleQueue()
+        self._records: queue.SimpleQueue[_Ended | None] = queue.SimpleQueue()
 
     def policy(self, asked: Sequence[str] | None) -> Policy | None:
         """The policy of a box that asked for ``asked``, with the hosts its image's spec names
@@ -65,12 +68,13 @@ class WorkerEgress:
             return None
         return box_policy(wanted, self.settings.allow, self.settings.allow_private)
 
-    def expect(self, session_id: str, policy: Policy) -> None:
+    def expect(self, session_id: str, policy: Policy, journal: bool = True) -> None:
         """Serve the endpoint the kernel will hand over for ``session_id`` with ``policy``
-        (call before asking the kernel for the box)."""
+        (call before asking the kernel for the box); ``journal``: whether the session keeps a
+        journal (a map item's only when its map asked)."""
         self._attach()
         with self._lock:
-            self.expected[session_id] = _Expected(policy)
+            self.expected[session_id] = _Expected(policy, journal)
 
     def running(self, session_id: str, recorder: ExecRecorder | None) -> None:
         """The run under way in the session's box (its events get the box's connections)."""
@@ -84,8 +88,8 @@ class WorkerEgress:
             held = self.expected.pop(session_id, None)
         if held is None:
             return []
-        if self._proxy is not None:
-            self._proxy.stop(session_id)
+        if self._proxy is not None:  # its connections end and are reported first
+            self._proxy.stop(session_id, wait_s=STOP_WAIT_S)
         return list(held.records)
 
     def close(self) -> None:
@@ -155,17 +159,22 @@ class WorkerEgress:
     # --- records --------------------------------------------------------------------------
 
     def _on_record(self, session_id: str, record: Record) -> None:
-        self._records.put((session_id, record))  # never block the proxy's loop
+        held = self.expected.get(session_id)
+        if held is not None:  # the box's list, at once (``forget`` reads it)
+            held.records.append(record)
+        recorder = held.recorder if held is not None else None
+        journal = held is not None and held.journal
+        self._records.put(_Ended(session_id, record, recorder, journal))  # never blocks here
 
     def _publish(self) -> None:
-        while (item := self._records.get()) is not None:
-            session_id, record = item
+        while (ended := self._records.get()) is not None:
             try:
-                self._record(session_id, record)
+                self._record(ended)
             except Exception:
-                log.exception("egress record of session %s", session_id)
+                log.exception("egress record of session %s", ended.session_id)
 
-    def _record(self, session_id: str, record: Record) -> None:
+    def _record(self, ended: _Ended) -> None:
+        session_id, record = ended.session_id, ended.record
         decision = "allowed" if record.allowed else "denied"
         metrics.EGRESS_CONNECTIONS.labels(decision=decision).inc()
         metrics.EGRESS_BYTES.labels(direction="out").inc(record.bytes_out)
@@ -179,18 +188,25 @@ class WorkerEgress:
             decision,
             record.reason,
         )
-        held = self.expected.get(session_id)
-        if held is None:
-            return
-        held.records.append(record)
         fields: dict[str, Any] = asdict(record)
-        recorder = held.recorder
-        if recorder is None or not recorder.egress(fields):
+        if ended.recorder is not None and ended.recorder.egress(fields):
+            return
+        if ended.journal:
             event = Egress(exec_id="", session_id=session_id, seq=0, ts=time.time(), **fields)
             try:
                 self.journal.append([event])
             except Exception as exc:
                 log.warning("egress event of session %s not journaled: %s", session_id, exc)
+
+
+@dataclass
+class _Ended:
+    """A connection that ended, with where its event goes (as it was when it ended)."""
+
+    session_id: str
+    record: Record
+    recorder: ExecRecorder | None
+    journal: bool
 
 
 def destinations(records: list[Record]) -> list[dict[str, Any]]:

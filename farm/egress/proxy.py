@@ -92,6 +92,10 @@ class EgressProxy:
         """Serve ``endpoint`` (this call owns it now) with ``policy``, until ``stop``."""
         asyncio.run_coroutine_threadsafe(self._serve(session_id, endpoint, policy), self.loop)
 
+    def open_connections(self, session_id: str) -> int:
+        box = self.boxes.get(session_id)
+        return box.open if box is not None else 0
+
     def stop(self, session_id: str, wait_s: float = 0.0) -> None:
         """Close the box's endpoint and end its connections (the session ended); with
         ``wait_s``, wait that long for them to end by themselves and be reported."""
@@ -157,6 +161,7 @@ class EgressProxy:
         started = time.monotonic()
         record = Record(host="", port=0, allowed=False)
         upstream: asyncio.StreamWriter | None = None
+        refusal = 0  # the status a refused request is answered with
         box.open += 1
         try:
             method, target, head, rest = await asyncio.wait_for(_read_head(reader), HEAD_TIMEOUT_S)
@@ -183,25 +188,25 @@ class EgressProxy:
             box.sent += record.bytes_out
             record.reason = await self._relay(box, record, (reader, writer), (up_reader, upstream))
         except Denied as exc:
-            record.reason = str(exc)
-            await _refuse(writer, exc.status, record.reason)
+            record.reason, refusal = str(exc), exc.status
         except (h11.RemoteProtocolError, ValueError, asyncio.IncompleteReadError) as exc:
-            record.reason = f"not an HTTP proxy request: {exc}"
-            await _refuse(writer, 400, record.reason)
+            record.reason, refusal = f"not an HTTP proxy request: {exc}", 400
         except TimeoutError:
             record.reason = "no request came"
         except asyncio.CancelledError:
             record.reason = record.reason or "the session ended"
         except OSError as exc:
             record.reason = f"connection error: {exc!r}"
-        finally:
+        finally:  # reported before the box sees the end: its run's record can hold it
             box.open -= 1
-            for closing in (writer, upstream):
-                if closing is not None:
-                    closing.close()
             record.duration_s = time.monotonic() - started
             if record.host or record.reason:
                 self._report(box, record)
+            if refusal:
+                await _refuse(writer, refusal, record.reason)
+            for closing in (writer, upstream):
+                if closing is not None:
+                    closing.close()
 
     async def _resolve(self, policy: Policy, host: str, port: int) -> str:
         """The address to connect to: the first the name resolves to that is allowed."""

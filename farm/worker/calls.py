@@ -98,6 +98,7 @@ class SessionCalls:
             held.lost = f"its sandbox failed during a call ({exc})"
             return self._lost(request, held.lost), None
         finally:
+            self.worker.egress.settle(session_id)
             self.worker.egress.running(session_id, None)
         held.epoch = raw["epoch"]
         held.last_used = time.monotonic()

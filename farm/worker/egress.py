@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 0.5  # a box's connections may take this long to end once its session ends
+SETTLE_S = 0.05  # and this long once a run ends, to be in the run's record
 
 __all__ = ["PolicyError", "WorkerEgress"]
 
@@ -58,6 +59,8 @@ class WorkerEgress:
         self._proxy: EgressProxy | None = None
         self._attached: tuple[int, socket.socket] | None = None  # sandbox generation, channel
         self._records: queue.SimpleQueue[_Ended | None] = queue.SimpleQueue()
+        self._unpublished = 0  # records queued, not yet published (``settle`` waits for them)
+        self._published = threading.Condition()
 
     def policy(self, asked: Sequence[str] | None) -> Policy | None:
         """The policy of a box that asked for ``asked``, with the hosts its image's spec names
@@ -81,6 +84,18 @@ class WorkerEgress:
         held = self.expected.get(session_id)
         if held is not None:
             held.recorder = recorder
+
+    def settle(self, session_id: str, wait_s: float = SETTLE_S) -> None:
+        """As a run in the box ends: the box's connections that are ending (its code has
+        read their answers) get ``wait_s`` to end and be published in the run's record."""
+        proxy = self._proxy
+        if proxy is None or session_id not in self.expected:
+            return
+        with self._published:
+            self._published.wait_for(
+                lambda: not self._unpublished and not proxy.open_connections(session_id),
+                timeout=wait_s,
+            )
 
     def forget(self, session_id: str) -> list[Record]:
         """The session ended: stop serving its endpoint; what it connected to."""
@@ -164,6 +179,8 @@ class WorkerEgress:
             held.records.append(record)
         recorder = held.recorder if held is not None else None
         journal = held is not None and held.journal
+        with self._published:
+            self._unpublished += 1
         self._records.put(_Ended(session_id, record, recorder, journal))  # never blocks here
 
     def _publish(self) -> None:
@@ -172,6 +189,9 @@ class WorkerEgress:
                 self._record(ended)
             except Exception:
                 log.exception("egress record of session %s", ended.session_id)
+            with self._published:
+                self._unpublished -= 1
+                self._published.notify_all()
 
     def _record(self, ended: _Ended) -> None:
         session_id, record = ended.session_id, ended.record

@@ -99,13 +99,13 @@ class WorkerEgress:
 
     def forget(self, session_id: str) -> list[Record]:
         """The session ended: stop serving its endpoint; what it connected to."""
+        if session_id not in self.expected:
+            return []
+        if self._proxy is not None:  # its connections end and reach its list first
+            self._proxy.stop(session_id, wait_s=STOP_WAIT_S)
         with self._lock:
             held = self.expected.pop(session_id, None)
-        if held is None:
-            return []
-        if self._proxy is not None:  # its connections end and are reported first
-            self._proxy.stop(session_id, wait_s=STOP_WAIT_S)
-        return list(held.records)
+        return list(held.records) if held is not None else []
 
     def close(self) -> None:
         with self._lock:

@@ -57,6 +57,7 @@ def run_checks(settings: FarmSettings) -> Iterator[Check]:
         "apt-get install redis-server (or run `make setup`)",
     )
     yield from broker_checks(settings)
+    yield egress_check(settings)
     if not docker_ok:
         return
     image_ok = False
@@ -73,6 +74,39 @@ def run_checks(settings: FarmSettings) -> Iterator[Check]:
         )
     if image_ok:
         yield _kernel_check(settings)
+
+
+def egress_check(settings: FarmSettings) -> Check:
+    """What boxes may reach (the ceiling): nothing is fine; anything with any port, a private
+    range as wide as the internet or a CA bundle that is not there are said."""
+    from farm.egress.policy import PolicyError, box_policy
+
+    egress = settings.egress
+    if not egress.allow:
+        return Check("egress", True, "none: no box reaches anything (FARM_EGRESS_ALLOW is empty)")
+    try:
+        ceiling = box_policy(egress.allow, egress.allow, egress.allow_private)
+    except PolicyError as exc:
+        return Check("egress", False, str(exc), "fix FARM_EGRESS_ALLOW / _ALLOW_PRIVATE")
+    if egress.ca_bundle is not None and not egress.ca_bundle.is_file():
+        return Check(
+            "egress", False, f"FARM_EGRESS_CA_BUNDLE {egress.ca_bundle} is not a file", "fix it"
+        )
+    detail = f"boxes may be allowed {ceiling.describe()}"
+    if ceiling.private:
+        detail += f"; private ranges opened: {', '.join(map(str, ceiling.private))}"
+    wide = [net for net in ceiling.private if net.prefixlen < 8]
+    if "*:*" in map(str, ceiling.rules) or wide:
+        return Check(
+            "egress",
+            True,
+            detail,
+            "a box may ask for any host and port"
+            + (f" and reach {', '.join(map(str, wide))}" if wide else "")
+            + ": name hosts in FARM_EGRESS_ALLOW",
+            warn=True,
+        )
+    return Check("egress", True, detail)
 
 
 # What a client without credentials lacks: user, password, and a TLS client certificate (it

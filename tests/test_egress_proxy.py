@@ -7,6 +7,7 @@ from __future__ import annotations
 import queue
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -164,3 +165,19 @@ def test_a_connection_is_cut_at_its_time_limit(upstream: int) -> None:
     finally:
         silent.close()
         egress.close()
+
+
+def test_doctor_says_what_boxes_may_reach(tmp_path: Any) -> None:
+    from farm.diagnose import egress_check
+    from farm.settings import EgressSettings, FarmSettings
+
+    def check(**egress: Any) -> Any:
+        return egress_check(FarmSettings(egress=EgressSettings(**egress)))
+
+    assert "no box reaches anything" in check().detail
+    named = check(allow=["pypi.org"], allow_private=["203.0.113.80/32"])
+    assert (named.ok, named.warn) == (True, False) and "203.0.113.80/32" in named.detail
+    anything = check(allow=["*:*"])
+    assert anything.ok and anything.warn and "any host and port" in anything.fix
+    assert not check(allow=["pypi.org:x"]).ok
+    assert not check(allow=["pypi.org"], ca_bundle=tmp_path / "missing.pem").ok

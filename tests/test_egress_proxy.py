@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import queue
 import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,7 +47,8 @@ def test_a_box_gets_what_it_asked_only_within_the_ceiling() -> None:
 @pytest.mark.parametrize(
     "address",
     ["127.0.0.1", "10.1.2.3", "192.168.0.1", "169.254.169.254", "::1", "fd00::1",
-     "::ffff:10.0.0.1", "0.0.0.0", "224.0.0.1", "100.64.0.1", "fe80::1%eth0"],
+     "::ffff:10.0.0.1", "0.0.0.0", "224.0.0.1", "100.64.0.1", "fe80::1%eth0",
+     "64:ff9b::a9fe:a9fe", "64:ff9b:1::a00:1", "2002:a9fe:a9fe::1", "::a9fe:a9fe"],
 )  # fmt: skip
 def test_non_public_addresses_are_refused_unless_their_range_is_opened(address: str) -> None:
     assert box_policy([], ["*"], []).address_refused(address) is not None
@@ -138,14 +140,17 @@ def test_a_box_is_cut_off_past_its_byte_budget_and_its_connection_limit(
     assert "budget" in cut.reason and cut.bytes_in <= 100_000
     again = ask(port, f"GET http://127.0.0.1:{upstream}/a HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     assert again.startswith(b"HTTP/1.1 403") and b"budget" in again  # spent for the whole box
-    # two connections open at once at most: the third is refused while they wait
+    # two connections open at once at most: the third is refused as it is accepted, before
+    # anything is read (idle connections hold no fd of the worker beyond the box's budget)
     held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
     try:
-        third = ask(port, f"GET http://127.0.0.1:{upstream}/a HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-        assert third.startswith(b"HTTP/1.1 429")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as third:
+            assert third.recv(4096).startswith(b"HTTP/1.1 429 Too Many Requests")
     finally:
         for conn in held:
             conn.close()
+    reasons = [records.get(timeout=5).reason for _ in range(2)]  # "again"'s, then the third's
+    assert "over 2 open connections" in reasons[1], reasons
 
 
 def test_a_connection_is_cut_at_its_time_limit(upstream: int) -> None:
@@ -181,3 +186,66 @@ def test_doctor_says_what_boxes_may_reach(tmp_path: Any) -> None:
     assert anything.ok and anything.warn and "any host and port" in anything.fix
     assert not check(allow=["pypi.org:x"]).ok
     assert not check(allow=["pypi.org"], ca_bundle=tmp_path / "missing.pem").ok
+
+
+def test_plain_http_is_one_request_to_the_target_it_names(
+    proxy: tuple[EgressProxy, queue.Queue[Record]],
+) -> None:
+    """The client's Host never reaches the upstream (a shared front end would route by it),
+    and a second request pipelined on the connection goes nowhere."""
+    upstream = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def serve_once() -> None:
+        conn, _ = upstream.accept()
+        with conn:
+            conn.settimeout(5)
+            data = b""
+            while not data.endswith(b"body") and (chunk := conn.recv(65536)):
+                data += chunk
+            got.append(data)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+
+    thread = threading.Thread(target=serve_once)
+    thread.start()
+    egress, _ = proxy
+    target = f"127.0.0.1:{upstream.getsockname()[1]}"
+    port = endpoint(egress, [target], ["127.0.0.0/8"])
+    request = (
+        f"POST http://{target}/a HTTP/1.1\r\nHost: evil.example\r\nContent-Length: 4\r\n\r\n"
+        "body"
+        "GET /b HTTP/1.1\r\nHost: other.example\r\n\r\n"
+    )
+    reply = ask(port, request.encode())
+    thread.join(10)
+    upstream.close()
+    assert reply.endswith(b"ok")
+    (sent,) = got
+    assert sent.startswith(b"POST /a HTTP/1.1\r\nHost: " + target.encode() + b"\r\n")
+    assert b"evil.example" not in sent and b"other.example" not in sent and b"GET /b" not in sent
+
+
+def test_an_endpoint_revoked_or_stopped_before_it_is_served_is_closed(
+    proxy: tuple[EgressProxy, queue.Queue[Record]],
+) -> None:
+    """Listening again on a socket the kernel shut down would open a fresh port of the box with
+    the old policy: such an endpoint, or one whose session stopped first, is closed unserved."""
+    egress, _ = proxy
+    revoked = socket.create_server(("127.0.0.1", 0))
+    revoked.shutdown(socket.SHUT_RDWR)
+    egress.serve("gone", revoked, box_policy([], ["*"], []))
+    egress.stop("late", wait_s=1.0)
+    late = socket.create_server(("127.0.0.1", 0))
+    egress.serve("late", late, box_policy([], ["*"], []))
+    egress.stop("nothing", wait_s=1.0)  # runs after both serves on the proxy's loop
+    assert revoked.fileno() == -1 and late.fileno() == -1
+    assert "gone" not in egress.boxes and "late" not in egress.boxes
+
+
+def test_a_port_out_of_range_is_a_bad_request(
+    proxy: tuple[EgressProxy, queue.Queue[Record]],
+) -> None:
+    egress, _ = proxy
+    port = endpoint(egress, ["*:*"], [])
+    reply = ask(port, b"CONNECT example.org:99999 HTTP/1.1\r\nHost: example.org\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400") and b"not a port" in reply

@@ -100,8 +100,10 @@ class Policy:
         (loopback, private, link-local with the clouds' metadata, multicast, reserved, ...)
         unless the operator named its range."""
         ip: Address = ipaddress.ip_address(address.split("%")[0])
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
+        inner = _embedded(ip)  # an IPv4 address inside (mapped, NAT64, 6to4, compatible)
+        if inner is not None:
+            why = self.address_refused(str(inner))
+            return None if why is None else f"{ip} carries {inner}: {why}"
         if any(ip in net for net in self.private):
             return None
         if ip.is_global and not ip.is_multicast:
@@ -110,6 +112,24 @@ class Policy:
 
     def describe(self) -> str:
         return ", ".join(map(str, self.rules)) or "nothing"
+
+
+# IPv6 prefixes that carry an IPv4 address in their last 32 bits (a translator on the way
+# turns them into it): the well-known and the local-use NAT64 prefix.
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+_COMPATIBLE = ipaddress.IPv6Network("::/96")  # deprecated IPv4-compatible (:: and ::1 aside)
+
+
+def _embedded(ip: Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one stands for, if any (checked instead of the wrapper)."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return None
+    low = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.ipv4_mapped is not None or ip.sixtofour is not None:
+        return ip.ipv4_mapped or ip.sixtofour
+    if any(ip in net for net in _NAT64) or (ip in _COMPATIBLE and int(ip) > 1):
+        return low
+    return None
 
 
 def box_policy(asked: Sequence[str], ceiling: Sequence[str], private: Sequence[str]) -> Policy:

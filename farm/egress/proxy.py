@@ -1,36 +1,44 @@
 """The egress proxy: serves each box's endpoint with that box's policy, outside the sandbox.
 
 An endpoint is a socket listening on a box's loopback, handed over by its kernel; which box a
-connection belongs to is which endpoint accepted it, never anything the box sends. HTTPS goes
-through ``CONNECT`` (host and port seen, never content), plain HTTP is forwarded one request
-per connection. A name is resolved here, the address checked, and that address connected to
-(no second lookup). Denials answer at once (403, 429, 502) with the reason; every connection
-ends in one ``Record``. Budgets are per box: bytes each way, open connections, time each.
+connection belongs to is which endpoint accepted it. The proxy accepts on it itself and stops
+at the first error (a revoked endpoint is never listened on again). Names are resolved here and
+the checked address is the one connected to. Each connection ends in one ``Record``; budgets
+are per box (bytes each way, connections open, time each) and for the worker (connections).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ipaddress
 import logging
-import re
 import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import h11
 
+from farm.egress.http import (
+    CHUNK,
+    Denied,
+    Request,
+    forward_body,
+    leftover,
+    read_request,
+    refusal,
+    refuse,
+)
 from farm.egress.policy import Policy
 
 log = logging.getLogger(__name__)
 
-HEAD_TIMEOUT_S = 30.0
-CHUNK = 256 * 1024
-HOP_HEADERS = {b"connection", b"keep-alive", b"proxy-connection", b"proxy-authorization"}
+HEAD_TIMEOUT_S = 5.0  # an accepted connection's request head comes within this, or it goes
+RESOLVE_TIMEOUT_S = 10.0
+STOPPED_KEPT = 4096  # ids of sessions stopped: an endpoint arriving after its stop is closed
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,7 @@ class Limits:
     max_connections: int  # per box, open at once
     connection_s: float  # per connection
     connect_timeout_s: float = 10.0
+    max_total: int = 2048  # open at once, every box of the worker together (its fds)
 
 
 @dataclass
@@ -62,18 +71,12 @@ Report = Callable[[str, Record], None]  # session id, record (called on the prox
 class _Box:
     session_id: str
     policy: Policy
-    server: asyncio.AbstractServer | None = None
+    acceptor: asyncio.Task[None] | None = None
     sent: int = 0
     received: int = 0
     open: int = 0
     spent: bool = False  # a connection was cut at the byte budget: no more for this box
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
-
-
-class Denied(Exception):
-    def __init__(self, status: int, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
 
 
 class EgressProxy:
@@ -83,6 +86,8 @@ class EgressProxy:
         self.limits = limits
         self.report = report
         self.boxes: dict[str, _Box] = {}
+        self.stopped: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.total = 0  # connections open, every box
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="farm-egress")
         self._thread.daemon = True
@@ -119,34 +124,60 @@ class EgressProxy:
             self.loop.close()
 
     async def _serve(self, session_id: str, endpoint: socket.socket, policy: Policy) -> None:
-        await self._stop(session_id)  # a session has one endpoint
+        """Accept on ``endpoint`` for the box, unless its session was stopped already or the
+        kernel revoked it (listening no more: listening again would open a new port)."""
+        await self._stop(session_id, forget=False)  # a session has one endpoint
+        listening = endpoint.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+        if session_id in self.stopped or not listening:
+            endpoint.close()
+            return
         box = _Box(session_id, policy)
         self.boxes[session_id] = box
+        endpoint.setblocking(False)
+        box.acceptor = asyncio.ensure_future(self._accept(box, endpoint))
 
-        async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            box.tasks.add(task)
-            try:
-                await self._connection(box, reader, writer)
-            finally:
-                box.tasks.discard(task)
-
+    async def _accept(self, box: _Box, endpoint: socket.socket) -> None:
         try:
-            endpoint.setblocking(False)
-            box.server = await asyncio.start_server(accepted, sock=endpoint)
-        except OSError as exc:  # revoked already (the session ended at once)
-            log.info("egress endpoint of session %s: %s", session_id, exc)
+            while True:
+                conn, _ = await self.loop.sock_accept(endpoint)
+                if box.open >= self.limits.max_connections or self.total >= self.limits.max_total:
+                    why = f"over {self.limits.max_connections} open connections a box"
+                    with contextlib.suppress(OSError):  # refused before anything is read
+                        conn.send(refusal(429, why))
+                    conn.close()
+                    self._report(box, Record(host="", port=0, allowed=False, reason=why))
+                    continue
+                box.open += 1  # counted now: the next accept sees it
+                self.total += 1
+                task = asyncio.ensure_future(self._accepted(box, conn))
+                box.tasks.add(task)
+                task.add_done_callback(box.tasks.discard)
+        except OSError as exc:  # revoked (EINVAL), or closed by ``_stop``
+            log.debug("egress endpoint of session %s ends: %s", box.session_id, exc)
+        finally:
             endpoint.close()
 
-    async def _stop(self, session_id: str, grace_s: float = 0.0) -> None:
+    async def _accepted(self, box: _Box, conn: socket.socket) -> None:
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn)
+            await self._connection(box, reader, writer)
+        finally:
+            box.open -= 1
+            self.total -= 1
+
+    async def _stop(self, session_id: str, grace_s: float = 0.0, forget: bool = True) -> None:
         """No new connection for the box; those open end by themselves within ``grace_s``
-        (their box's processes are gone: EOF is on its way) or are cut, reported either way."""
+        (their box's processes are gone: EOF is on its way) or are cut, reported either way.
+        A session stopped before its endpoint came never gets it served (``forget``)."""
+        if forget:
+            self.stopped[session_id] = None
+            while len(self.stopped) > STOPPED_KEPT:
+                self.stopped.popitem(last=False)
         box = self.boxes.pop(session_id, None)
         if box is None:
             return
-        if box.server is not None:
-            box.server.close()
+        if box.acceptor is not None:
+            box.acceptor.cancel()
         if box.tasks and grace_s:
             await asyncio.wait(list(box.tasks), timeout=grace_s)
         running = list(box.tasks)
@@ -161,36 +192,29 @@ class EgressProxy:
         started = time.monotonic()
         record = Record(host="", port=0, allowed=False)
         upstream: asyncio.StreamWriter | None = None
-        refusal = 0  # the status a refused request is answered with
-        box.open += 1
+        refused = 0  # the status a refused request is answered with
         try:
-            method, target, head, rest = await asyncio.wait_for(_read_head(reader), HEAD_TIMEOUT_S)
-            record.host, record.port, request = _destination(method, target, head)
-            if box.open > self.limits.max_connections:
-                raise Denied(429, f"over {self.limits.max_connections} open connections a box")
-            if not box.policy.allows(record.host, record.port):
-                raise Denied(
-                    403,
-                    f"{record.host}:{record.port} is not in this box's egress policy "
-                    f"(allowed: {box.policy.describe()})",
-                )
-            if box.spent or max(box.sent, box.received) >= self.limits.max_bytes:
-                raise Denied(403, f"the box's budget of {self.limits.max_bytes} bytes is spent")
+            request = await asyncio.wait_for(read_request(reader), HEAD_TIMEOUT_S)
+            record.host, record.port = request.host, request.port
+            self._check(box, request)
             record.address = await self._resolve(box.policy, record.host, record.port)
             up_reader, upstream = await self._connect(record)
             record.allowed = True
-            if request is None:  # CONNECT: a tunnel
+            if request.tunnel:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                first = leftover(request)
             else:
-                upstream.write(request)
-            upstream.write(rest)
-            record.bytes_out = len(request or b"") + len(rest)
+                first = request.head or b""
+            upstream.write(first)
+            record.bytes_out = len(first)
             box.sent += record.bytes_out
-            record.reason = await self._relay(box, record, (reader, writer), (up_reader, upstream))
+            record.reason = await self._relay(
+                box, record, request, (reader, writer), (up_reader, upstream)
+            )
         except Denied as exc:
-            record.reason, refusal = str(exc), exc.status
+            record.reason, refused = str(exc), exc.status
         except (h11.RemoteProtocolError, ValueError, asyncio.IncompleteReadError) as exc:
-            record.reason, refusal = f"not an HTTP proxy request: {exc}", 400
+            record.reason, refused = f"not an HTTP proxy request: {exc}", 400
         except TimeoutError:
             record.reason = "no request came"
         except asyncio.CancelledError:
@@ -198,15 +222,24 @@ class EgressProxy:
         except OSError as exc:
             record.reason = f"connection error: {exc!r}"
         finally:  # reported before the box sees the end: its run's record can hold it
-            box.open -= 1
             record.duration_s = time.monotonic() - started
-            if record.host or record.reason:
-                self._report(box, record)
-            if refusal:
-                await _refuse(writer, refusal, record.reason)
+            self._report(box, record)
+            if refused:
+                await refuse(writer, refused, record.reason)
             for closing in (writer, upstream):
                 if closing is not None:
                     closing.close()
+
+    def _check(self, box: _Box, request: Request) -> None:
+        """Refuse what the box's policy or budget does not allow (before any lookup)."""
+        if not box.policy.allows(request.host, request.port):
+            raise Denied(
+                403,
+                f"{request.host}:{request.port} is not in this box's egress policy "
+                f"(allowed: {box.policy.describe()})",
+            )
+        if box.spent or max(box.sent, box.received) >= self.limits.max_bytes:
+            raise Denied(403, f"the box's budget of {self.limits.max_bytes} bytes is spent")
 
     async def _resolve(self, policy: Policy, host: str, port: int) -> str:
         """The address to connect to: the first the name resolves to that is allowed."""
@@ -220,9 +253,11 @@ class EgressProxy:
                 raise Denied(403, why)
             return str(literal)
         try:
-            infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise Denied(502, f"cannot resolve {host}: {exc}") from None
+            infos = await asyncio.wait_for(
+                self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), RESOLVE_TIMEOUT_S
+            )
+        except (OSError, TimeoutError) as exc:
+            raise Denied(502, f"cannot resolve {host}: {exc!r}") from None
         refusals = []
         for info in infos:
             address = str(info[4][0])
@@ -246,34 +281,47 @@ class EgressProxy:
         self,
         box: _Box,
         record: Record,
+        request: Request,
         box_side: tuple[asyncio.StreamReader, asyncio.StreamWriter],
         world_side: tuple[asyncio.StreamReader, asyncio.StreamWriter],
     ) -> str:
-        """Copy both ways until both sides end, the box's budget is spent or the connection's
-        time is up; why it was cut off ("" when it simply ended)."""
+        """Copy until both ways are done (a tunnel: both ends closed; plain HTTP: its one
+        body sent and the answer read to its end), the box's budget is spent or the
+        connection's time is up; why it was cut off ("" when it simply ended)."""
         (reader, writer), (up_reader, upstream) = box_side, world_side
         over = asyncio.Event()
 
+        async def send(dst: asyncio.StreamWriter, data: bytes, out: bool) -> bool:
+            if (box.sent if out else box.received) + len(data) > self.limits.max_bytes:
+                box.spent = True  # not forwarded: the box gets at most its budget
+                over.set()
+                return False
+            if out:
+                box.sent += len(data)
+                record.bytes_out += len(data)
+            else:
+                box.received += len(data)
+                record.bytes_in += len(data)
+            dst.write(data)
+            await dst.drain()
+            return True
+
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, out: bool) -> None:
             while data := await src.read(CHUNK):
-                if (box.sent if out else box.received) + len(data) > self.limits.max_bytes:
-                    box.spent = True  # not forwarded: the box gets at most its budget
-                    over.set()
+                if not await send(dst, data, out):
                     return
-                if out:
-                    box.sent += len(data)
-                    record.bytes_out += len(data)
-                else:
-                    box.received += len(data)
-                    record.bytes_in += len(data)
-                dst.write(data)
-                await dst.drain()
             with contextlib.suppress(OSError):
                 if dst.can_write_eof():
                     dst.write_eof()
 
+        async def body(data: bytes) -> bool:
+            return await send(upstream, data, True)
+
+        outward = (
+            pump(reader, upstream, True) if request.tunnel else forward_body(request, reader, body)
+        )
         pumps = {
-            asyncio.ensure_future(pump(reader, upstream, True)),
+            asyncio.ensure_future(outward),
             asyncio.ensure_future(pump(up_reader, writer, False)),
         }
         deadline = self.loop.time() + self.limits.connection_s
@@ -289,7 +337,7 @@ class EgressProxy:
                 if over.is_set():
                     return f"cut off: the box's budget of {self.limits.max_bytes} bytes is spent"
                 if any(not p.cancelled() and p.exception() is not None for p in done):
-                    return ""  # a side reset the connection: it simply ended
+                    return ""  # a side reset the connection, or sent garbage: it ended
             return ""
         finally:
             for p in pumps:
@@ -301,55 +349,3 @@ class EgressProxy:
             self.report(box.session_id, record)
         except Exception:
             log.exception("egress record of session %s not reported", box.session_id)
-
-
-async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str, h11.Request, bytes]:
-    """The request's method, target and head (h11 parses it), and what came after the head."""
-    conn = h11.Connection(h11.SERVER)
-    while True:
-        event = conn.next_event()
-        if isinstance(event, h11.Request):
-            method, target = event.method.decode(), event.target.decode()
-            return method, target, event, conn.trailing_data[0]
-        if event is not h11.NEED_DATA:
-            raise ValueError(f"unexpected {type(event).__name__}")
-        data = await reader.read(CHUNK)
-        if not data:
-            raise asyncio.IncompleteReadError(b"", None)
-        conn.receive_data(data)
-
-
-def _destination(method: str, target: str, head: h11.Request) -> tuple[str, int, bytes | None]:
-    """Host, port and, for plain HTTP, the request to send upstream (origin form, one request:
-    ``Connection: close``); ``None`` for ``CONNECT``."""
-    if method == "CONNECT":
-        host, _, port = target.rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(f"CONNECT needs host:port, not {target!r}")
-        return host.strip("[]").lower(), int(port), None
-    url = urlsplit(target)
-    if url.scheme != "http" or not url.hostname:
-        raise Denied(400, f"a proxy takes http://host/... or CONNECT host:port, not {target!r}")
-    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
-    lines = [f"{method} {path} HTTP/1.1".encode()]
-    lines += [name + b": " + value for name, value in head.headers if name not in HOP_HEADERS]
-    lines.append(b"Connection: close")
-    return url.hostname.lower(), url.port or 80, b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-async def _refuse(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
-    body = f"farm egress: {reason}\n".encode()
-    phrase = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests"}.get(
-        status, "Bad Gateway"
-    )
-    # The reason in the status line too: a CONNECT client shows only that ("Tunnel connection
-    # failed: 403 Forbidden (...)"), never the body.
-    said = re.sub(r"[^\x20-\x7e]", "?", reason)[:300]
-    head = (
-        f"HTTP/1.1 {status} {phrase} (farm egress: {said})\r\n"
-        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
-        "X-Farm-Egress: denied\r\nConnection: close\r\n\r\n"
-    )
-    with contextlib.suppress(OSError):
-        writer.write(head.encode() + body)
-        await writer.drain()

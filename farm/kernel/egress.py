@@ -8,6 +8,7 @@ without egress has no endpoint, and with one its only route out is that socket.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -24,6 +25,8 @@ CA_VARIABLES = (
     "GIT_SSL_CAINFO",
 )
 NO_PROXY = "localhost,127.0.0.1,::1"
+
+log = logging.getLogger("farm.kernel")
 
 
 def listen() -> socket.socket:
@@ -62,6 +65,8 @@ class ProxyChannel:
     def attach(self, sock: socket.socket) -> None:
         if sock.family != socket.AF_UNIX:
             raise RequestError("bad_request", "egress needs a Unix socket connection (fds)")
+        if self.sock is not None:
+            log.warning("an egress proxy attached in place of the one attached before")
         self.detach()
         self.sock = socket.socket(fileno=os.dup(sock.fileno()))
 

@@ -156,6 +156,8 @@ class Link:
                 why = message.get("error") or "no socket came"
                 endpoint.set_exception(RequestError("unavailable", f"no proxy endpoint: {why}"))
             return
+        for extra in fds[1:]:  # one socket is all a box's pid 1 sends
+            os.close(extra)
         endpoint.set_result((int(message["port"]), socket.socket(fileno=fds[0])))
 
     def close(self) -> None:

@@ -22,7 +22,7 @@ from farm.kernel.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecResult, ItemOutcome
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.registry import cancel_key
-from farm.worker.egress import PolicyError, destinations
+from farm.worker.egress import PolicyError
 from farm.worker.recorder import ExecRecorder
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class BatchRunner:
             return done
         finally:
             self._forget(chunk.map_id, session_id)
-            done.egress = destinations(worker.egress.forget(session_id))
+            done.egress = worker.egress.forget(session_id)
         for result in outcome.cells:  # cells whose end the kernel could not tell (none, usually)
             recorder = recorders.get(result.exec_id)
             if recorder is not None:

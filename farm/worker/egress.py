@@ -9,6 +9,7 @@ the session's journal), a metric and the session's list of destinations (an item
 
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import socket
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 STOP_WAIT_S = 0.5  # a box's connections may take this long to end once its session ends
 SETTLE_S = 0.05  # and this long once a run ends, to be in the run's record
+EVENTS_KEPT = 1000  # a box's connections past these are counted (metrics), not journaled
+DESTINATIONS_KEPT = 256  # distinct (host, port, allowed) a box's manifest lists
 
 __all__ = ["PolicyError", "WorkerEgress"]
 
@@ -42,8 +45,19 @@ __all__ = ["PolicyError", "WorkerEgress"]
 class _Expected:
     policy: Policy
     journal: bool = True  # connections outside a recorded run go to the session's journal
-    records: list[Record] = field(default_factory=list)
+    seen: dict[tuple[str, int, bool], dict[str, Any]] = field(default_factory=dict)
+    events: int = 0  # connections recorded so far
     recorder: ExecRecorder | None = None  # the run under way in the box, if any
+
+    def saw(self, record: Record) -> None:
+        """Count the connection in the box's destinations (what its manifest lists)."""
+        key = (record.host, record.port, record.allowed)
+        if not record.host or (key not in self.seen and len(self.seen) >= DESTINATIONS_KEPT):
+            return
+        entry = self.seen.setdefault(
+            key, {"host": key[0], "port": key[1], "allowed": key[2], "connections": 0}
+        )
+        entry["connections"] += 1
 
 
 class WorkerEgress:
@@ -59,7 +73,8 @@ class WorkerEgress:
         self._proxy: EgressProxy | None = None
         self._attached: tuple[int, socket.socket] | None = None  # sandbox generation, channel
         self._records: queue.SimpleQueue[_Ended | None] = queue.SimpleQueue()
-        self._unpublished = 0  # records queued, not yet published (``settle`` waits for them)
+        # session id -> records queued, not yet published (``settle`` waits for them)
+        self._unpublished: collections.Counter[str] = collections.Counter()
         self._published = threading.Condition()
 
     def policy(self, asked: Sequence[str] | None) -> Policy | None:
@@ -93,19 +108,22 @@ class WorkerEgress:
             return
         with self._published:
             self._published.wait_for(
-                lambda: not self._unpublished and not proxy.open_connections(session_id),
+                lambda: (
+                    not self._unpublished[session_id] and not proxy.open_connections(session_id)
+                ),
                 timeout=wait_s,
             )
 
-    def forget(self, session_id: str) -> list[Record]:
-        """The session ended: stop serving its endpoint; what it connected to."""
+    def forget(self, session_id: str) -> list[dict[str, Any]]:
+        """The session ended: stop serving its endpoint; where it connected to (each host,
+        port and decision once, with how many connections: its manifest's list)."""
         if session_id not in self.expected:
             return []
         if self._proxy is not None:  # its connections end and reach its list first
             self._proxy.stop(session_id, wait_s=STOP_WAIT_S)
         with self._lock:
             held = self.expected.pop(session_id, None)
-        return list(held.records) if held is not None else []
+        return list(held.seen.values()) if held is not None else []
 
     def close(self) -> None:
         with self._lock:
@@ -175,12 +193,14 @@ class WorkerEgress:
 
     def _on_record(self, session_id: str, record: Record) -> None:
         held = self.expected.get(session_id)
+        recorder, journal = None, False
         if held is not None:  # the box's list, at once (``forget`` reads it)
-            held.records.append(record)
-        recorder = held.recorder if held is not None else None
-        journal = held is not None and held.journal
+            held.saw(record)
+            held.events += 1
+            if held.events <= EVENTS_KEPT:  # past them a box's flood is only counted
+                recorder, journal = held.recorder, held.journal
         with self._published:
-            self._unpublished += 1
+            self._unpublished[session_id] += 1
         self._records.put(_Ended(session_id, record, recorder, journal))  # never blocks here
 
     def _publish(self) -> None:
@@ -190,7 +210,9 @@ class WorkerEgress:
             except Exception:
                 log.exception("egress record of session %s", ended.session_id)
             with self._published:
-                self._unpublished -= 1
+                self._unpublished[ended.session_id] -= 1
+                if not self._unpublished[ended.session_id]:
+                    del self._unpublished[ended.session_id]
                 self._published.notify_all()
 
     def _record(self, ended: _Ended) -> None:
@@ -199,7 +221,7 @@ class WorkerEgress:
         metrics.EGRESS_CONNECTIONS.labels(decision=decision).inc()
         metrics.EGRESS_BYTES.labels(direction="out").inc(record.bytes_out)
         metrics.EGRESS_BYTES.labels(direction="in").inc(record.bytes_in)
-        log.info(
+        log.debug(
             "egress of session %s on worker %s: %s:%d %s %s",
             session_id,
             self.worker_id,
@@ -227,16 +249,3 @@ class _Ended:
     record: Record
     recorder: ExecRecorder | None
     journal: bool
-
-
-def destinations(records: list[Record]) -> list[dict[str, Any]]:
-    """What a box connected to, for its manifest: each host and port once, with counts."""
-    seen: dict[tuple[str, int, bool], dict[str, Any]] = {}
-    for record in records:
-        key = (record.host, record.port, record.allowed)
-        entry = seen.setdefault(
-            key,
-            {"host": record.host, "port": record.port, "allowed": record.allowed, "connections": 0},
-        )
-        entry["connections"] += 1
-    return list(seen.values())

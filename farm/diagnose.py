@@ -159,7 +159,7 @@ def broker_checks(settings: FarmSettings) -> Iterator[Check]:
             else f"{url} refuses clients without credentials: they may neither read nor write "
             f"farm's keys ({why})",
             "give Redis a password (requirepass, or an ACL user and `user default off`) and "
-            "the farm's clients FARM_BROKER_PASSWORD: README, Security model, Control plane",
+            "the farm's clients FARM_BROKER_PASSWORD: docs/security.md, Control plane",
             warn=bool(rights),
         )
     finally:

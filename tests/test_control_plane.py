@@ -235,8 +235,8 @@ def test_a_worker_waits_for_a_broker_that_is_down_rather_than_exiting(tmp_path: 
 
 
 def readme_acl(password: str, user: str) -> list[str]:
-    """The README's ACL SETUSER line for farm's own user (Security model, Control plane)."""
-    text = (ROOT / "README.md").read_text()
+    """The documented ACL SETUSER line for farm's own user (docs/security.md, Control plane)."""
+    text = (ROOT / "docs" / "security.md").read_text()
     (line,) = re.findall(r"^ACL SETUSER farm .*$", text, flags=re.MULTILINE)
     words = line.split()[2:]
     return [user, *[">" + password if w == ">PASSWORD" else w for w in words[1:]]]
@@ -245,7 +245,7 @@ def readme_acl(password: str, user: str) -> list[str]:
 @pytest.fixture
 def acl_farm() -> Iterator[str]:
     """The URL (user farm) of a local farm whose worker connects as an ACL user made with the
-    README's recipe, on a redis-server of the test's own."""
+    documented recipe, on a redis-server of the test's own."""
     with LocalFarm(0, backend="process") as local:
         admin = local.redis.client()
         admin.execute_command("ACL", "SETUSER", *readme_acl("acl-password-1", "farm"))

@@ -35,7 +35,7 @@ from typing import Any
 from benchlib import Latency, emit, machine, parse_args
 
 from farm.client import Farm
-from farm.kernel.client import KernelClient
+from farm.kernel.wire.client import KernelClient
 from farm.sandbox.docker import DockerSandbox
 from farm.settings import SandboxLimits
 

@@ -33,8 +33,8 @@ from typing import Any
 
 from benchlib import Latency, emit, machine, parse_args
 
-from farm.kernel.client import KernelClient
-from farm.kernel.framing import encode
+from farm.kernel.wire.client import KernelClient
+from farm.kernel.wire.framing import encode
 from farm.sandbox.process import ProcessSandbox
 
 BUDGET_S = 50.0  # every loop stops here, so a run stays well under a minute

@@ -9,7 +9,7 @@
    Baseline: a second container from the same image, with the same bind-mount pattern (a host
    directory at ``/run/echo``), ``--network none``, uid 10001 and the same limits, running a
    tiny Python server that echoes 4-byte big-endian length-prefixed frames on a Unix socket in
-   that directory. The host side of both uses ``farm.kernel.framing``, and the echoed frame is
+   that directory. The host side of both uses ``farm.kernel.wire.framing``, and the echoed frame is
    sized so that both move the same number of bytes per round trip. Goal: farm / echo <= 2.
    The issue asks for a "raw TCP echo to the same container", but sandboxes have no network,
    so the Unix-socket echo through the same bind mount is the like-for-like baseline.
@@ -41,8 +41,8 @@ import docker.errors
 from benchlib import emit, machine, parse_args
 from docker.models.containers import Container
 
-from farm.kernel.client import KernelClient
-from farm.kernel.framing import encode, recv_frame, send_frame
+from farm.kernel.wire.client import KernelClient
+from farm.kernel.wire.framing import encode, recv_frame, send_frame
 from farm.sandbox.docker import LABEL_MANAGED, LABEL_OWNER, DockerSandbox
 from farm.settings import SandboxLimits
 

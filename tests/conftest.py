@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from farm.kernel.client import KernelClient
+from farm.kernel.wire.client import KernelClient
 from farm.models import ExecResult
 from farm.sandbox.process import ProcessSandbox
 from tests.raw_sockets import close_opened

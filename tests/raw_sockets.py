@@ -8,8 +8,8 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from farm.kernel import auth, framing
-from farm.kernel.client import connect_socket
+from farm.kernel.wire import auth, framing
+from farm.kernel.wire.client import connect_socket
 
 _OPEN: list[socket.socket] = []
 

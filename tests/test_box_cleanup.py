@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from farm.kernel import leftovers
+from farm.kernel.boxes import leftovers
 from tests.conftest import Cells
 from tests.waiting import wait_for
 

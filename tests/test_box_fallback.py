@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from farm.errors import SandboxStartError
-from farm.kernel import seccomp
-from farm.kernel.client import KernelRequestError
+from farm.kernel.boxes import seccomp
+from farm.kernel.wire.client import KernelRequestError
 from tests.conftest import make_docker_sandbox, no_mount_limits
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from farm.client import Farm
 from farm.errors import BadInput, StateLost
-from farm.kernel.framing import DEFAULT_MAX_FRAME
+from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
 
 BIG = DEFAULT_MAX_FRAME + 1024 * 1024  # over the kernel's frame (64 MiB)
 

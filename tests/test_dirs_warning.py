@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.kernel import auth
+from farm.kernel.wire import auth
 
 READY_TIMEOUT_S = 20.0
 WARNING = "isolation 'dirs': sessions get private directories and limits but share one uid"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from farm.errors import SandboxStartError
-from farm.kernel.client import KernelConnectionError
+from farm.kernel.wire.client import KernelConnectionError
 from farm.sandbox import images
 from farm.sandbox.docker import DockerSandbox, remove_orphans
 from farm.sandbox.images import own_sandbox_tag

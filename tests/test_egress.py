@@ -374,7 +374,7 @@ def test_an_endpoint_is_revoked_for_every_holder_when_its_session_ends(
 ) -> None:
     """The kernel shuts the endpoint down as the session closes: the copy a proxy holds
     listens no more, so no later tenant of the box number reaches this session's policy."""
-    from farm.kernel.framing import recv_frame_fds
+    from farm.kernel.wire.framing import recv_frame_fds
 
     with docker_sandbox.kernel() as attached, docker_sandbox.kernel() as client:
         channel = attached.attach_egress()

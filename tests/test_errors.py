@@ -13,7 +13,7 @@ import pytest
 
 from farm import errors
 from farm.errors import FarmError, KernelAuthError, KernelConnectionError, KernelRequestError
-from farm.kernel.client import KernelClient
+from farm.kernel.wire.client import KernelClient
 from farm.sandbox.bundle import kernel_bundle
 from farm.sandbox.process import ProcessSandbox
 
@@ -57,8 +57,8 @@ def test_the_kernel_defines_them_with_the_standard_library_alone(tmp_path: Path)
     bundle = kernel_bundle(tmp_path)
     code = (
         f"import sys; sys.path.insert(0, {str(bundle)!r})\n"
-        "from farm.kernel.errors import FarmError, KernelRequestError\n"
-        "from farm.kernel import client\n"
+        "from farm.kernel.wire.errors import FarmError, KernelRequestError\n"
+        "from farm.kernel.wire import client\n"
         "assert issubclass(client.KernelRequestError, FarmError)\n"
         "assert client.KernelRequestError is KernelRequestError\n"
         "print(sorted(m for m in sys.modules if m.startswith('farm')))"
@@ -75,8 +75,8 @@ def test_the_public_root_is_the_one_the_kernel_client_raises_under() -> None:
     """``farm.FarmError`` is the kernel's root itself, not a copy: ``except farm.FarmError``
     catches a kernel client's failure."""
     import farm
-    import farm.kernel.errors
+    import farm.kernel.wire.errors
 
-    assert farm.FarmError is errors.FarmError is farm.kernel.errors.FarmError
+    assert farm.FarmError is errors.FarmError is farm.kernel.wire.errors.FarmError
     with pytest.raises(farm.FarmError):
-        raise farm.kernel.errors.KernelConnectionError("the kernel is gone")
+        raise farm.kernel.wire.errors.KernelConnectionError("the kernel is gone")

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from farm.kernel.client import KernelClient
-from farm.kernel.streaming import TICK_S
+from farm.kernel.supervisor.streaming import TICK_S
+from farm.kernel.wire.client import KernelClient
 from farm.models import ExecResult, Value
 from tests.conftest import Cells
 from tests.waiting import wait_for

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from farm.kernel.client import KernelClient, KernelRequestError
+from farm.kernel.wire.client import KernelClient, KernelRequestError
 from farm.models import ItemOutcome
 from farm.sandbox.process import ProcessSandbox
 from farm.settings import BoxSettings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from farm.kernel.client import KernelClient
+from farm.kernel.wire.client import KernelClient
 from farm.models import ExecResult
 from farm.processes import pid_alive
 from farm.sandbox.process import ProcessSandbox
@@ -204,7 +204,7 @@ def test_session_processes_volunteer_for_the_oom_killer(own_cells: Cells) -> Non
 
 
 def test_closing_a_session_twice_is_a_clear_error(client: KernelClient) -> None:
-    from farm.kernel.client import KernelRequestError
+    from farm.kernel.wire.client import KernelRequestError
 
     session = client.open_session()
     client.close_session(session["session_id"])

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from farm.kernel import auth, framing
-from farm.kernel.client import (
+from farm.kernel.wire import auth, framing
+from farm.kernel.wire.client import (
     KernelAuthError,
     KernelClient,
     connect_socket,

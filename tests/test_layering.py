@@ -160,3 +160,48 @@ def test_helpers_are_typed_against_narrow_protocols_not_their_owners() -> None:
 
 def test_the_cycle_check_sees_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+
+
+# --- the kernel's packages, by the process that runs their code ----------------------------
+
+KERNEL_ORDER = ["supervisor", "boxes", "repl", "tools", "wire"]  # each imports only those after
+
+
+def kernel_imports(path: Path) -> set[str]:
+    """The kernel packages ``path`` imports from (relative imports, anywhere in the file)."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            target = [*base, *(node.module.split(".") if node.module else [])]
+            names = [target] if node.module else [[*target, a.name] for a in node.names]
+            found.update(n[2] for n in names if n[:2] == ["farm", "kernel"] and len(n) > 2)
+    return found & set(KERNEL_ORDER)  # names of farm.kernel itself (KIND_*) are the base
+
+
+def kernel_layer_violations() -> list[str]:
+    bad = []
+    for path in sorted((FARM / "kernel").rglob("*.py")):
+        package = path.relative_to(FARM / "kernel").parts[0]
+        if package not in KERNEL_ORDER:  # __init__, __main__: above every package
+            continue
+        below = KERNEL_ORDER[KERNEL_ORDER.index(package) :]
+        bad += [f"{module_name(path)} -> {t}" for t in kernel_imports(path) if t not in below]
+    return bad
+
+
+def test_kernel_packages_import_only_downwards() -> None:
+    assert len(list((FARM / "kernel").rglob("*.py"))) > 35
+    assert kernel_layer_violations() == []
+
+
+def test_the_kernel_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
+    upward = FARM / "kernel" / "wire" / "_upward_probe.py"
+    upward.write_text("from ..supervisor import server\n")
+    try:
+        assert kernel_layer_violations() == ["farm.kernel.wire._upward_probe -> supervisor"]
+    finally:
+        upward.unlink()

@@ -79,7 +79,7 @@ def test_a_lent_kernel_client_is_dropped_on_a_failure_and_kept_on_a_refusal(
 ) -> None:
     """``Worker.kernel()`` lends the thread's client: a refusal leaves it in place, a broken
     connection drops it (closed, forgotten), and the next loan connects a new one."""
-    from farm.kernel.client import KernelConnectionError, KernelRequestError
+    from farm.kernel.wire.client import KernelConnectionError, KernelRequestError
 
     server = RedisServer(tmp_path).start()
     try:

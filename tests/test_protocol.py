@@ -1,6 +1,7 @@
-"""One protocol, typed on both sides: the kernel's ``TypedDict``s (``farm.kernel.protocol``) and
-the host's pydantic models (``farm.models``) describe the same frames. Each test fails when a
-field is added, renamed, retyped or made optional on one side only."""
+"""One protocol, typed on both sides: the kernel's ``TypedDict``s
+(``farm.kernel.wire.protocol``) and the host's pydantic models (``farm.models``) describe the
+same frames. Each test fails when a field is added, renamed, retyped or made optional on one
+side only."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from pydantic import BaseModel
 
 from farm import kernel, models
-from farm.kernel import protocol
-from farm.kernel.client import KernelClient, KernelRequestError
+from farm.kernel.wire import protocol
+from farm.kernel.wire.client import KernelClient, KernelRequestError
 
 HOST_FRAMES = sorted(protocol.HOST_FRAMES)
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from farm.kernel import auth, framing
-from farm.kernel.client import KernelAuthError, KernelClient
-from farm.kernel.server import HANDSHAKE_TIMEOUT_S
+from farm.kernel.supervisor.server import HANDSHAKE_TIMEOUT_S
+from farm.kernel.wire import auth, framing
+from farm.kernel.wire.client import KernelAuthError, KernelClient
 from farm.sandbox.docker import DockerSandbox
 from tests.conftest import Cells, make_docker_sandbox
 from tests.raw_sockets import auth_frame, authed, raw

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from farm.kernel.browser import Browser
-from farm.kernel.documents import DocumentError, paginate
-from farm.kernel.tools import Workspace
+from farm.kernel.tools.browser import Browser
+from farm.kernel.tools.documents import DocumentError, paginate
+from farm.kernel.tools.tools import Workspace
 from farm.sandbox.variants import VARIANTS
 from farm.settings import FarmSettings
 

@@ -1,9 +1,10 @@
 """``session.files``: put files into a session's box and get them back, of any size.
 
 Each operation is done by the session's own process, as its box's uid, between its cells
-(``farm.kernel.fileops``), and travels in chunks of ``CHUNK`` bytes: a 100 MiB file is 25 round
-trips of bounded frames, never one oversized message. ``scope="workspace"`` (``session.files``)
-confines every path to the session's workspace, symlinks included; ``scope="box"`` (for
+(``farm.kernel.tools.fileops``), and travels in chunks of ``CHUNK`` bytes: a 100 MiB file
+is 25 round trips of bounded frames, never one oversized message. ``scope="workspace"``
+(``session.files``) confines every path to the session's workspace, symlinks included;
+``scope="box"`` (for
 integrations that need ``/tmp`` and absolute paths, like the Inspect provider) lets the OS
 decide, which refuses another session's files all the same. Refusals raise
 ``FileOperationError`` with the errno and the path.

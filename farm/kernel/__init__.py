@@ -1,22 +1,12 @@
-"""The farm kernel: the exec server that runs *inside* a sandbox.
+"""The farm kernel: the exec server that runs *inside* a sandbox (standard library only; it
+imports nothing of farm's outside this package). Grouped by the process that runs the code,
+imports running one way, down this list (``tests/test_layering.py``):
 
-Standard library only, so it runs in any ``python3`` image; it imports nothing of farm's
-outside this package. Layout, from the wire inwards:
-
-- ``framing``    length-prefixed JSON frames (the one wire format)
-- ``protocol``   every frame's shape, defined once (``TypedDict``s; ``farm.models`` mirrors them)
-- ``auth``       challenge-response handshake with a shared token
-- ``server``     the asyncio server: connections, handshakes, requests
-- ``manager``    the supervisor's sessions: spawn, execute with deadlines and caps, replace, close
-- ``zygote``     a token-free, single-threaded fork server that spawns session processes
-- ``session``    the loop inside one session process
-- ``repl``       IPython-style cell execution (``ast``-based last-expression value)
-- ``render``     the value's MIME bundle and its bounded text
-- ``output``     head+tail capped capture buffers
-- ``streaming``  a running cell's events (output chunks, displays) sent before its result
-- ``cell``       the result dict of one execute call
-- ``client``     ``KernelClient``, the stdlib client every host-side layer reuses
-- ``errors``     ``FarmError``, the root of every farm error, and the client's errors
+- ``supervisor/``  the kernel's main process: server, requests, sessions, boxes' spawner
+- ``boxes/``       the zygote, each box's init and what makes, fills and empties a box
+- ``repl/``        a session process: its loop, cells, values
+- ``tools/``       what a session's code calls: files, patches, documents, the browser
+- ``wire/``        both ends of the host's connection: frames, protocol, auth, the client
 """
 
 import sys
@@ -25,8 +15,8 @@ MIN_PYTHON = (3, 9)
 if sys.version_info < MIN_PYTHON:  # any image's python3 may start it: say why it cannot run
     raise SystemExit(f"farm's kernel needs Python >= 3.9; this is {sys.version.split()[0]}")
 
-from .protocol import KINDS as KINDS  # noqa: E402 - after the version check
-from .protocol import Kind  # noqa: E402
+from .wire.protocol import KINDS as KINDS  # noqa: E402 - after the version check
+from .wire.protocol import Kind  # noqa: E402
 
 KERNEL_VERSION = "0.1.0"
 

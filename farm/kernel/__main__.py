@@ -35,11 +35,13 @@ import sys
 import traceback  # noqa: F401
 import typing  # noqa: F401
 
-from . import auth, namespaces, repl, zygote  # noqa: F401
-from .boxes import BoxPool, Caps, Isolation, LimitsError
-from .framing import DEFAULT_MAX_FRAME
-from .server import KernelServer, serve_forever
-from .uids import prctl
+from .boxes import namespaces, zygote
+from .boxes.pool import BoxPool, Caps, Isolation, LimitsError
+from .boxes.uids import prctl
+from .repl import repl  # noqa: F401 - imported here: every forked session shares it
+from .supervisor.server import KernelServer, serve_forever
+from .wire import auth
+from .wire.framing import DEFAULT_MAX_FRAME
 
 TOKEN_ENV = "FARM_KERNEL_TOKEN"
 PR_SET_DUMPABLE = 4

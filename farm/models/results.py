@@ -76,7 +76,7 @@ class CallAnswer(Model):
 
 class ExecResult(Model):
     """Everything about one run. ``epoch`` is the session's epoch *after* the call. The
-    kernel's part is ``farm.kernel.protocol.CellResult``; the host adds ``HOST_FIELDS``."""
+    kernel's part is ``farm.kernel.wire.protocol.CellResult``; the host adds ``HOST_FIELDS``."""
 
     HOST_FIELDS: ClassVar[frozenset[str]] = frozenset({"worker", "sub_calls"})
 
@@ -187,7 +187,7 @@ class RestoreReport(Model):
 class CommandResult(Model):
     """Everything about one command (``session.exec``): its exit, its outputs (capped like a
     cell's), and ``error`` when something around it failed (``timeout``, ``sandbox_lost``,
-    ``input``...). The kernel's part is ``farm.kernel.protocol.CommandOutcome``."""
+    ``input``...). The kernel's part is ``farm.kernel.wire.protocol.CommandOutcome``."""
 
     HOST_FIELDS: ClassVar[frozenset[str]] = frozenset({"worker", "error"})
 

@@ -1,5 +1,5 @@
 """The kernel's frames as the host validates them (defined for the kernel, stdlib only, in
-``farm.kernel.protocol``; ``tests/test_protocol.py`` keeps the two in step), and the worker's
+``farm.kernel.wire.protocol``; ``tests/test_protocol.py`` keeps the two in step), and the worker's
 replies to a session open."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pydantic import (
 from farm.models.base import Model
 from farm.models.results import BoxLimits, CommandResult, ExecResult, Value
 
-# --- kernel wire messages (host <-> kernel; defined for the kernel in farm.kernel.protocol) ----
+# --- kernel wire messages (host <-> kernel; the kernel's own: farm.kernel.wire.protocol) ----
 
 
 class Hello(Model):
@@ -207,7 +207,7 @@ class FileReply(Model):
 
 
 class Item(Model):
-    """A one-shot box in one request (``farm.kernel.protocol.Item``): the worker's way to run a
+    """A one-shot box in one request (``farm.kernel.wire.protocol.Item``): the worker's way to run a
     batch item."""
 
     type: Literal["item"]

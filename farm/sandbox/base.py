@@ -10,7 +10,7 @@ import time
 from abc import ABC, abstractmethod
 from types import TracebackType
 
-from farm.kernel.client import KernelClient, KernelError
+from farm.kernel.wire.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
 from farm.settings import BoxSettings
 
@@ -19,7 +19,7 @@ def box_arguments(box: BoxSettings | None) -> list[str]:
     """The kernel's ``--box-*`` arguments: the boxes' default limits (``FarmSettings.box``).
     Given to the kernel rather than sent with every open, so that a session that asks for
     nothing else is a spare process the kernel made ahead of time (an open costs no fork).
-    ``None``: the kernel's own defaults (``farm.kernel.boxes.Caps.defaults``)."""
+    ``None``: the kernel's own defaults (``farm.kernel.boxes.pool.Caps.defaults``)."""
     limits = box.model_dump(exclude_none=True) if box is not None else {}
     flags = {"--box-" + name.replace("_", "-"): str(value) for name, value in limits.items()}
     return [arg for flag in flags.items() for arg in flag]

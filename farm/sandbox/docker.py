@@ -28,8 +28,8 @@ from docker.models.containers import Container
 from docker.types import Ulimit
 
 from farm.errors import SandboxStartError
-from farm.kernel import auth
-from farm.kernel.client import KernelClient, KernelError
+from farm.kernel.wire import auth
+from farm.kernel.wire.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
 from farm.processes import pid_alive
 from farm.sandbox.base import Sandbox, box_arguments

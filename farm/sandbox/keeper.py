@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 
 from farm.backoff import delays
-from farm.kernel.client import KernelClient
+from farm.kernel.wire.client import KernelClient
 from farm.models import SandboxHealth, SandboxInfo
 from farm.sandbox.base import Sandbox
 

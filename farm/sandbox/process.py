@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from farm.errors import SandboxStartError
-from farm.kernel import auth
+from farm.kernel.wire import auth
 from farm.models import SandboxInfo
 from farm.sandbox.base import Sandbox, box_arguments
 from farm.settings import BoxSettings, FarmSettings

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from farm.backoff import delays
 from farm.broker_errors import BROKER_DOWN
-from farm.kernel.client import KernelError, KernelRequestError
-from farm.kernel.protocol import INPUT_CODES
+from farm.kernel.wire.client import KernelError, KernelRequestError
+from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecResult, ItemOutcome
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.registry import cancel_key

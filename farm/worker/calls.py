@@ -16,9 +16,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from farm.kernel.client import KernelError, KernelRequestError
-from farm.kernel.framing import DEFAULT_MAX_FRAME
-from farm.kernel.protocol import INPUT_CODES
+from farm.kernel.wire.client import KernelError, KernelRequestError
+from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
+from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecError, ExecResult
 from farm.worker import metrics
 from farm.worker.recorder import ExecRecorder

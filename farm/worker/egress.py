@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from farm.egress.policy import Policy, PolicyError, box_policy
 from farm.egress.proxy import EgressProxy, Limits, Record
 from farm.events import Egress
-from farm.kernel.framing import FrameError, recv_frame_fds
+from farm.kernel.wire.framing import FrameError, recv_frame_fds
 from farm.worker import metrics
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import redis
 
 from farm.events import Event, HostCall
 from farm.journal import answer_key
-from farm.kernel.calls import MAX_ANSWER_BYTES
+from farm.kernel.repl.calls import MAX_ANSWER_BYTES
 from farm.models import CallAnswer, SubCall
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ import redis
 
 from farm.celeryconf import direct_queue, shared_queue
 from farm.journal import Journal
-from farm.kernel.client import KernelClient, KernelError, KernelRequestError
+from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
 from farm.models import Refused, SandboxHealth
 from farm.registry import Registry
 from farm.sandbox.factory import make_sandbox

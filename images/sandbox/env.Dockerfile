@@ -56,6 +56,6 @@ ENV PYTHONPATH=/opt/farm PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /workspace
 
 HEALTHCHECK --interval=5s --timeout=3s --start-period=5s \
-    CMD ["python3", "-m", "farm.kernel.probe", "/run/farm/kernel.sock"]
+    CMD ["python3", "-m", "farm.kernel.wire.probe", "/run/farm/kernel.sock"]
 ENTRYPOINT ["python3", "-m", "farm.kernel"]
 CMD ["--unix", "/run/farm/kernel.sock", "--token-file", "/run/farm/token"]

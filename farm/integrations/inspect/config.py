@@ -21,7 +21,9 @@ from farm.models import BoxLimits
 
 INSPECT_IMAGE = "inspect"  # the provider's own environment: the sandbox image plus procps
 CONFIG_FILES = ("farm.yaml", "farm.yml")
-MAX_TIMEOUT_S = 24 * 3600.0  # the longest a farm command may run (farm.kernel.server's bound)
+MAX_TIMEOUT_S = (
+    24 * 3600.0
+)  # the longest a farm command may run (farm.kernel.supervisor.server's bound)
 
 
 class FarmSandboxLimits(BoxLimits):

@@ -23,16 +23,16 @@ from inspect_ai.util import (
 )
 
 from farm.errors import FileOperationError
-from farm.kernel.framing import DEFAULT_MAX_FRAME
+from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
 from farm.models import CommandResult, ErrorKind
 
-# The output caps per stream farm's kernel accepts (farm/kernel/server.py: a frame holds both
-# streams and more); Inspect's default, 10 MiB, fits.
+# The output caps per stream farm's kernel accepts (farm/kernel/supervisor/server.py: a frame
+# holds both streams and more); Inspect's default, 10 MiB, fits.
 FARM_MAX_OUTPUT = DEFAULT_MAX_FRAME // 4
 FARM_MAX_OUTPUT_STR = f"{FARM_MAX_OUTPUT // (1024 * 1024)} MiB"
 FARM_MIN_OUTPUT = 1024
 # What farm's kernel writes when execve refuses a program as not executable (EACCES), with exit
-# status 126 (farm/kernel/commands.py, exec_in_box); Inspect wants a PermissionError for it.
+# status 126 (farm/kernel/boxes/keeper.py, exec_in_box); Inspect wants a PermissionError.
 EXEC_DENIED = "farm: {}: Permission denied\n"
 
 

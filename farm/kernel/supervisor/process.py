@@ -16,7 +16,7 @@ import signal
 import socket
 from typing import Any
 
-from .framing import encode, read_frame
+from ..wire.framing import encode, read_frame
 from .output import CappedBuffer, drain_into
 from .streaming import CellEvents, Emit
 

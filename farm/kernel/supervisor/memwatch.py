@@ -38,8 +38,8 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import procs
-from .uids import libc
+from ..boxes import procs
+from ..boxes.uids import libc
 
 log = logging.getLogger("farm.kernel")
 

@@ -26,14 +26,14 @@ from collections.abc import Callable, Coroutine, Iterator
 from itertools import count
 from typing import Any, Generic, TypeVar
 
-from . import leftovers, procs
-from .box_protocol import send_request
-from .boxes import DEFAULT_DISK_MB, Box, BoxPool, Caps
+from ..boxes import leftovers, procs
+from ..boxes.box_protocol import send_request
+from ..boxes.pool import DEFAULT_DISK_MB, Box, BoxPool, Caps
+from ..wire.framing import FrameError, read_frame
+from ..wire.protocol import BoxLimits
 from .commands import CommandRun
-from .framing import FrameError, read_frame
 from .links import BoxInit, Link, RequestError
 from .process import SessionProcess
-from .protocol import BoxLimits
 
 log = logging.getLogger("farm.kernel")
 _ids = count(1)

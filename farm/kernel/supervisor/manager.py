@@ -28,11 +28,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN, egress
-from .boxes import Box, BoxPool, Caps, LimitsError
+from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
+from ..boxes import egress
+from ..boxes.pool import Box, BoxPool, Caps, LimitsError
+from ..wire.framing import FrameError, encode
 from .cell import Cell, fit, over_budget
 from .commands import kill_tree
-from .framing import FrameError, encode
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .process import SessionProcess

@@ -29,8 +29,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-from .egress import NO_PROXY
-
 if TYPE_CHECKING:
     from .tools import Workspace
 
@@ -46,6 +44,7 @@ CHROMIUM_FLAGS = [
     "--no-first-run",
 ]
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+NO_PROXY = ",".join(sorted(LOOPBACK_HOSTS))  # the box's own loopback, as in its NO_PROXY
 NAVIGATION_TIMEOUT_S = 20.0
 ACTION_TIMEOUT_S = 5.0
 OBSERVE_TIMEOUT_S = 5.0

@@ -17,7 +17,7 @@ import os
 import socket
 from typing import Any, Literal, TypedDict
 
-from .protocol import BoxLimits, CallError, CellError, FileError, FileRequest, ValueBundle
+from ..wire.protocol import BoxLimits, CallError, CellError, FileError, FileRequest, ValueBundle
 
 # --- supervisor <-> session process -----------------------------------------------------------
 

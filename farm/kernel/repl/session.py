@@ -28,11 +28,12 @@ import threading
 import time
 from typing import Any
 
-from . import calls, fileops
-from .framing import recv_frame, send_frame
+from ..tools import fileops
+from ..tools.tools import DEFAULT_LIMIT, Workspace
+from ..wire.framing import recv_frame, send_frame
+from . import calls
 from .render import bundle, framed
 from .repl import Repl
-from .tools import DEFAULT_LIMIT, Workspace
 
 STDOUT_SPARE = 1001  # copies of the capture pipes, to restore fds 1/2 if user code closes them
 STDERR_SPARE = 1002

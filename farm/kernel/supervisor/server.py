@@ -18,13 +18,15 @@ import socket
 import time
 from typing import Any
 
-from . import KERNEL_VERSION, auth, egress
-from .boxes import BoxPool, Caps
+from .. import KERNEL_VERSION
+from ..boxes.pool import BoxPool, Caps
+from ..wire import auth
+from ..wire.framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
+from ..wire.protocol import RECOVERABLE_CODES
 from .cell import fit
-from .framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
 from .links import RequestError
 from .manager import SessionManager
-from .protocol import RECOVERABLE_CODES
+from .proxy_channel import ProxyChannel
 from .requests import Requests, field
 from .streaming import Emit
 
@@ -55,7 +57,7 @@ class KernelServer:
     ) -> None:
         self._token = token
         self.egress_ca = egress_ca
-        self.egress = egress.ProxyChannel()
+        self.egress = ProxyChannel()
         self.fallback = fallback  # why boxes have no namespaces although asked to
         self.pool = pool
         self.caps = caps

@@ -20,7 +20,7 @@ import resource
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from .protocol import BoxLimits
+from ..wire.protocol import BoxLimits
 
 Isolation = Literal["namespaces", "uids", "dirs"]
 MB = 1024 * 1024

@@ -32,10 +32,11 @@ import sys
 import time
 from typing import Any, NoReturn
 
-from . import commands, egress, leftovers, namespaces, seccomp, session, uids
+from ..repl import session
+from . import egress, keeper, leftovers, namespaces, seccomp, uids
 from .box_protocol import read_request
 from .box_protocol import send as _send
-from .boxes import DEFAULT_DISK_MB
+from .pool import DEFAULT_DISK_MB
 from .uids import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
 # Above any fd a process here may hold: the hard nofile limit (where close_range is missing or
@@ -97,7 +98,7 @@ def _command_child(
         signal.set_wakeup_fd(-1)
         _filter(isolation)  # before the box's uid: never a moment without it
         uids.enter(request["box"], isolation)
-        commands.exec_in_box(request)  # returns only when the command could not be run
+        keeper.exec_in_box(request)  # returns only when the command could not be run
     except BaseException as exc:  # a command never returns into the zygote
         with contextlib.suppress(Exception):
             os.write(2, f"farm: {exc}\n".encode())

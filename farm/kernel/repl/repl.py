@@ -19,7 +19,8 @@ import traceback
 import types
 from typing import Any
 
-from . import KIND_OOM, KIND_USER, inputs
+from .. import KIND_OOM, KIND_USER
+from . import inputs
 from .render import bundle
 
 CELL_FILE = "<cell>"

@@ -1,9 +1,8 @@
-"""A box's way out: its proxy endpoint and the environment that names it.
+"""The host proxy's connection (``egress_attach``): boxes' proxy endpoints are sent on it.
 
-The endpoint is a socket listening on the box's own loopback, made by the box's pid 1 (so it
-lives in the box's network namespace) and handed to the host, whose proxy applies the box's
-policy (docs/design/egress.md). Nothing in the sandbox decides what a box may reach: a box
-without egress has no endpoint, and with one its only route out is that socket.
+Each endpoint goes as an ``egress_box`` frame with the socket as ancillary data (SCM_RIGHTS);
+one proxy is attached at a time, and a box that asks for egress with none attached is refused.
+A short write detaches the connection (a torn frame would garble every later one).
 """
 
 from __future__ import annotations
@@ -12,46 +11,10 @@ import logging
 import os
 import socket
 
-from .framing import encode
+from ..wire.framing import encode
 from .links import RequestError
 
-PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
-CA_VARIABLES = (
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "PIP_CERT",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-)
-NO_PROXY = "localhost,127.0.0.1,::1"
-
 log = logging.getLogger("farm.kernel")
-
-
-def listen() -> socket.socket:
-    """A listening socket on this network namespace's 127.0.0.1, on a port the kernel picks
-    (a port no earlier tenant's endpoint can still hold)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def proxy_env(port: int, ca_bundle: str | None) -> dict[str, str]:
-    """What a box's processes see: every common proxy variable (both spellings) naming its
-    endpoint, and, when the operator gave one, the CA bundle under the names tools read."""
-    url = f"http://127.0.0.1:{port}"
-    env = {name: url for name in PROXY_VARIABLES}
-    env["NO_PROXY"] = NO_PROXY
-    env.update({name.lower(): value for name, value in env.items()})
-    for name in CA_VARIABLES if ca_bundle else ():
-        env[name] = str(ca_bundle)
-    return env
 
 
 class ProxyChannel:

@@ -11,7 +11,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
+from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
 
 if TYPE_CHECKING:
     from .manager import Session

@@ -1,15 +1,10 @@
 """``python3 -m farm.kernel``: start the kernel.
 
 The token comes from ``FARM_KERNEL_TOKEN``, ``--token-file`` (read, then deleted) or
-``--token-fd``. An environment token is moved to a pipe and the kernel re-executes itself
-with a clean environment, because ``/proc/<pid>/environ`` keeps a process's *initial*
-environment even after ``os.environ`` forgets it. The zygote is forked before the token is
-read, and the supervisor then makes itself non-dumpable, so user code can read the token
-neither from memory nor from ``/proc``: in a docker sandbox it runs in boxes, each as a uid of
-its own, never as the kernel's (root, with five capabilities); with ``--isolation dirs`` (the
-process backend) it shares the kernel's uid, and non-dumpability alone closes
-``/proc/<pid>/mem`` and ``environ`` to it. When listening, one JSON line
-``{"event": "ready", "listen": ...}`` goes to stdout: the readiness signal to poll for.
+``--token-fd``; user code can read it neither from the environment, memory nor ``/proc`` (a
+clean re-exec, the zygote forked first, a non-dumpable supervisor). When listening, one JSON
+line ``{"event": "ready", "listen": ...}`` goes to stdout: the readiness signal to poll for.
+Why: docs/design/kernel.md.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 """What a box left behind (files, System V IPC objects): finding it, and removing it.
 
-A box's end is normally the supervisor's alone: once its processes are gone (``procs``),
-``nothing_left`` says whether it left anything but its two empty directories, which root then
-removes; boxes end in bursts (a chunk's items end together), so ``nothing_left_all`` answers
-for many boxes with one search. When a box left files, a zygote helper removes them with no
-more privilege than each step needs:
-
-- finding what a box left runs as root (the shared directories are not listable by boxes),
-  without following links, and not only at the top of the shared directories: a box may write
-  into a directory another box opened to others (``/tmp/x`` made 0777, a workspace made 0777
-  or 0733), and a file of its uid left there would meet the next session with that uid. The
-  search (``find_owned``) descends into every directory that others may enter (``o+x``) and
-  that is not the box's own (those go whole); a directory root may not read (``o-r``: root has
-  no CAP_DAC_READ_SEARCH) is read by the helper *as its owner* (effective uid only);
-- removing runs as the box's uid again (its effective uid: what the box could delete, and a link
-  it planted cannot make the cleanup delete more), then the search runs again: a file of the uid
-  still there (under a directory of another box's that the box's uid cannot empty) keeps the
-  box's number out of use for good.
-
-What it costs: boxes' umask is 077, so their directories are closed (0700) unless a box opens
-one, and the search then looks at the top of each shared directory and at no more; the
-supervisor's own check stops after ``FAST_SEARCH_MAX`` entries and leaves the rest to a helper.
-Left out, by design: a directory that even its owner may not read (``0311``), and a file another
-box *moved* into a directory of its own that is closed to root: root cannot list those without
-CAP_DAC_READ_SEARCH, which the kernel does not hold.
+Invariants: finding runs as root, without following links, into every directory others may
+enter (a box may write into another's open directory); removing runs as the box's uid (a link
+it planted cannot make the cleanup delete more); a file of the uid still there afterwards keeps
+the box's number out of use for good. Why, and what it leaves out: docs/design/boxes.md.
 """
 
 from __future__ import annotations

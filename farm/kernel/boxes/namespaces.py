@@ -1,14 +1,10 @@
 """A box's machine: new mount, pid, network, IPC and UTS namespaces, and its private disk.
 
-The zygote (root, with CAP_SYS_ADMIN and CAP_NET_ADMIN) forks each box's pid 1 straight into a
-new pid namespace (``fork_into_new_pids``). The init unshares the mount, IPC and UTS
-namespaces, enters the network namespace kept for its number (only ``lo``, up), mounts one
-tmpfs of the box's ``disk_mb`` and binds its parts over ``/workspace``, ``/tmp``, ``/var/tmp``
-and ``/dev/shm`` (one budget for all four), mounts a fresh ``/dev/mqueue`` and ``/proc``, and
-drops CAP_SYS_ADMIN and CAP_NET_ADMIN (``make_box``, ``init_box``). Invariants: nothing is
+The zygote forks each box's pid 1 into a new pid namespace; the init makes the rest of the box
+(``make_box``, ``init_box``) and drops CAP_SYS_ADMIN and CAP_NET_ADMIN. Invariants: nothing is
 mounted in the sandbox's own namespace (``/`` is made private first); the rest of the root
 stays as the sandbox has it (read-only); a box's end is its pid 1's end, which takes every
-process and mount of the box with it. Why and what it costs: ``docs/design/boxes.md``.
+process and mount of the box with it. Why and what it costs: docs/design/boxes.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Boxes: every session is a box, and a box is a number (ioi/isolate's model, inside a sandbox).
 
-From the number derive its uid and gid (``uid_base + number``) and its limits. With
-``namespaces`` isolation (the docker sandbox) the box is a machine of its own (``namespaces``):
-``/workspace``, ``/tmp``, ``/var/tmp`` and ``/dev/shm`` on a private disk of ``disk_mb``, its own
-processes, loopback and IPC; with ``uids`` (the fallback where the host forbids namespaces) its
-directories are ``<workspace root>/box-N`` and ``/tmp/box-N`` (0700); ``dirs`` (the process
-backend) keeps the directories and limits but one uid for all. Invariants:
+From the number derive its uid and gid (``uid_base + number``) and its limits. Invariants:
 - a number is held by at most one live box, and is free again only once nothing of the box is
   left (its pid 1 reaped; with ``uids``, every process and file of its uid removed);
-- budgets add up: the pids and disk of every live box (spares included), with the kernel's
-  reserve, fit the sandbox's caps, so no set of boxes within their limits starves another box
-  or the kernel: ``take`` refuses a box that would not fit.
+- budgets add up: every live box's pids and disk, with the kernel's reserve, fit the sandbox's
+  caps: ``take`` refuses a box that would not fit. Isolations and why: docs/design/boxes.md.
 """
 
 from __future__ import annotations

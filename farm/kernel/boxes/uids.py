@@ -1,15 +1,9 @@
 """A box's identity: entering it, and killing what runs under it as its own uid.
 
-``enter`` is a session process's last step before user code (in a freshly forked child of the
-zygote: a uid change applies to the whole process): the box's limits, its uid and gid with no
-groups and no capabilities (the bounding set is empty since the zygote's start), no way to gain
-any (``no_new_privs``), its directories and environment.
-
-A box's end is normally the supervisor's alone (``procs.kill_uids``, CAP_KILL through pidfds,
-then ``leftovers.nothing_left``). When that does not finish (a process stuck in the kernel), a
-zygote helper kills *as the box's uid*: ``kill(-1, SIGKILL)`` then reaches exactly the
-processes of that uid in this sandbox (daemons that ``setsid()`` and double-fork included) and
-nothing else; ``/proc`` tells when none is left. What a box leaves in files is ``leftovers``'.
+``enter`` is a session process's last step before user code: the box's limits, its uid and gid
+with no groups and no capabilities, no way to gain any (``no_new_privs``), its directories and
+environment. A zygote helper killing *as the box's uid* (``kill(-1, SIGKILL)``) reaches exactly
+that uid's processes in this sandbox and nothing else. Design: docs/design/boxes.md.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """The zygote: a single-threaded fork server that makes boxes and spawns processes in them.
 
-It is forked from the kernel *before* the token is read, so no session process ever has the
-token in its memory. It has already imported the kernel and common stdlib modules, so a new
-process is a ``fork()`` (milliseconds), not an interpreter start. It keeps the kernel's
-identity (root), which no box can signal or trace, empties its bounding set once (its children
-start with none there), and does every privileged step in a child of its own, never in itself.
-
-With ``namespaces`` isolation its ``box`` request makes a box (``namespaces.make_box``) whose
-pid 1 is a zygote too (``in_box``: no CAP_SYS_ADMIN or CAP_NET_ADMIN, a connection of its own to
-the supervisor): it spawns the box's session processes and commands, sends a pidfd with each
-(the supervisor knows them by their pids in the sandbox), reports their exits, and empties the
-box of processes on ``reset``; closing its connection ends the box with every process in it.
-With ``uids`` (the fallback) the zygote spawns into boxes itself, and a ``reset`` helper kills
-*as the box's uid* and removes its files (``uids``, ``leftovers``).
-
-Supervisor <-> zygote messages are JSON datagrams on a SOCK_SEQPACKET pair
-(``box_protocol.ZygoteRequest`` / ``ZygoteReport``); a spawn answer carries the new process's
-sockets and pipes as fds. Each zygote reaps every child and orphan it gets and reports exits.
+Forked from the kernel *before* the token is read, so no session process ever has the token in
+its memory; a new process is a ``fork()``, not an interpreter start. It keeps the kernel's
+identity (root), which no box can signal or trace, and does every privileged step in a child of
+its own, never in itself. Each zygote (a box's pid 1 is one too) reaps every child and orphan it
+gets and reports exits (``box_protocol``). Design: docs/design/boxes.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Host callbacks as seen from sandboxed code: ``llm_query("...")`` answered by the client.
 
-A session opened with ``callbacks={"llm_query": fn}`` gets, in every cell, a global per name and
-its ``<name>_batched(items)`` twin. Calling one sends a ``call`` frame to the supervisor and
-blocks until its ``answer``: the supervisor forwards the call to the host as an event of the
-running cell, and the host (worker, then client) runs ``fn`` and answers. Arguments and
-answers are JSON, bounded in size.
-
-Invariants:
-- only the names the host sent with the cell are installed, and the host checks every call
-  against its own list again: a cell cannot reach a function that was not registered;
-- the answer is awaited with SIGINT held back (``Channel.request``), so an interrupt never
-  tears a frame; when the cell times out while it waits, the supervisor answers the call
-  with an interrupt, which stops the cell like any other timeout (variables kept);
-- a user's own variable of the same name is never overwritten.
+Each name the host sent with the cell is a global (with its ``<name>_batched`` twin) that sends
+a ``call`` frame and blocks until its ``answer``. Invariants: no other name is installed (the
+host checks each call again); the answer is awaited with SIGINT held back, so an interrupt
+never tears a frame; a user's own variable of the same name is never overwritten. More:
+docs/design/kernel.md, docs/design/host-callbacks.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """IPython's input cleaning, which model-written code relies on: a cell is cleaned before it runs.
 
-IPython (``IPython.core.inputtransformer2``, 9.x) runs four cleanups on every cell before it
-parses it, and so does farm, with the same rules:
-
-- leading blank lines are dropped;
-- the common leading indentation of all lines is removed (``textwrap.dedent``), so a snippet
-  pasted from inside a function body runs;
-- doctest/console prompts are stripped: when a line outside a triple-quoted string starts with
-  ``>>>`` (indented or not), ``>>> `` and ``... `` prompts are removed from every line outside
-  such strings and the prompted part is dedented again;
-- IPython's own prompts (``In [3]: ``, ``   ...: ``) are stripped when the first line has one
-  (or the second a continuation).
-
-IPython's special syntax (``%magic``, ``%%cell_magic``, ``!shell``, ``x = !cmd``) is not
-supported: a cell that does not parse and uses it gets ``UnsupportedSyntax`` naming the
-feature, instead of a bare ``SyntaxError`` (``tests/test_kernel_repl.py`` checks every rule
-against IPython itself).
+The four cleanups of IPython 9.x (``inputtransformer2``), with the same rules: leading blank
+lines, common indentation, doctest prompts and IPython's own prompts. Magics and ``!shell`` are
+not supported: a cell that does not parse and uses them gets ``UnsupportedSyntax`` naming the
+feature (``tests/test_kernel_repl.py`` checks every rule against IPython). The rules:
+docs/design/kernel.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """The loop inside one session process.
 
-The process was forked from the zygote (which never saw the kernel token). Its stdout/stderr
-are pipes read by the supervisor, so output is captured at the file-descriptor level (child
-processes and ``os.system`` included) and survives the process dying. It answers one exec
-request at a time on its control socket. SIGINT interrupts user code only while a cell runs
-(like Ctrl-C in Jupyter); a stray one between cells is ignored.
-
-The control socket carries more than the reply: while a cell runs, ``display(obj)`` (a
-builtin, like IPython's) sends ``display`` frames ahead of ``cell_done``, through ``Channel``,
-which serialises writers (user threads too), waits for the supervisor's answer (so output
-printed before a display is streamed before it), keeps SIGINT from tearing a frame in half, and
-refuses frames from forked children and from outside a running cell.
+Forked from the zygote (which never saw the kernel token); output is captured at the
+file-descriptor level by the supervisor and survives the process dying. One exec request at a
+time on the control socket; SIGINT interrupts user code only while a cell runs. ``Channel``
+carries ``display`` frames ahead of ``cell_done``: writers serialised, never torn by SIGINT,
+none from forked children or outside a cell. Design: docs/design/kernel.md.
 """
 
 from __future__ import annotations

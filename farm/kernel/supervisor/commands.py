@@ -1,35 +1,10 @@
 """Commands in a box: any program of the image (``node``, ``gcc``, ``sh -c ...``), beside the
-Python REPL, each in a process of its own.
+Python REPL, each in a process of its own, concurrent with the session's cells.
 
-A command is forked by the zygote into the session's box (its uid, limits and workspace, like
-the session process) in a process group of its own, and ``execve``s its argv directly (a
-string command is ``/bin/sh -c`` in the client). It never waits for the REPL: commands of one
-session run concurrently with each other and with its cells. The supervisor (``CommandRun``)
-feeds its stdin (bytes sent with the request, or a file staged in the box, opened as the box),
-captures stdout and stderr separately with the same head+tail caps as cells, and enforces the
-timeout by killing the command's whole process tree.
-
-The tree, not only the group: a descendant that calls ``setsid()`` leaves the group, and one
-that double-forks (its parent exits) would be re-parented to the zygote, out of reach of a walk
-down ``/proc``'s parent links. So the zygote's child does not ``execve`` the command itself: it
-becomes its *keeper*, a child subreaper that forks the command, reaps whatever is re-parented
-to it, and exits with the command's own status (dying of the same signal) as soon as the
-command ends. While the command runs, every process it started is therefore below the keeper,
-whatever it did to its group or session; at the timeout ``kill_tree`` stops that tree (a
-stopped process cannot fork), gathers it again until nothing new appears, and kills it all.
-It costs one fork per command and, at a timeout, a few reads of ``/proc``; the box's other
-processes (its session process, its other commands) are never in the tree.
-
-Invariants:
-- the result says what happened: ``returncode`` is the exit status, or 128 + N for a death by
-  signal N (``signal`` says N), as shells report it; ``timed_out`` when the timeout killed it;
-  a program that cannot be run is 127 (not found) or 126 (not executable, bad cwd), with the
-  reason on stderr;
-- a command that ends normally leaves its background children running (they end with the box);
-  their hold on the output pipes is not waited for beyond ``DRAIN_S``;
-- a timeout kills only the command's tree: each process is signalled through a pidfd taken
-  once its parent link was read again, so a pid reused by a process outside the tree is never
-  signalled.
+Invariants: the result says what happened (``returncode``, 128 + N for signal N, 127/126 when
+it cannot run, ``timed_out``); a command that ends normally leaves its background children
+running; a timeout kills only the command's tree (its keeper's descendants, each through a
+pidfd). Why the keeper, and what it costs: docs/design/commands.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The supervisor's sessions: open, execute with deadlines and caps, replace, close.
 
-Each session lives in a box of its own (``boxes``) and its processes come from the zygote
-(``spawner``). Invariants:
-- a call must carry the session's current epoch; an old epoch gets ``state_lost`` and runs
-  nothing, because silently running in a fresh namespace would corrupt an evaluation;
-- a timeout interrupts first (state kept); only code that ignores the interrupt for
-  ``grace_s`` is killed with its whole process group, and then the session gets a fresh
-  process with ``epoch + 1`` and the result says ``state_lost``;
-- a session process that dies (``os._exit``, segfault, OOM kill) is replaced the same way and
-  the death is reported, never hidden; a replacement starts only once every process of the
-  box's uid is gone (its files are kept);
-- a closed session's box is reset (every process and file of its uid removed) before its number
-  is used again.
-- captured output is bounded per stream, and a flood past ``flood_factor`` times the cap
-  interrupts the cell with kind ``output_limit``.
+Invariants: a call with an old epoch gets ``state_lost`` and runs nothing; a timeout interrupts
+first and kills only after ``grace_s`` (then ``epoch + 1``, ``state_lost``); a dead session
+process is replaced and its death reported, never hidden; a closed session's box is reset
+before its number is used again; output is bounded per stream (a flood is ``output_limit``).
+Details: docs/design/kernel.md.
 """
 
 from __future__ import annotations

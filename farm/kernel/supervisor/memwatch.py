@@ -1,33 +1,9 @@
 """``MemoryWatch``: each box held to its memory budget as a whole, not only each of its processes.
 
-A box's processes each get ``RLIMIT_DATA`` (its ``memory_mb``), which stops one big allocation
-with a ``MemoryError``; but a box may run as many processes as its pids limit allows, and each
-could take that much. The sandbox's cgroup is then the only limit, and when it is reached the
-kernel's OOM killer takes the largest process of all the boxes (they volunteer, ahead of the
-kernel itself): a box running many mid-sized processes could get a neighbour's one large
-session killed, and with it the neighbour's variables.
-
-So the supervisor watches. Every ``INTERVAL_S`` while some box runs more than one process
-(``IDLE_INTERVAL_S`` otherwise: one pass over ``/proc`` tells), it adds up the anonymous memory
-of each such box's processes. A box over its budget loses its largest processes other than its
-session process until it fits (the session process, and so the box's variables, stay whenever
-they alone fit), and the cell or command running then is told (``oom``, with what was killed).
-
-What counts is each process's anonymous memory and the shared memory it maps (``MAP_SHARED``
-anonymous maps, ``/dev/shm``, System V segments, memfds: none of them is bounded by
-``RLIMIT_DATA``). The first sum counts the pages forked children still share with their parent
-in each of them: an upper bound. Before a box is cut its processes are measured again by their
-proportional share (``Pss_Anon`` and ``Pss_Shmem``, which the supervisor may read only with the
-box's uid as its file-system uid), so a pool of forked workers that share most of their memory
-is not punished for sharing; a process that made itself non-dumpable keeps its upper bound.
-Memory no process maps (a System V segment no one attaches, a memfd whose maps are gone) is
-not counted: it stays within the sandbox's limit and is removed with the box.
-
-What this does not do: the watch polls, so a box that allocates faster than it looks can reach
-the sandbox's limit first, and then the OOM killer chooses (among the boxes, never the kernel).
-A cgroup per box would close that window; Docker does not let a container make cgroups without
-CAP_SYS_ADMIN (README, Security model). With ``dirs`` isolation (one uid for all boxes) there is
-no telling the boxes' processes apart, and the watch does not run.
+While some box runs more than one process, the supervisor polls ``/proc`` and adds up each
+box's anonymous and shared memory; a box over its budget loses its largest processes other
+than its session process until it fits, and the running cell or command is told (``oom``).
+Not with ``dirs`` isolation. Why, what counts, and what polling misses: docs/design/boxes.md.
 """
 
 from __future__ import annotations

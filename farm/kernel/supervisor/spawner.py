@@ -1,17 +1,10 @@
 """``Spawner``: the supervisor's side of the zygotes — boxes, processes in them, resets.
 
-The supervisor (the kernel's asyncio process) never forks: it asks the zygote (``zygote.py``)
-to make boxes and, through each box's pid 1 (``namespaces`` isolation; the zygote itself with
-``uids``), to start processes in them. A ``Link`` is one such conversation (JSON datagrams, fds
-for spawned processes); the box pool (``boxes.BoxPool``) is kept here too:
-
-- ``spawn(box, tools)`` starts a session process in a box and returns once the process said it
-  is ready (a process that could not enter its box is an error here, not at its first cell);
-- ``reset(box, proc, remove=...)`` kills every process of the box and, when the box ends, all
-  of it (its pid 1: its namespaces and disk go with it); ``end_box`` does that in the
-  background and gives the number back only once nothing of the box is left;
-- ``SPARES`` processes with default limits are kept ready, so that opening a session usually
-  costs no fork at all: the zygote makes the next spare while nothing waits.
+The supervisor never forks: it asks the zygote to make boxes and, through each box's pid 1 (the
+zygote itself with ``uids``), to start processes in them, over a ``Link``. ``spawn`` returns
+only once the process is ready; a box's number goes back only once nothing of the box is left;
+``SPARES`` ready processes make opening a session usually cost no fork. Design:
+docs/design/boxes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """Events of a running cell, sent to the host before its result: the live half of the protocol.
 
-While an ``execute`` with ``"events": true`` runs, the kernel may write intermediate frames
-``{"type": "event", "exec_id": ..., "event": {...}}`` on the same connection before the final
-``exec_result`` frame. Event kinds: ``started`` (the code is about to run: nothing is sent when
-the kernel refuses to run it), ``running`` (the cell is still running ``TICK_S`` after it
-started: a host may hold ``started`` back until then, so a quick cell costs it nothing),
-``stream`` (``name`` stdout/stderr, ``text``) and ``display`` (``value``: a bundle from
-``display(obj)``).
-
-Invariants:
-- the concatenated ``stream`` texts of a cell equal its result's ``stdout``/``stderr``: the
-  head of the capped buffer is streamed live, and what the buffer keeps past it (its tail, after
-  the cut marker when output was cut) is sent when the cell ends, so output caps hold for the
-  stream exactly as for the result;
-- chunks are batched: output after a quiet spell goes out at once, then at most one flush
-  every ``FLUSH_S`` (and at the cell's end or before a display), so a print-heavy cell costs
-  a frame per batch, not per write, and a lone print is not held back;
-- displays are bounded per cell (``MAX_DISPLAYS``, ``DISPLAY_BYTES``); past that one notice is
-  streamed instead.
+Invariants: the concatenated ``stream`` texts of a cell equal its result's ``stdout``/``stderr``
+(caps hold for the stream exactly as for the result); chunks are batched, at most one flush
+every ``FLUSH_S``, but a lone print is not held back; displays are bounded per cell
+(``MAX_DISPLAYS``, ``DISPLAY_BYTES``). Event kinds and frames: docs/design/kernel.md.
 """
 
 from __future__ import annotations

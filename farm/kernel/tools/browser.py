@@ -1,21 +1,10 @@
 """The ``browser`` global of sessions in the ``browser`` image: Debian's Chromium via Playwright.
 
-``browser.goto(url)``, ``click(selector)``, ``type(selector, text)``, ``scroll()``, ``back()``
-and ``observe()`` each return an :class:`Observation` (``url``, ``title``, ``content`` as
-markdown, ``screenshot`` as a MIME bundle ``{"image/png": base64}``, ``ax_tree``, ``error``).
-A failed action is an observation with ``error`` set, never an exception and never a dead
-session: a crashed browser is started again on the next call.
-
-Invariants:
-
-- Chromium is started on first use, in the session process, and lives as long as the
-  session (Playwright's driver is in the session's process group; Chromium talks to it over a
-  pipe and exits when the session does). Its memory counts against the sandbox's limit.
-- The kernel stays stdlib-only: Playwright and markdownify are imported on first use, and
-  only the browser image has them (``AVAILABLE``).
-- Requests go only to loopback hosts and ``file://`` inside the workspace (pages, links and
-  their resources alike); in a box with egress, other hosts go through the box's proxy, whose
-  policy (the worker's) decides, like any other program's (``egress.py``).
+Each action returns an :class:`Observation`; a failure is one with ``error`` set, never an
+exception or a dead session. Invariants: Chromium starts on first use and lives as long as the
+session; the kernel stays stdlib-only (Playwright is imported on first use: ``AVAILABLE``);
+requests go only to loopback and the workspace's files, or through the box's egress proxy.
+More: docs/design/kernel.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """File operations of a session (``session.files``, sweep items' files, the Inspect provider),
 done by the session process itself, as its box's uid, between cells.
 
-They travel as ``file`` frames (``protocol.FileRequest``), not as code: chunks of at most
-``MAX_CHUNK`` bytes (base64 in the frame), so a file of any size moves through frames of a
-bounded size, and a read says the file's ``size`` first so that a caller can refuse what is too
-big before any transfer. Errors are results (``error``: the exception's name, message, errno
-and path), never a broken session.
-
-``scope="workspace"`` (the default: ``session.files``) resolves every path inside the box's
-workspace, symlinks included (``Workspace.confine``); ``scope="box"`` (the Inspect provider)
-takes any path, relative ones from the workspace, and leaves the rest to the OS: the process
-is the box's uid, so another box's files are refused as they are to its code.
+Invariants: ``file`` frames of bounded size (chunks of ``MAX_CHUNK``; a read says ``size``
+first); errors are results, never a broken session; ``scope="workspace"`` confines every path to
+the workspace, symlinks included. Design: docs/design/kernel.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """Every frame of the kernel protocol, defined once (stdlib ``TypedDict``s).
 
-The kernel builds and reads these dicts; on the host side ``farm.models`` validates the same
-shapes with pydantic, and ``tests/test_protocol.py`` fails when the two drift apart (it builds
-every frame from these definitions and validates it with the models, and the reverse).
-
-Three conversations, from the outside in:
-
-- host <-> supervisor (``HOST_FRAMES``): the handshake (``hello``, ``auth``, ``welcome``), then
-  requests (``ping``, ``open_session``, ``execute``, ``close_session``, ``command``, ``file``,
-  ``item``) each answered by one final frame (``pong``, ``session_opened``, ``exec_result``,
-  ``session_closed``, ``command_result``, ``file_result``, ``item_result`` or ``error``).
-  While an ``execute`` (or ``item``) with ``events`` runs, ``event`` frames come first, and the
-  host answers a host call (an ``event`` of type ``call``) with an ``answer``;
-- supervisor <-> session process and supervisor <-> zygote, which never leave the sandbox:
-  ``farm.kernel.box_protocol``.
+The kernel builds and reads these dicts; ``farm.models`` validates the same shapes host-side,
+and ``tests/test_protocol.py`` fails when the two drift apart. ``HOST_FRAMES`` are the host <->
+supervisor conversation; the sandbox's own are in ``boxes.box_protocol``. The conversations,
+frame by frame: docs/design/kernel.md.
 """
 
 from __future__ import annotations

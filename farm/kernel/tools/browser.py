@@ -98,7 +98,7 @@ class Observation(dict[str, Any]):
 
 
 class Browser:
-    """One Chromium page per session, started on first use (see the module docstring).
+    """One Chromium page per session, started on first use (see docs/design/kernel.md, tools).
 
     Links and forms that would open a new tab (``target``, ``window.open``) open in that one
     page, so every observation shows where an action led."""

@@ -124,7 +124,7 @@ def _parent(pid: int) -> int | None:
         return None
 
 
-def _tree(root: int) -> set[int]:
+def tree(root: int) -> set[int]:
     """``root`` and its descendants now, by the parent links of every process of the sandbox."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
@@ -150,8 +150,8 @@ def kill_tree(root: int) -> None:
     held: dict[int, int] = {}
     try:
         for _ in range(TREE_PASSES):
-            tree = _tree(root)
-            new = [pid for pid in tree if pid not in held]
+            members = tree(root)
+            new = [pid for pid in members if pid not in held]
             if not new:
                 break
             for pid in new:
@@ -159,7 +159,7 @@ def kill_tree(root: int) -> None:
                     pidfd = os.pidfd_open(pid)
                 except OSError:  # gone
                     continue
-                if pid != root and _parent(pid) not in tree:
+                if pid != root and _parent(pid) not in members:
                     os.close(pidfd)
                     continue
                 held[pid] = pidfd

@@ -19,6 +19,7 @@ Each session lives in a box of its own (``boxes``) and its processes come from t
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import socket
@@ -267,6 +268,7 @@ class SessionManager:
             "cells": [],
             "command": None,
             "file_error": None,
+            "judge": None,
         }
         cell = {k: request[k] for k in ("timeout_s", "max_output_bytes")}
         room = request["room"]
@@ -288,6 +290,9 @@ class SessionManager:
                 epoch = result["epoch"]
                 if result["status"] != "ok":
                     return outcome
+            if request["judge"] is not None:
+                outcome["judge"] = await self._judge(session_id, request)
+                return outcome
             if request["argv"] is not None:
                 command = {
                     **cell,
@@ -304,6 +309,22 @@ class SessionManager:
         finally:
             if session_id in self.sessions:  # a host's close_session may have ended it
                 self.close(session_id)
+
+    async def _judge(self, session_id: str, request: dict[str, Any]) -> dict[str, Any]:
+        """An item's ``judge`` step: the runner (``judging``) forked into the box as root,
+        its one JSON answer read like a command's stdout; a runner that gives none is ``IE``."""
+        session = self._session(session_id)
+        judge = {"argv": ["farm-judge"], "judge": request["judge"]}
+        run = await self.spawner.command(session.box, judge, request["room"] // 2)
+        done = await run.run(b"", request["timeout_s"])
+        try:
+            result: dict[str, Any] = json.loads(done["stdout"])
+        except ValueError:
+            why = "timed out" if done["timed_out"] else f"ended with {done['returncode']}"
+            tail = done["stderr"][-2000:]
+            message = f"the judge's runner {why}: {tail}"
+            return {"verdict": "IE", "message": message, "tests": [], "compile": None}
+        return result
 
     def _session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)

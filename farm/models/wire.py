@@ -11,6 +11,7 @@ from pydantic import (
 )
 
 from farm.models.base import Model
+from farm.models.judge import JudgeResult, JudgeSpec
 from farm.models.results import BoxLimits, CommandResult, ExecResult, Value
 
 # --- kernel wire messages (host <-> kernel; defined for the kernel in farm.kernel.protocol) ----
@@ -219,6 +220,7 @@ class Item(Model):
     argv: list[str] | None = None
     max_output_bytes: int = Field(default=1024 * 1024, ge=1024)
     events: bool = False
+    judge: JudgeSpec | None = None
 
 
 class ItemOutcome(Model):
@@ -226,6 +228,7 @@ class ItemOutcome(Model):
     cells: list[ExecResult]
     command: CommandResult | None = None
     file_error: FileError | None = None
+    judge: JudgeResult | None = None
 
 
 class ItemReply(Model):

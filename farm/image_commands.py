@@ -46,6 +46,9 @@ def image_build(
     allow_host: list[str] = typer.Option(
         [], "--allow-host", help="browser only: farm-sandbox:browser-egress may request HOST"
     ),
+    languages: str = typer.Option(
+        "", "--languages", help="judge only: its languages, comma separated (default: all)"
+    ),
 ) -> None:
     """Build a farm image when missing or stale: the default one, a variant, or an
     environment (packages added to the sandbox base, or to --from IMAGE)."""
@@ -80,6 +83,7 @@ def image_build(
             force=force,
             allow_hosts=allow_host,
             base_dir=base_dir,
+            languages=[n.strip() for n in languages.split(",") if n.strip()],
         )
     except InvalidRequest as exc:
         fail(str(exc), 2)

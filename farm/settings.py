@@ -104,6 +104,7 @@ class BoxSettings(BaseSettings):
 IMAGE_LIMITS: dict[str, dict[str, Any]] = {
     "browser": {"memory_mb": 2048, "tmp_mb": 512, "nofile": 4096},
     "docs": {"memory_mb": 1024},
+    "judge": {"memory_mb": 3072},  # javac and a 1 GiB test at once, with room to spare
     # Inspect AI's samples: each that uses Inspect's injected tools keeps ~32 MiB of them in
     # /var/tmp and ~33 MiB in their server: room for eight at once (README, Inspect).
     "inspect": {"memory_mb": 1024, "tmp_mb": 272},
@@ -111,6 +112,7 @@ IMAGE_LIMITS: dict[str, dict[str, Any]] = {
 IMAGE_BOX_LIMITS: dict[str, dict[str, Any]] = {
     "browser": {"memory_mb": 1536, "pids": 256, "nofile": 2048, "disk_mb": 256},
     "docs": {"memory_mb": 768},
+    "judge": {"pids": 128},  # a JVM's threads count (RLIMIT_NPROC)
 }
 
 

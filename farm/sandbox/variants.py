@@ -6,6 +6,8 @@
 - ``browser`` (``farm-sandbox:browser``): Debian's ``chromium`` and Playwright (whose node
   driver comes in its wheel; its browser download is never used), for the ``browser`` global
   (``farm/kernel/browser.py``).
+- ``judge`` (``farm-sandbox:judge``): compilers and runtimes of the judge's languages
+  (``farm.judge.languages``: C, C++, Java, Go, Rust, node, bash; Python is the base's).
 
 They are specs like the ones users build (``farm.sandbox.envspec``), built by the same engine
 (``farm.sandbox.environments``); their limits are the ones the settings give their workers
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from farm.errors import ImageBuildError
+from farm.judge.languages import LANGUAGES
 from farm.sandbox.environments import ensure_env_image
 from farm.sandbox.envspec import EnvLimits, EnvSpec
 from farm.sandbox.images import SandboxImage
@@ -41,7 +44,21 @@ VARIANTS: dict[str, EnvSpec] = {
         apt=("chromium", "fonts-dejavu-core", "libatomic1"),  # libatomic1: Playwright's node
         limits=EnvLimits(**IMAGE_LIMITS["browser"]),
     ),
+    "judge": EnvSpec(
+        name="judge",
+        languages=dict(LANGUAGES),
+        limits=EnvLimits(**IMAGE_LIMITS["judge"]),
+    ),
 }
+
+
+def judge_variant(languages: Sequence[str]) -> EnvSpec:
+    """The judge image with only ``languages`` (names of ``farm.judge.languages``)."""
+    unknown = sorted(set(languages) - set(LANGUAGES))
+    if unknown:
+        raise ImageBuildError(f"unknown languages {unknown}; known: {sorted(LANGUAGES)}")
+    chosen = {name: LANGUAGES[name] for name in sorted(set(languages))}
+    return VARIANTS["judge"].model_copy(update={"languages": chosen})
 
 
 def ensure_variant_image(
@@ -51,6 +68,7 @@ def ensure_variant_image(
     force: bool = False,
     repo_root: Path | None = None,
     allow_hosts: Sequence[str] = (),
+    languages: Sequence[str] = (),
 ) -> SandboxImage:
     """Make ``farm-sandbox:NAME`` current for the variant ``name``, building only if needed.
 
@@ -59,10 +77,15 @@ def ensure_variant_image(
     replaces ``farm-sandbox:browser``, which stays loopback-only; workers opt in with
     ``FARM_IMAGE=browser FARM_SANDBOX_IMAGE=farm-sandbox:browser-egress`` and a
     ``FARM_SANDBOX_NETWORK`` whose only way out enforces the same list (README, "Browser").
+    ``languages`` (judge only) builds ``farm-sandbox:judge`` with those languages alone.
     """
     if name not in VARIANTS:
         raise ImageBuildError(f"unknown sandbox variant {name!r}; known: {sorted(VARIANTS)}")
     variant = VARIANTS[name]
+    if languages:
+        if name != "judge":
+            raise ImageBuildError("only the judge variant takes languages")
+        variant = judge_variant(languages)
     if allow_hosts and name != "browser":
         raise ImageBuildError("only the browser variant has an egress allowlist")
     hosts = " ".join(sorted({h.strip().lower() for h in allow_hosts if h.strip()}))

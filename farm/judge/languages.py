@@ -78,8 +78,16 @@ LANGUAGES: dict[str, Language] = {
     ),
     "java17": Language(
         file="Main.java",
-        compile=("javac", "-encoding", "UTF-8", "-J-XX:+UseSerialGC", "Main.java"),
-        run=("java", "-XX:+UseSerialGC", "-Xss64m", "-Xmx{memory_mb}m", "Main"),
+        compile=(
+            "javac",
+            "-encoding",
+            "UTF-8",
+            "-J-XX:+UseSerialGC",
+            "-J-XX:TieredStopAtLevel=1",
+            "Main.java",
+        ),
+        # No -Xmx{memory_mb}m: a heap at the limit turns MLE into an OutOfMemoryError (RE).
+        run=("java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss64m", "Main"),
         version=("javac", "-version"),
         apt=("openjdk-17-jdk-headless",),
         judge0=62,

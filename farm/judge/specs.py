@@ -47,6 +47,7 @@ def judge_spec(item: BatchItem) -> tuple[JudgeSpec, dict[str, str], float]:
         memory_mb=limits.memory_mb,
         output_mb=limits.output_mb,
         all_tests=item.all_tests,
+        wall_s=limits.wall_s,
         keep_outputs=item.checker == "special",
         compile_time_s=limits.compile_time_s,
     )
@@ -54,6 +55,6 @@ def judge_spec(item: BatchItem) -> tuple[JudgeSpec, dict[str, str], float]:
     inputs = {test.stdin_file for test in item.tests}
     hidden = {test.expected_file for test in item.tests} - inputs
     files = {path: text for path, text in files.items() if path not in hidden}
-    per_test = limits.time_s * 3 + 1.0 + 0.5  # the wall limit, and a test's start and check
+    per_test = (limits.wall_s or limits.time_s * 3 + 5.0) + 0.5  # its wall limit, start, check
     timeout = limits.compile_time_s * 2 + 5.0 + per_test * len(tests) + SLACK_S
     return spec, files, item.timeout_s or timeout

@@ -4,7 +4,7 @@ Forked by a box's init for an item's ``judge`` step (``zygote``), it stays root 
 (untouchable by the box's uid: no signal, no trace, no look at its fds) and starts every
 compile and test as the box's uid (``testrun``), so that a submission can neither forge its
 verdict nor see another test's data. It writes one JSON object (``protocol.JudgeOutcome``)
-on stdout. Verdict order per test: memory kill, output size, wall or CPU time, peak memory,
+on stdout. Verdict order per test: output size, memory kill, wall or CPU time, peak memory,
 non-zero exit or signal, then the checker. Why: docs/design/judge.md.
 """
 
@@ -18,10 +18,10 @@ import stat
 import time
 from typing import Any
 
-from . import checkers, languages, testrun
+from . import checkers, languages, testrun, uids
 
 BUILD_DIR = ".judge"
-COMPILE_OUTPUT_BYTES = 1 << 20
+COMPILE_FILE_BYTES = 512 << 20  # RLIMIT_FSIZE of a compile: a linker writes the binary
 MESSAGE_BYTES = 16 * 1024
 ARTIFACT_BYTES = 32 << 20
 OUTPUTS_BYTES = 8 << 20  # the outputs returned for a special judge, all tests together
@@ -52,7 +52,7 @@ def judge(spec: dict[str, Any], box: dict[str, Any], isolation: str) -> dict[str
     run_argv = [arg.replace("{memory_mb}", str(memory_mb)) for arg in language["run"]]
     limits = testrun.Limits(
         cpu_s=float(spec["time_s"]),
-        wall_s=float(spec["time_s"]) * 3 + 1.0,
+        wall_s=float(spec.get("wall_s") or float(spec["time_s"]) * 3 + 5.0),
         memory_kb=memory_mb * 1024,
         output_bytes=int(spec["output_mb"]) << 20,
         stack_bytes=min(STACK_BYTES, memory_mb << 20),
@@ -101,7 +101,7 @@ def _compile(
         cpu_s=seconds,
         wall_s=seconds * 2 + 5.0,
         memory_kb=int(spec.get("compile_memory_mb") or 2048) * 1024,
-        output_bytes=COMPILE_OUTPUT_BYTES,
+        output_bytes=COMPILE_FILE_BYTES,
         stack_bytes=STACK_BYTES,
     )
     started = time.monotonic()
@@ -133,13 +133,14 @@ def _compile(
         return compiled, None
     if cached is not None or not argv:
         return compiled, ({} if not argv and cached is None else None)
-    return compiled, _artifact(build, language["file"])
+    with uids.acting_as(box["uid"], box["gid"]):  # root here has no CAP_DAC_OVERRIDE
+        return compiled, _artifact(build, language["file"])
 
 
 def _artifact(build: str, source_name: str) -> dict[str, str] | None:
     """The files the compile made (regular files of the build directory, the source left
-    out), base64; none when they would be too large to cache. Read as root, so no link is
-    followed: the directory and each file are opened with ``O_NOFOLLOW``."""
+    out), base64; none when they would be too large to cache. Read with the box's rights,
+    following no link (the directory and each file are opened with ``O_NOFOLLOW``)."""
     files: dict[str, str] = {}
     total = 0
     try:
@@ -217,10 +218,10 @@ def _test(
 
 def _verdict(done: testrun.Measured, limits: testrun.Limits) -> tuple[str, str]:
     """The verdict of a run before its output is checked (``AC``: check it)."""
-    if done.killed == "memory":
-        return "MLE", f"over {limits.memory_kb // 1024} MB of memory"
     if done.output_bytes >= limits.output_bytes:  # it was stopped there (RLIMIT_FSIZE)
         return "OLE", f"over {limits.output_bytes >> 20} MB of output"
+    if done.killed == "memory":
+        return "MLE", f"over {limits.memory_kb // 1024} MB of memory"
     if done.killed == "wall":
         return "TLE", f"over {limits.wall_s:g} s of wall time"
     if done.cpu_s > limits.cpu_s or done.signal == signal.SIGXCPU:

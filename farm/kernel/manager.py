@@ -41,6 +41,7 @@ from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
 FILE_TIMEOUT_S = 120.0  # one chunk of a file operation (a listing of a big tree may be slow)
+FILE_CHUNK_CHARS = 4 << 20  # base64 of 3 MiB: an item's files are written in chunks this size
 CLOSED_EARLY_KEPT = 4096  # ids of boxes closed before they opened, remembered
 _OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
@@ -274,11 +275,13 @@ class SessionManager:
         room = request["room"]
         try:
             for path, data in request["files"].items():
-                write = {"session_id": session_id, "op": "write", "path": path, "data": data}
-                reply = await self.file({**write, "offset": 0})
-                if reply["error"] is not None:
-                    outcome["file_error"] = reply["error"]
-                    return outcome
+                for start in range(0, max(len(data), 1), FILE_CHUNK_CHARS):  # a file of any size
+                    part = data[start : start + FILE_CHUNK_CHARS]
+                    write = {"session_id": session_id, "op": "write", "path": path, "data": part}
+                    reply = await self.file({**write, "offset": start // 4 * 3})
+                    if reply["error"] is not None:
+                        outcome["file_error"] = reply["error"]
+                        return outcome
             for number, code in enumerate(request["cells"]):
                 exec_id = f"{request['exec_id']}-{number}"
                 run = {**cell, "session_id": session_id, "epoch": epoch, "code": code}

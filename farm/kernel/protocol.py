@@ -357,7 +357,7 @@ class _JudgeSpecRequired(TypedDict):
     source: str
     tests: list[JudgeTest]
     checker: str  # exact | lines | tokens | float:ABS[:REL] | special
-    time_s: float  # CPU seconds per test (the wall limit is 3x + 1 s)
+    time_s: float  # CPU seconds per test
     memory_mb: int  # peak resident memory per test
     output_mb: int  # stdout per test
 
@@ -368,6 +368,7 @@ class JudgeSpec(_JudgeSpecRequired, total=False):
     ``keep_outputs`` (a special judge) outputs come back and the verdict is ``PENDING``."""
 
     all_tests: bool
+    wall_s: float  # wall seconds per test (default: 3x the CPU time + 5 s)
     artifact: dict[str, str] | None
     keep_outputs: bool
     compile_time_s: float

@@ -4,7 +4,8 @@ The runner forks the program as the box's uid (its limits, a process group of it
 stdin from a file the box may read (opened as the box) or a memfd, and stdout and stderr to
 memfds that only the runner and the program hold. It waits on a pidfd, sampling the resident
 memory of everything below it every ``POLL_S``; past the memory limit or the wall limit the
-tree is killed. ``wait4`` gives the CPU time and peak RSS (``ru_maxrss``). Afterwards every
+tree is killed. ``wait4`` gives the CPU time and peak RSS (``ru_maxrss``; the sampled peak of
+the tree where that is larger: children count). Afterwards every
 process the program left (children, double-forked orphans: the runner is a child subreaper,
 so they come back to it) is stopped, killed and reaped before the next run starts.
 
@@ -96,9 +97,9 @@ def start(
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
         cpu = max(1, math.ceil(limits.cpu_s + 0.5))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        resource.setrlimit(resource.RLIMIT_STACK, (limits.stack_bytes, limits.stack_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.output_bytes, limits.output_bytes))
+        _limit(resource.RLIMIT_CPU, cpu, cpu + 1)
+        _limit(resource.RLIMIT_STACK, limits.stack_bytes, limits.stack_bytes)
+        _limit(resource.RLIMIT_FSIZE, limits.output_bytes, limits.output_bytes)
         own = {k: v for k, v in box["limits"].items() if k not in ("memory_mb", "fsize_mb")}
         uids.enter({**box, "limits": own}, isolation)
         if prepare is not None and not prepare():
@@ -117,6 +118,14 @@ def start(
         os._exit(code)
 
 
+def _limit(which: int, soft: int, hard: int) -> None:
+    """Set an rlimit, within the sandbox's own hard limit (no CAP_SYS_RESOURCE to pass it)."""
+    ceiling = resource.getrlimit(which)[1]
+    if ceiling != resource.RLIM_INFINITY:
+        soft, hard = min(soft, ceiling), min(hard, ceiling)
+    resource.setrlimit(which, (soft, hard))
+
+
 def tree_rss_kb(pid: int) -> int:
     """The resident memory of ``pid`` and everything below it, in kB."""
     total = 0
@@ -129,13 +138,15 @@ def tree_rss_kb(pid: int) -> int:
     return total
 
 
-def wait(pid: int, limits: Limits) -> tuple[int, Any, float, str | None]:
-    """Wait for ``pid``: its wait status, rusage, wall time, and why the runner killed it."""
+def wait(pid: int, limits: Limits) -> tuple[int, Any, float, int, str | None]:
+    """Wait for ``pid``: its wait status, rusage, wall time, the peak resident memory of its
+    tree as sampled (kB), and why the runner killed it."""
     started = time.monotonic()
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     killed: str | None = None
+    peak = 0
     try:
         while True:
             left = started + limits.wall_s - time.monotonic()
@@ -144,7 +155,8 @@ def wait(pid: int, limits: Limits) -> tuple[int, Any, float, str | None]:
                 break
             if poller.poll(min(POLL_S, left) * 1000):
                 break
-            if tree_rss_kb(pid) > limits.memory_kb:
+            peak = max(peak, tree_rss_kb(pid))
+            if peak > limits.memory_kb:
                 killed = "memory"
                 break
         if killed is not None:
@@ -152,7 +164,7 @@ def wait(pid: int, limits: Limits) -> tuple[int, Any, float, str | None]:
         _, status, usage = os.wait4(pid, 0)
     finally:
         os.close(pidfd)
-    return status, usage, time.monotonic() - started, killed
+    return status, usage, time.monotonic() - started, peak, killed
 
 
 def sweep_leftovers() -> None:
@@ -211,7 +223,7 @@ def run(
             err_fd=err_fd,
             prepare=prepare,
         )
-        status, usage, wall, killed = wait(pid, limits)
+        status, usage, wall, peak, killed = wait(pid, limits)
         sweep_leftovers()
         stdout, size = read_all(out_fd, keep_stdout)
         stderr, _ = read_all(err_fd, keep_stderr)
@@ -225,7 +237,7 @@ def run(
         signal=died,
         cpu_s=usage.ru_utime + usage.ru_stime,
         wall_s=wall,
-        memory_kb=int(usage.ru_maxrss),
+        memory_kb=max(int(usage.ru_maxrss), peak),
         killed=killed,
         stdout=stdout,
         stderr=stderr,

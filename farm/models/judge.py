@@ -50,10 +50,11 @@ class TestCase(Model):
 
 
 class JudgeLimits(Model):
-    """Per test: CPU seconds (the wall limit is 3x + 1 s), peak memory, stdout size; and the
-    compile's own CPU seconds."""
+    """Per test: CPU seconds, wall seconds (default 3x the CPU + 5 s: a loaded worker's tests
+    wait for a core), peak memory, stdout size; and the compile's own CPU seconds."""
 
     time_s: float = Field(default=2.0, gt=0, le=60)
+    wall_s: float | None = Field(default=None, gt=0, le=600)
     memory_mb: int = Field(default=256, ge=16, le=8192)
     output_mb: int = Field(default=16, ge=1, le=256)
     compile_time_s: float = Field(default=30.0, gt=0, le=600)
@@ -80,6 +81,7 @@ class JudgeSpec(Model):
     memory_mb: int
     output_mb: int
     all_tests: bool = False
+    wall_s: float | None = None
     artifact: dict[str, str] | None = None
     keep_outputs: bool = False
     compile_time_s: float = 30.0

@@ -6,7 +6,9 @@ twice (pass@k duplicates, reruns) compiles once per worker; a compile error is c
 (no box at all the second time). Its entries are what a box's compile made, read by the
 runner right after the compile, before any test of the submission ran. A special judge (the
 user's Python ``check(input, expected, output)``) runs in a box of its own, never in the
-submission's: the submission's outputs are carried there by the worker.
+submission's: the submission's outputs are carried there by the worker. A worker judges at
+most ``judge_parallel`` items at once (twice its sandbox's CPUs): CPU and wall times are
+only worth their limits when a test is not one of thirty sharing a core.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -85,6 +88,9 @@ class Judging:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.cache = CompileCache()
+        settings = worker.settings
+        parallel = settings.judge_parallel or max(1, math.ceil(settings.limits.cpus * 2))
+        self.slots = threading.BoundedSemaphore(parallel)
 
     def run(self, chunk: Chunk, item: ChunkItem, run_item: RunItem) -> ItemDone:
         """Judge ``item`` (its ``judge`` step) with the cache, then its special judge."""
@@ -100,7 +106,8 @@ class Judging:
             return ItemDone(key=item.key, exec_id=item.exec_id, worker=self.worker.id, judge=result)
         if cached is not None:
             item = item.model_copy(update={"judge": spec.model_copy(update={"artifact": cached})})
-        done = run_item(chunk, item)
+        with self.slots:  # timing needs cores: a judge runs few items at once, unlike a map
+            done = run_item(chunk, item)
         if done.judge is None:
             return done  # the kernel failed: the cells say how
         result = done.judge

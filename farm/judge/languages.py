@@ -64,7 +64,7 @@ LANGUAGES: dict[str, Language] = {
         run=("./main",),
         version=("g++", "--version"),
         apt=("g++",),
-        judge0=54,
+        judge0=52,
         title="C++17 (GCC)",
     ),
     "cpp20": Language(
@@ -73,7 +73,7 @@ LANGUAGES: dict[str, Language] = {
         run=("./main",),
         version=("g++", "--version"),
         apt=("g++",),
-        judge0=76,
+        judge0=54,
         title="C++20 (GCC)",
     ),
     "java17": Language(

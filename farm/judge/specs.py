@@ -48,7 +48,7 @@ def judge_spec(item: BatchItem) -> tuple[JudgeSpec, dict[str, str], float]:
         output_mb=limits.output_mb,
         all_tests=item.all_tests,
         wall_s=limits.wall_s,
-        keep_outputs=item.checker == "special",
+        keep_outputs=item.keep_outputs,
         compile_time_s=limits.compile_time_s,
     )
     # The expected outputs never reach the box: a submission could print them.

@@ -4,14 +4,15 @@ Run by the judge's runner (``judging``) inside the box, right after each test, s
 at the first failing test" needs no round trip. Names: ``exact`` (byte for byte), ``lines``
 (trailing whitespace of each line and trailing empty lines ignored), ``tokens`` (any
 whitespace between tokens), ``float:ABS[:REL]`` (tokens; numbers within ABS absolutely or REL
-relatively). A special judge (Python code of the user's) never runs here: see ``farm.judge``.
+relatively), ``none`` (any output: only how the run ended counts). A special judge (the
+user's Python) never runs here: see ``farm.worker.judging``.
 """
 
 from __future__ import annotations
 
 import math
 
-NAMES = ("exact", "lines", "tokens", "float")
+NAMES = ("exact", "lines", "tokens", "float", "none")
 
 
 class CheckerError(ValueError):
@@ -23,7 +24,7 @@ def parse(name: str) -> tuple[str, float, float]:
     kind, _, rest = name.partition(":")
     if kind not in NAMES or (rest and kind != "float"):
         raise CheckerError(
-            f"unknown checker {name!r} (known: exact, lines, tokens, float:ABS[:REL])"
+            f"unknown checker {name!r} (known: exact, lines, tokens, float:ABS[:REL], none)"
         )
     if kind != "float":
         return kind, 0.0, 0.0
@@ -41,6 +42,8 @@ def parse(name: str) -> tuple[str, float, float]:
 def check(name: str, expected: bytes, actual: bytes) -> tuple[bool, str]:
     """Whether ``actual`` passes against ``expected``, and, when not, a short reason."""
     kind, absolute, relative = parse(name)
+    if kind == "none":  # any output: the run alone is judged (Judge0 without expected_output)
+        return True, ""
     if kind == "exact":
         return (True, "") if expected == actual else (False, _first_difference(expected, actual))
     if kind == "lines":

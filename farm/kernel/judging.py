@@ -24,7 +24,7 @@ BUILD_DIR = ".judge"
 COMPILE_FILE_BYTES = 512 << 20  # RLIMIT_FSIZE of a compile: a linker writes the binary
 MESSAGE_BYTES = 16 * 1024
 ARTIFACT_BYTES = 32 << 20
-OUTPUTS_BYTES = 8 << 20  # the outputs returned for a special judge, all tests together
+OUTPUTS_BYTES = 8 << 20  # the outputs returned (special judge, keep_outputs), all tests
 STACK_BYTES = 256 << 20
 
 
@@ -62,10 +62,10 @@ def judge(spec: dict[str, Any], box: dict[str, Any], isolation: str) -> dict[str
     verdict = "AC"
     for index, test in enumerate(spec["tests"]):
         result = _test(index, test, spec, run_argv, box, isolation, limits, build)
-        if spec.get("keep_outputs"):
-            kept += len(result.get("output", ""))
-            if kept > OUTPUTS_BYTES:
-                return outcome("IE", "the outputs are too large for a special judge", **named)
+        kept += len(result.get("output", ""))
+        if kept > OUTPUTS_BYTES:
+            why = f"the outputs to return are over {OUTPUTS_BYTES >> 20} MB"
+            return outcome("IE", why, kind="input", **named)
         results.append(result)
         if result["verdict"] not in ("AC", "PENDING") and verdict == "AC":
             verdict = result["verdict"]
@@ -204,10 +204,11 @@ def _test(
         "message": "",
     }
     verdict, message = _verdict(done, limits)
+    if spec.get("keep_outputs") or spec["checker"] == "special":
+        result["output"] = base64.b64encode(done.stdout).decode("ascii")
     if verdict == "AC":
         if spec["checker"] == "special":
             verdict = "PENDING"
-            result["output"] = base64.b64encode(done.stdout).decode("ascii")
         else:
             expected = base64.b64decode(test.get("expected") or "")
             passed, message = checkers.check(spec["checker"], expected, done.stdout)

@@ -356,7 +356,7 @@ class _JudgeSpecRequired(TypedDict):
     language: str  # a name of the image's table (languages.TABLE)
     source: str
     tests: list[JudgeTest]
-    checker: str  # exact | lines | tokens | float:ABS[:REL] | special
+    checker: str  # exact | lines | tokens | float:ABS[:REL] | none | special
     time_s: float  # CPU seconds per test
     memory_mb: int  # peak resident memory per test
     output_mb: int  # stdout per test
@@ -386,7 +386,7 @@ class JudgeTestOutcome(TypedDict, total=False):
     exit_code: int | None
     signal: int | None
     stderr: str
-    output: str  # base64, with keep_outputs only
+    output: str  # base64, with keep_outputs (or a special judge) only
 
 
 class CompileOutcome(TypedDict):

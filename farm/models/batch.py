@@ -35,6 +35,7 @@ class BatchItem(Model):
     checker: str = Field(default="tokens", description="exact, lines, tokens, float:A[:R], special")
     special_judge: str | None = Field(default=None, description="Python: def check(i, e, o)")
     all_tests: bool = False
+    keep_outputs: bool = Field(default=False, description="each test's stdout in its result")
     judge_limits: JudgeLimits | None = None
 
     @model_validator(mode="before")

@@ -83,7 +83,7 @@ class JudgeSpec(Model):
     all_tests: bool = False
     wall_s: float | None = None
     artifact: dict[str, str] | None = None
-    keep_outputs: bool = False
+    keep_outputs: bool = Field(default=False, description="each test's stdout, base64")
     compile_time_s: float = 30.0
     compile_memory_mb: int = 2048
 
@@ -159,5 +159,9 @@ def check_judge_item(
         for name in (test.stdin_file, test.expected_file):
             if name is not None and name not in (files or {}):
                 raise ValueError(f"test {number}: {name!r} is not among the item's files")
-        if checker != "special" and test.expected is None and test.expected_file is None:
+        if (
+            checker not in ("special", "none")
+            and test.expected is None
+            and test.expected_file is None
+        ):
             raise ValueError(f"test {number} has no 'expected' or 'expected_file'")

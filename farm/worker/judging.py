@@ -116,10 +116,11 @@ class Judging:
         elif result.verdict == Verdict.CE:
             self.cache.put(key, result)
         result.artifact = None
-        if result.verdict == Verdict.PENDING or (
-            item.special_judge and any(t.verdict == Verdict.PENDING for t in result.tests)
-        ):
-            done.judge = self._special(chunk, item, result, run_item)
+        if any(t.verdict == Verdict.PENDING for t in result.tests):
+            done.judge = result = self._special(chunk, item, result, run_item)
+        if not spec.keep_outputs:  # a special judge's, not the caller's
+            for test in result.tests:
+                test.output = None
         return done
 
     def _special(
@@ -161,8 +162,6 @@ class Judging:
         for test, (ok, why) in zip(pending, said, strict=True):
             test.verdict = Verdict.AC if ok else Verdict.WA
             test.message = why
-        for test in result.tests:
-            test.output = None
         verdict = Verdict.AC
         kept = []
         for test in result.tests:

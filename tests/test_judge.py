@@ -229,3 +229,25 @@ def test_the_same_submission_compiles_once_per_worker(
     failed = judge_farm.judge("cpp17", SUM["cpp17"]["CE"], SUM_TESTS)
     assert failed.verdict == Verdict.CE and failed.compile is not None and failed.compile.cached
     assert "not declared" in failed.message
+
+
+def test_a_sweep_judges_its_lines_and_caches_each_submission_apart(
+    judge_farm: Farm, tmp_path: Any
+) -> None:
+    import json
+
+    from farm.sweep import Sweep, plan_sweep
+
+    lines = [
+        item("right", "python3", SUM["python3"]["AC"], SUM_TESTS),
+        item("wrong", "python3", SUM["python3"]["WA"], SUM_TESTS),
+    ]
+    source = tmp_path / "judge.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    for round_ in range(2):  # the second from the sweep's cache: each line its own record
+        out = tmp_path / f"out-{round_}.jsonl"
+        summary = Sweep(judge_farm, cache_dir=tmp_path / "cache").run(plan_sweep(source, out), out)
+        assert summary.by_outcome == {"ok/AC": 1, "ok/WA": 1}
+        records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+        assert records["wrong"]["judge"]["tests"][1]["verdict"] == "WA"
+        assert records["right"]["manifest"]["image"] == "judge"

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from farm.celeryconf import TASK_BATCH, shared_queue
 from farm.client.map_records import Item, chunk_item, failed, manifest, outcome, parse_item
 from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
-from farm.judge import JUDGE_IMAGE
+from farm.judge import image_for
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
 from farm.registry import BROKER_MARK, PREFIX, cancel_key, results_key
@@ -172,11 +172,7 @@ class MapRun:
                 self._send([a for a in batch if self._image(a) == image])
 
     def _image(self, attempt: _Attempt) -> str:
-        """The item's image; a judge item in a map of the default image goes to the judge's."""
-        item = attempt.item
-        if item.image is None and item.language is not None and self.image == "default":
-            return JUDGE_IMAGE
-        return item.image or self.image
+        return image_for(attempt.item, self.image)
 
     def _served(self, attempt: _Attempt) -> bool:
         """Whether a worker serves the item's image (a local farm starts one); if not, the

@@ -43,7 +43,7 @@ _PY_CHECK = "import sys; compile(open(sys.argv[1], 'rb').read(), sys.argv[1], 'e
 LANGUAGES: dict[str, Language] = {
     "python3": Language(
         file="main.py",
-        compile=("python3", "-c", _PY_CHECK, "main.py"),
+        compile=("python3", "-I", "-S", "-c", _PY_CHECK, "main.py"),  # no site: half the start
         run=("python3", "main.py"),
         version=("python3", "--version"),
         judge0=71,

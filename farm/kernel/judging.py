@@ -15,10 +15,9 @@ import json
 import os
 import signal
 import stat
-import time
 from typing import Any
 
-from . import checkers, languages, testrun, uids
+from . import checkers, languages, testrun
 
 BUILD_DIR = ".judge"
 COMPILE_FILE_BYTES = 512 << 20  # RLIMIT_FSIZE of a compile: a linker writes the binary
@@ -57,11 +56,12 @@ def judge(spec: dict[str, Any], box: dict[str, Any], isolation: str) -> dict[str
         output_bytes=int(spec["output_mb"]) << 20,
         stack_bytes=min(STACK_BYTES, memory_mb << 20),
     )
+    testrun.confine(box, limits)  # the runner's limits are the tests' from here on
     results: list[dict[str, Any]] = []
     kept = 0
     verdict = "AC"
     for index, test in enumerate(spec["tests"]):
-        result = _test(index, test, spec, run_argv, box, isolation, limits, build)
+        result = _test(index, test, spec, run_argv, box, isolation, limits)
         kept += len(result.get("output", ""))
         if kept > OUTPUTS_BYTES:
             why = f"the outputs to return are over {OUTPUTS_BYTES >> 20} MB"
@@ -79,23 +79,21 @@ def judge(spec: dict[str, Any], box: dict[str, Any], isolation: str) -> dict[str
 def _compile(
     spec: dict[str, Any], language: dict[str, Any], box: dict[str, Any], isolation: str, build: str
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
-    """Write the source (and a cached artifact) as the box, compile unless cached: what the
-    compile did, and its artifact (the build's files, for the worker's cache) when it ran."""
-    source = spec["source"].encode()
+    """Write the source (and a cached build) with the box's rights, compile unless cached:
+    what the compile did, and its artifact (the build's files, for the worker's cache) when
+    it ran. The runner's working directory is the build's from here on: the compiler's and
+    the tests'."""
     cached = spec.get("artifact")
     argv = language.get("compile") or []
-
-    def prepare() -> bool:
-        os.makedirs(BUILD_DIR, mode=0o700, exist_ok=True)
-        os.chdir(BUILD_DIR)
-        with open(language["file"], "wb") as f:
-            f.write(source)
-        for name, data in (cached or {}).items():
-            with open(name, "wb") as f:
-                f.write(base64.b64decode(data))
-            os.chmod(name, 0o700)
-        return bool(argv) and cached is None
-
+    with testrun.as_box(box, isolation):  # the box's files, made with its rights
+        os.makedirs(build, mode=0o700, exist_ok=True)
+        os.chdir(build)
+        files = {language["file"]: spec["source"].encode()}
+        files.update({name: base64.b64decode(data) for name, data in (cached or {}).items()})
+        for name, data in files.items():
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
     seconds = float(spec.get("compile_time_s") or 30.0)
     limits = testrun.Limits(
         cpu_s=seconds,
@@ -104,25 +102,20 @@ def _compile(
         output_bytes=COMPILE_FILE_BYTES,
         stack_bytes=STACK_BYTES,
     )
-    started = time.monotonic()
-    done = testrun.run(
-        argv or ["true"],
-        box,
-        isolation,
-        limits,
-        cwd=build,
-        keep_stdout=MESSAGE_BYTES,
-        keep_stderr=MESSAGE_BYTES,
-        prepare=prepare,
-    )
-    text = (done.stdout + done.stderr).decode(errors="replace")
-    compiled = {
+    compiled: dict[str, Any] = {
         "status": "ok",
-        "output": text,
-        "time_s": done.cpu_s,
-        "wall_s": time.monotonic() - started,
+        "output": "",
+        "time_s": 0.0,
+        "wall_s": 0.0,
         "cached": cached is not None,
     }
+    if not argv or cached is not None:
+        return compiled, ({} if not argv else None)
+    done = testrun.run(
+        argv, box, isolation, limits, keep_stdout=MESSAGE_BYTES, keep_stderr=MESSAGE_BYTES
+    )
+    text = (done.stdout + done.stderr).decode(errors="replace")
+    compiled.update(output=text, time_s=done.cpu_s, wall_s=done.wall_s)
     if done.killed or done.exit_code != 0:
         why = {"wall": "compilation timed out", "memory": "compilation ran out of memory"}
         compiled.update(status="error", output=text or why.get(done.killed or "", "failed"))
@@ -131,9 +124,7 @@ def _compile(
         elif done.signal is not None:
             compiled["output"] = f"the compiler died of signal {done.signal}\n{text}"
         return compiled, None
-    if cached is not None or not argv:
-        return compiled, ({} if not argv and cached is None else None)
-    with uids.acting_as(box["uid"], box["gid"]):  # root here has no CAP_DAC_OVERRIDE
+    with testrun.as_box(box, isolation):  # root here has no CAP_DAC_OVERRIDE
         return compiled, _artifact(build, language["file"])
 
 
@@ -176,7 +167,6 @@ def _test(
     box: dict[str, Any],
     isolation: str,
     limits: testrun.Limits,
-    build: str,
 ) -> dict[str, Any]:
     stdin_path = None
     if test.get("stdin_path"):
@@ -187,7 +177,6 @@ def _test(
         box,
         isolation,
         limits,
-        cwd=build,
         stdin_path=stdin_path,
         stdin_data=data if stdin_path is None else None,
         keep_stdout=limits.output_bytes,
@@ -225,6 +214,8 @@ def _verdict(done: testrun.Measured, limits: testrun.Limits) -> tuple[str, str]:
         return "MLE", f"over {limits.memory_kb // 1024} MB of memory"
     if done.killed == "wall":
         return "TLE", f"over {limits.wall_s:g} s of wall time"
+    if done.killed == "cpu":
+        return "TLE", f"over {limits.cpu_s:g} s of CPU time"
     if done.cpu_s > limits.cpu_s or done.signal == signal.SIGXCPU:
         return "TLE", f"{done.cpu_s:.3f} s of CPU time, over {limits.cpu_s:g} s"
     if done.memory_kb > limits.memory_kb:

@@ -1,13 +1,16 @@
 """One measured run of a program in a box: a judge's compile or test (``judging``).
 
-The runner forks the program as the box's uid (its limits, a process group of its own), with
-stdin from a file the box may read (opened as the box) or a memfd, and stdout and stderr to
-memfds that only the runner and the program hold. It waits on a pidfd, sampling the resident
-memory of everything below it every ``POLL_S``; past the memory limit or the wall limit the
-tree is killed. ``wait4`` gives the CPU time and peak RSS (``ru_maxrss``; the sampled peak of
-the tree where that is larger: children count). Afterwards every
-process the program left (children, double-forked orphans: the runner is a child subreaper,
-so they come back to it) is stopped, killed and reaped before the next run starts.
+A test is forked and exec'd by C code (``subprocess``: no Python runs in the child, whose
+copy-on-write faults were most of a test's cost) straight into the box's uid, with the
+rlimits the runner lowered on itself for the tests (``confine``: output size, stack,
+processes, files), stdin from a file opened with the box's rights or a memfd, and stdout and
+stderr to memfds only the runner and the program hold. The compile, whose limits differ, is
+forked by Python and may first write the source as the box (``prepare``). The runner waits on
+a pidfd, sampling the tree below the program every ``POLL_S`` (resident memory and CPU time,
+from ``/proc/PID/stat``): past the memory, CPU or wall limit the tree is killed. ``wait4``
+gives the CPU time and peak RSS (``ru_maxrss``; the sampled peak of the tree where that is
+larger). Afterwards every process the program left (children, double-forked orphans: the
+runner is a child subreaper, so they come back to it) is stopped, killed and reaped.
 
 Memory is measured, not bounded by ``RLIMIT_AS``/``RLIMIT_DATA``: Java, Go and node reserve
 far more address space than they use (isolate's ``--cg-mem`` rather than ``--mem``).
@@ -16,13 +19,11 @@ far more address space than they use (isolate's ``--cg-mem`` rather than ``--mem
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import resource
 import select
-import signal
+import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,15 +31,7 @@ from . import uids
 from .commands import kill_tree, tree
 
 POLL_S = 0.005
-_DEFAULT_SIGNALS = (
-    signal.SIGINT,
-    signal.SIGTERM,
-    signal.SIGCHLD,
-    signal.SIGPIPE,
-    signal.SIGHUP,
-    signal.SIGXFSZ,
-    signal.SIGXCPU,
-)
+TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 KILL_WAIT_S = 5.0
 
@@ -67,55 +60,58 @@ class Measured:
     output_bytes: int
 
 
-def start(
+def confine(box: dict[str, Any], limits: Limits) -> None:
+    """Lower the runner's own limits to a test's, for good (it has no ``CAP_SYS_RESOURCE``
+    to raise them again: neither can the tests it starts), and its priority to a box's; and
+    ``no_new_privs``, so that no test gains privileges from a set-uid program. The runner
+    writes no file and starts nothing but tests from here on."""
+    _limit(resource.RLIMIT_STACK, limits.stack_bytes, limits.stack_bytes)
+    _limit(resource.RLIMIT_FSIZE, limits.output_bytes, limits.output_bytes)
+    _limit(resource.RLIMIT_CORE, 0, 0)
+    for name, which in (("nofile", resource.RLIMIT_NOFILE), ("pids", resource.RLIMIT_NPROC)):
+        value = box["limits"].get(name)
+        if value and (name != "pids" or box.get("uid") is not None):
+            _limit(which, value, value)
+    os.setpriority(os.PRIO_PROCESS, 0, uids.BOX_NICE)
+    uids.prctl(uids.PR_SET_NO_NEW_PRIVS, 1)
+
+
+def as_box(box: dict[str, Any], isolation: str) -> contextlib.AbstractContextManager[None]:
+    """For a block: this process reaches files with the box's rights (root here has no
+    ``CAP_DAC_OVERRIDE``, and must not follow what the box planted as if it had)."""
+    if isolation == "dirs":
+        return contextlib.nullcontext()
+    return uids.acting_as(box["uid"], box["gid"])
+
+
+def spawn(
     argv: list[str],
     box: dict[str, Any],
     isolation: str,
-    limits: Limits,
     *,
-    cwd: str,
-    stdin_path: str | None,
     stdin_fd: int | None,
     out_fd: int,
     err_fd: int,
-    prepare: Callable[[], bool] | None = None,
 ) -> int:
-    """Fork the program into the box. ``prepare`` runs first as the box (writing the source,
-    say); when it returns False the process exits 0 without running ``argv``."""
-    pid = os.fork()
-    if pid != 0:
-        return pid
-    code = 126
-    try:
-        os.setsid()
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(stdin_fd if stdin_fd is not None else devnull, 0)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        os.closerange(3, 1 << 16)
-        for sig in _DEFAULT_SIGNALS:  # Python ignores SIGPIPE and SIGXFSZ: a program must not
-            signal.signal(sig, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        cpu = max(1, math.ceil(limits.cpu_s + 0.5))
-        _limit(resource.RLIMIT_CPU, cpu, cpu + 1)
-        _limit(resource.RLIMIT_STACK, limits.stack_bytes, limits.stack_bytes)
-        _limit(resource.RLIMIT_FSIZE, limits.output_bytes, limits.output_bytes)
-        own = {k: v for k, v in box["limits"].items() if k not in ("memory_mb", "fsize_mb")}
-        uids.enter({**box, "limits": own}, isolation)
-        if prepare is not None and not prepare():
-            os._exit(0)
-        os.chdir(cwd)
-        if stdin_path is not None:  # opened as the box: it names only what the box may read
-            fd = os.open(stdin_path, os.O_RDONLY)
-            os.dup2(fd, 0)
-            os.close(fd)
-        code = 127
-        os.execvp(argv[0], argv)
-    except BaseException as exc:  # never returns into the runner
-        with contextlib.suppress(Exception):
-            os.write(2, f"farm: cannot run {argv[0]}: {exc}\n".encode())
-    finally:
-        os._exit(code)
+    """Start a compile or test in the runner's working directory: forked and exec'd by C
+    code as the box's uid (with the runner's limits: ``confine`` set a test's), in a
+    session of its own, Python's ignored signals restored."""
+    ids: dict[str, Any] = {}
+    if isolation != "dirs":
+        ids = {"user": box["uid"], "group": box["gid"], "extra_groups": []}
+    proc = subprocess.Popen(
+        argv,
+        stdin=stdin_fd if stdin_fd is not None else subprocess.DEVNULL,
+        stdout=out_fd,
+        stderr=err_fd,
+        env={**os.environ, **uids.box_env(box)},
+        start_new_session=True,
+        restore_signals=True,
+        umask=0o077,
+        **ids,
+    )
+    proc.returncode = 0  # waited for with wait4 by the runner: Popen must not reap it
+    return proc.pid
 
 
 def _limit(which: int, soft: int, hard: int) -> None:
@@ -126,21 +122,24 @@ def _limit(which: int, soft: int, hard: int) -> None:
     resource.setrlimit(which, (soft, hard))
 
 
-def tree_rss_kb(pid: int) -> int:
-    """The resident memory of ``pid`` and everything below it, in kB."""
-    total = 0
+def tree_usage(pid: int) -> tuple[int, float]:
+    """The resident memory (kB) and CPU time (s) of ``pid`` and everything below it now."""
+    rss, ticks = 0, 0
     for member in tree(pid):
         try:
-            with open(f"/proc/{member}/statm", "rb") as f:
-                total += int(f.read().split()[1]) * PAGE_KB
+            with open(f"/proc/{member}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2 :].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            rss += int(fields[21]) * PAGE_KB
         except (OSError, ValueError, IndexError):
             continue
-    return total
+    return rss, ticks / TICKS
 
 
 def wait(pid: int, limits: Limits) -> tuple[int, Any, float, int, str | None]:
     """Wait for ``pid``: its wait status, rusage, wall time, the peak resident memory of its
-    tree as sampled (kB), and why the runner killed it."""
+    tree as sampled (kB), and why the runner killed it (``memory``, ``cpu`` or ``wall``)."""
     started = time.monotonic()
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
@@ -155,9 +154,13 @@ def wait(pid: int, limits: Limits) -> tuple[int, Any, float, int, str | None]:
                 break
             if poller.poll(min(POLL_S, left) * 1000):
                 break
-            peak = max(peak, tree_rss_kb(pid))
+            rss, cpu = tree_usage(pid)
+            peak = max(peak, rss)
             if peak > limits.memory_kb:
                 killed = "memory"
+                break
+            if cpu > limits.cpu_s:
+                killed = "cpu"
                 break
         if killed is not None:
             kill_tree(pid)
@@ -170,6 +173,11 @@ def wait(pid: int, limits: Limits) -> tuple[int, Any, float, int, str | None]:
 def sweep_leftovers() -> None:
     """Kill and reap every process below the runner (a program's children, orphans it left):
     the next run starts alone."""
+    try:
+        if os.waitpid(-1, os.WNOHANG) == (0, 0):
+            pass  # a child runs: look for them all below
+    except ChildProcessError:  # no child at all: the program left nothing (the usual case)
+        return
     me = os.getpid()
     deadline = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < deadline:
@@ -195,34 +203,28 @@ def run(
     isolation: str,
     limits: Limits,
     *,
-    cwd: str,
     stdin_path: str | None = None,
     stdin_data: bytes | None = None,
     keep_stdout: int,
     keep_stderr: int = 4096,
-    prepare: Callable[[], bool] | None = None,
 ) -> Measured:
-    """Run ``argv`` once in the box and measure it (see the module's docstring)."""
+    """Run ``argv`` once in the box, in the runner's working directory, and measure it (see
+    the module's docstring)."""
     out_fd = os.memfd_create("stdout", os.MFD_CLOEXEC)
     err_fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
     in_fd = None
-    if stdin_data is not None:
-        in_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
-        os.write(in_fd, stdin_data)
-        os.lseek(in_fd, 0, os.SEEK_SET)
     try:
-        pid = start(
-            argv,
-            box,
-            isolation,
-            limits,
-            cwd=cwd,
-            stdin_path=stdin_path,
-            stdin_fd=in_fd,
-            out_fd=out_fd,
-            err_fd=err_fd,
-            prepare=prepare,
-        )
+        if stdin_path is not None:  # opened with the box's rights: only what it may read
+            with as_box(box, isolation):
+                in_fd = os.open(stdin_path, os.O_RDONLY | os.O_CLOEXEC)
+        elif stdin_data is not None:
+            in_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+            os.write(in_fd, stdin_data)
+            os.lseek(in_fd, 0, os.SEEK_SET)
+        try:
+            pid = spawn(argv, box, isolation, stdin_fd=in_fd, out_fd=out_fd, err_fd=err_fd)
+        except OSError as exc:  # not found, not executable, the directory taken away
+            return Measured(127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0)
         status, usage, wall, peak, killed = wait(pid, limits)
         sweep_leftovers()
         stdout, size = read_all(out_fd, keep_stdout)

@@ -15,6 +15,9 @@ outside this package. Layout, from the wire inwards:
 - ``output``     head+tail capped capture buffers
 - ``streaming``  a running cell's events (output chunks, displays) sent before its result
 - ``cell``       the result dict of one execute call
+- ``judges``     the supervisor's side of an item's judge step (``farm.judge``)
+- ``judging``    the judge's runner in a box: compile, tests (``testrun``), ``checkers``,
+                 the image's ``languages``
 - ``client``     ``KernelClient``, the stdlib client every host-side layer reuses
 """
 

@@ -19,7 +19,6 @@ Each session lives in a box of its own (``boxes``) and its processes come from t
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import socket
@@ -31,8 +30,9 @@ from typing import Any
 from . import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
 from .boxes import Box, BoxPool, Caps, LimitsError
 from .cell import Cell, fit, over_budget
-from .commands import CommandRun, kill_tree
+from .commands import kill_tree
 from .framing import FrameError, encode
+from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .process import SessionProcess
@@ -99,11 +99,11 @@ class SessionManager:
     ) -> None:
         self.caps = caps or Caps.of_this_sandbox()
         self.spawner = Spawner(zygote, pool, self.caps, tool_limit)
+        self.judges = Judges(self.spawner)
         self.grace_s = grace_s
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
         self.closed_early: dict[str, None] = {}  # ids closed before they opened, oldest first
-        self.judging: dict[str, CommandRun] = {}  # judge runners by item (session) id
         self.watch = MemoryWatch(self._watched) if pool.per_uid else None
         self.opens = 0
         self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
@@ -165,9 +165,7 @@ class SessionManager:
         """End the session now; its box is reset (every process and file of its uid goes) in
         the background and only then given back to the pool."""
         session = self.sessions.pop(session_id, None)
-        judging = self.judging.pop(session_id, None)
-        if judging is not None and session is None:  # a judge item without a session process
-            kill_tree(judging.pid)
+        if session is None and self.judges.stop(session_id):  # a judge item without a process
             return {"type": "session_closed", "session_id": session_id}
         if session is None:
             # The host may close an item's box before it opened (a map cancelled at once): the
@@ -267,7 +265,15 @@ class SessionManager:
         rules (each cell's timeout, caps, kinds), for one round trip instead of four or more:
         a batch item's cost is its box, not its messages."""
         if request["judge"] is not None and not request["files"] and not request["cells"]:
-            return await self._judge_alone(request)
+            item_id = request["session_id"] or uuid.uuid4().hex
+            if item_id in self.closed_early:
+                del self.closed_early[item_id]
+                raise RequestError("no_such_session", f"session {item_id!r} was closed already")
+            try:
+                limits = self.caps.check(request["limits"])
+            except LimitsError as exc:
+                raise RequestError("bad_limits", str(exc)) from None
+            return await self.judges.alone(request, limits, item_id)
         opened = await self.open(request["tools"], request["limits"], request["session_id"])
         session_id, epoch = opened["session_id"], opened["epoch"]
         self.sessions[session_id].one_shot = True
@@ -301,7 +307,8 @@ class SessionManager:
                 if result["status"] != "ok":
                     return outcome
             if request["judge"] is not None:
-                outcome["judge"] = await self._judge(session_id, request)
+                box = self._session(session_id).box
+                outcome["judge"] = await self.judges.run(box, request, session_id)
                 return outcome
             if request["argv"] is not None:
                 command = {
@@ -319,44 +326,6 @@ class SessionManager:
         finally:
             if session_id in self.sessions:  # a host's close_session may have ended it
                 self.close(session_id)
-
-    async def _judge_alone(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A judge item with no files to write: a box and its runner, no session process (it
-        would be forked and ended for nothing). ``close_session`` with its id stops it."""
-        session_id = request["session_id"] or uuid.uuid4().hex
-        if session_id in self.closed_early:
-            del self.closed_early[session_id]
-            raise RequestError("no_such_session", f"session {session_id!r} was closed already")
-        try:
-            box = self.spawner.take_box(self.caps.check(request["limits"]))
-        except LimitsError as exc:
-            raise RequestError("bad_limits", str(exc)) from None
-        outcome: dict[str, Any] = {"session_id": session_id, "cells": [], "command": None}
-        try:
-            outcome["judge"] = await self._judge_in(box, request, session_id)
-        finally:
-            self.judging.pop(session_id, None)
-            self.spawner.end_box(box, None)
-        return {**outcome, "file_error": None}
-
-    async def _judge(self, session_id: str, request: dict[str, Any]) -> dict[str, Any]:
-        return await self._judge_in(self._session(session_id).box, request, session_id)
-
-    async def _judge_in(self, box: Box, request: dict[str, Any], key: str) -> dict[str, Any]:
-        """An item's ``judge`` step: the runner (``judging``) forked into the box as root,
-        its one JSON answer read like a command's stdout; a runner that gives none is ``IE``."""
-        judge = {"argv": ["farm-judge"], "judge": request["judge"]}
-        run = await self.spawner.command(box, judge, request["room"] // 2)
-        self.judging[key] = run
-        done = await run.run(b"", request["timeout_s"])
-        try:
-            result: dict[str, Any] = json.loads(done["stdout"])
-        except ValueError:
-            why = "timed out" if done["timed_out"] else f"ended with {done['returncode']}"
-            tail = done["stderr"][-2000:]
-            message = f"the judge's runner {why}: {tail}"
-            return {"verdict": "IE", "message": message, "tests": [], "compile": None}
-        return result
 
     def _session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)

@@ -137,10 +137,10 @@ def tree_usage(pid: int) -> tuple[int, float]:
     return rss, ticks / TICKS
 
 
-def wait(pid: int, limits: Limits) -> tuple[int, Any, float, int, str | None]:
-    """Wait for ``pid``: its wait status, rusage, wall time, the peak resident memory of its
-    tree as sampled (kB), and why the runner killed it (``memory``, ``cpu`` or ``wall``)."""
-    started = time.monotonic()
+def wait(pid: int, limits: Limits, started: float) -> tuple[int, Any, float, int, str | None]:
+    """Wait for ``pid``: its wait status, rusage, wall time since ``started`` (taken before
+    it was started), the peak resident memory of its tree as sampled (kB), and why the
+    runner killed it (``memory``, ``cpu`` or ``wall``)."""
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
@@ -222,10 +222,11 @@ def run(
             os.write(in_fd, stdin_data)
             os.lseek(in_fd, 0, os.SEEK_SET)
         try:
+            started = time.monotonic()  # spawn returns once exec succeeded: it may have run
             pid = spawn(argv, box, isolation, stdin_fd=in_fd, out_fd=out_fd, err_fd=err_fd)
         except OSError as exc:  # not found, not executable, the directory taken away
             return Measured(127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0)
-        status, usage, wall, peak, killed = wait(pid, limits)
+        status, usage, wall, peak, killed = wait(pid, limits, started)
         sweep_leftovers()
         stdout, size = read_all(out_fd, keep_stdout)
         stderr, _ = read_all(err_fd, keep_stderr)

@@ -174,10 +174,21 @@ def _item(token: str, submission: SubmissionIn, encoded: bool) -> dict[str, Any]
 
 
 def _judge(request: Request, items: list[dict[str, Any]]) -> None:
-    """Judge ``items`` in one map (blocking: run in a thread), recording each as it ends."""
+    """Judge ``items`` in one map (blocking: run in a thread), recording each as it ends; a
+    map that fails (the broker gone past its wait, say) ends its unfinished items as
+    ``Internal Error``, never leaves them in the queue for good."""
     store = _store(request)
-    for record in request.app.state.farm.map(items, image=JUDGE_IMAGE, ordered=False, retries=1):
-        store.finish(str(record.id), record)
+    left = {str(item["id"]) for item in items}
+    try:
+        farm = request.app.state.farm
+        for record in farm.map(items, image=JUDGE_IMAGE, ordered=False, retries=1):
+            store.finish(str(record.id), record)
+            left.discard(str(record.id))
+    except Exception as exc:
+        for key in left:
+            why = f"{type(exc).__name__}: {exc}"
+            store.finish(key, BatchRecord(id=key, status="error", kind="infra", message=why))
+        raise
 
 
 def _status(result: JudgeResult | None, record: BatchRecord | None) -> int:

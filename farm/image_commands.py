@@ -49,6 +49,9 @@ def image_build(
         help="a host its boxes may reach, e.g. pypi.org or '*.example.org:443' (repeatable; "
         "within the farm's FARM_EGRESS_ALLOW)",
     ),
+    languages: str = typer.Option(
+        "", "--languages", help="judge only: its languages, comma separated (default: all)"
+    ),
 ) -> None:
     """Build a farm image when missing or stale: the default one, a variant, or an
     environment (packages added to the sandbox base, or to --from IMAGE)."""
@@ -83,6 +86,7 @@ def image_build(
             spec,
             force=force,
             base_dir=base_dir,
+            languages=[n.strip() for n in languages.split(",") if n.strip()],
         )
     except InvalidRequest as exc:
         fail(str(exc), 2)

@@ -146,6 +146,7 @@ class EgressSettings(BaseSettings):
 IMAGE_LIMITS: dict[str, dict[str, Any]] = {
     "browser": {"memory_mb": 2048, "tmp_mb": 512, "nofile": 4096},
     "docs": {"memory_mb": 1024},
+    "judge": {"memory_mb": 3072, "cpus": 2.0},  # compilers and tests of many items at once
     # Inspect AI's samples: each that uses Inspect's injected tools keeps ~32 MiB of them in
     # /var/tmp and ~33 MiB in their server: room for eight at once (README, Inspect).
     "inspect": {"memory_mb": 1024, "tmp_mb": 272},
@@ -153,6 +154,7 @@ IMAGE_LIMITS: dict[str, dict[str, Any]] = {
 IMAGE_BOX_LIMITS: dict[str, dict[str, Any]] = {
     "browser": {"memory_mb": 1536, "pids": 256, "nofile": 2048, "disk_mb": 256},
     "docs": {"memory_mb": 768},
+    "judge": {"pids": 96},  # a JVM's threads count (RLIMIT_NPROC); 32 boxes fit 4096 pids
 }
 
 
@@ -200,6 +202,12 @@ class FarmSettings(BaseSettings):
         "every session can have a call waiting and opens still get through)",
     )
     max_sessions: int = Field(default=32, ge=1, description="sessions one worker holds at most")
+    judge_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        description="judge items a worker runs at once (default: twice its sandbox's CPUs, "
+        "so that tests are timed on a core of their own, not a slice of one)",
+    )
     idle_timeout_s: float = Field(
         default=1800.0, gt=0, description="idle sessions expire after this"
     )

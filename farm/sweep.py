@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from farm.client import Farm
 from farm.errors import BrokerUnavailable, InvalidRequest, SandboxUnavailable
+from farm.judge import image_for
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord
 
@@ -30,6 +31,9 @@ from farm.models.batch import BatchItem, BatchRecord
 SweepItem = BatchItem
 SweepRecord = BatchRecord
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
+# A judge item's fields that change its outcome (in the cache key beside the cells).
+JUDGE_FIELDS = {"language", "source", "tests", "checker", "special_judge", "all_tests"}
+JUDGE_FIELDS |= {"keep_outputs", "judge_limits"}
 REFRESH_S = 1.0  # the cache reads the live workers (their images' digests) at most this often
 
 
@@ -169,7 +173,8 @@ class Sweep:
             skip = {"journal"} if record.journal is None else None
             out.write(record.model_dump_json(exclude=skip) + "\n")
             out.flush()
-        outcomes[f"{record.status}/{record.kind or '-'}"] += 1
+        verdict = record.judge.verdict.value if record.judge is not None else "-"
+        outcomes[f"{record.status}/{record.kind or verdict}"] += 1
         if self.on_record is not None:
             self.on_record(record)
 
@@ -212,17 +217,19 @@ class Sweep:
 
     def _cache_key(self, item: SweepItem) -> str | None:
         """A digest of everything that can change an item's outcome: its cells (setup
-        included), files and timeout, and the image it runs on as the workers serving it
-        report it when the item is read (digest and limits); a change to any of them misses
-        the cache. No worker serving the image, no key: the item is neither looked up nor
-        stored (a record keyed without a digest would be served again for any build)."""
+        included) or submission and tests, files and timeout, and the image it runs on as the
+        workers serving it report it when the item is read (digest and limits); a change to
+        any of them misses the cache. No worker serving the image, no key: the item is
+        neither looked up nor stored (a record keyed without a digest would be served again
+        for any build)."""
         if self.cache_dir is None:
             return None
-        image = item.image or self.image
+        image = image_for(item, self.image)
         served = self._sandboxes(image)
         if not served:
             return None
         basis = {
+            "judge": item.model_dump(mode="json", include=JUDGE_FIELDS, exclude_none=True),
             "cells": item.all_cells(),
             "cmd": item.cmd,
             "files": item.files or {},

@@ -29,6 +29,7 @@ def test_variants_are_named_after_their_images() -> None:
     assert {name: v.tag for name, v in VARIANTS.items()} == {
         "docs": "farm-sandbox:docs",
         "browser": "farm-sandbox:browser",
+        "judge": "farm-sandbox:judge",
     }
 
 

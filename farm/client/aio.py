@@ -15,6 +15,7 @@ from farm.client.session import Session
 from farm.events import Event
 from farm.models import CommandResult, ExecResult
 from farm.models.batch import BatchRecord
+from farm.models.judge import JudgeResult
 
 
 class AsyncFarm:
@@ -41,6 +42,10 @@ class AsyncFarm:
 
     async def run(self, code: str, **kwargs: Any) -> ExecResult:
         return await asyncio.to_thread(self.sync.run, code, **kwargs)
+
+    async def judge(self, language: str, source: str, tests: Any, **options: Any) -> JudgeResult:
+        """``Farm.judge`` off the event loop: one submission's verdicts."""
+        return await asyncio.to_thread(self.sync.judge, language, source, tests, **options)
 
     async def map(self, items: Iterable[Any], **kwargs: Any) -> AsyncIterator[BatchRecord]:
         """``async for record in farm.map(items)``: ``Farm.map`` read off the event loop (the

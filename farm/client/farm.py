@@ -32,8 +32,10 @@ from farm.errors import (
 )
 from farm.events import Event
 from farm.journal import Journal
+from farm.judge.front import judge_one
 from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused
 from farm.models.batch import BatchItem
+from farm.models.judge import JudgeResult
 from farm.registry import Registry
 from farm.settings import FarmSettings
 
@@ -353,6 +355,14 @@ class Farm:
             journal=journal,
             egress=_egress(egress),
         )
+
+    def judge(
+        self, language: str, source: str, tests: Sequence[Mapping[str, Any]], **options: Any
+    ) -> JudgeResult:
+        """Judge one submission (``farm.judge``): ``options`` are a judge item's (``checker``,
+        ``limits``, ``all_tests``, ``special_judge``, ``files``, ``image``) and ``retries``.
+        Many submissions: ``Farm.map`` of judge items, on the same engine."""
+        return judge_one(self, language, source, tests, **options)
 
     def _started(self, request: dict[str, Any]) -> bool:
         """Whether a worker claimed ``request`` (may have run it); unknown counts as yes."""

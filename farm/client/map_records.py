@@ -9,8 +9,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from farm.judge.specs import judge_spec
 from farm.models import ErrorKind, ExecResult
-from farm.models.batch import BatchItem, BatchRecord, ItemDone
+from farm.models.batch import BatchItem, BatchRecord, ChunkItem, ItemDone
+from farm.models.judge import Verdict
 
 Item = BatchItem | dict[str, Any] | str
 
@@ -32,6 +34,36 @@ def parse_item(key: int, raw: Item) -> BatchItem | BatchRecord:
         )
 
 
+def chunk_item(
+    key: int, exec_id: str, item: BatchItem, timeout_s: float, egress: list[str] | None = None
+) -> ChunkItem:
+    """One attempt at ``item`` as a worker gets it (a judge item: its judge step); ``egress``:
+    the map's hosts, for an item that names none."""
+    hosts = item.egress if item.egress is not None else egress
+    if item.source is not None:  # a submission to judge (farm.judge)
+        spec, files, judge_timeout_s = judge_spec(item)
+        return ChunkItem(
+            key=key,
+            exec_id=exec_id,
+            cells=[],
+            files=files,
+            timeout_s=judge_timeout_s,
+            judge=spec,
+            special_judge=item.special_judge,
+            egress=hosts,
+        )
+    return ChunkItem(
+        key=key,
+        exec_id=exec_id,
+        cells=item.all_cells(),
+        argv=item.argv(),
+        files=item.files or {},
+        timeout_s=item.timeout_s or timeout_s,
+        limits=item.limits.model_dump() if item.limits else {},
+        egress=hosts,
+    )
+
+
 def failed(key: int, exec_id: str, worker: str, kind: ErrorKind, ename: str, why: str) -> ItemDone:
     """What a worker would have pushed for an item that it could not finish (it died, or the
     broker lost the map's data): one failed cell, its state lost."""
@@ -45,8 +77,12 @@ def failed(key: int, exec_id: str, worker: str, kind: ErrorKind, ename: str, why
 
 
 def outcome(done: ItemDone) -> tuple[bool, str | None, str | None]:
-    """(failed, kind, message) of an item: its command's when it has one, else its last
-    cell's (a failed cell stops the item before its command)."""
+    """(failed, kind, message) of an item: its verdict's for a judge item, its command's when
+    it has one, else its last cell's (a failed cell stops the item before its command)."""
+    if done.judge is not None:  # a verdict is a result; IE is farm's failure (retried)
+        if done.judge.verdict != Verdict.IE:
+            return False, None, None
+        return True, done.judge.kind or ErrorKind.INFRA.value, f"IE: {done.judge.message}"[:2000]
     command = done.command
     if command is not None:
         if command.ok:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from farm.celeryconf import TASK_BATCH, shared_queue
-from farm.client.map_records import Item, failed, manifest, outcome, parse_item
+from farm.client.map_records import Item, chunk_item, failed, manifest, outcome, parse_item
 from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
+from farm.judge import image_for
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
 from farm.registry import BROKER_MARK, PREFIX, cancel_key, results_key
@@ -192,7 +193,7 @@ class MapRun:
                 self._send([a for a in batch if self._image(a) == image])
 
     def _image(self, attempt: _Attempt) -> str:
-        return attempt.item.image or self.image
+        return image_for(attempt.item, self.image)
 
     def _served(self, attempt: _Attempt) -> bool:
         """Whether a worker serves the item's image (a local farm starts one); if not, the
@@ -249,17 +250,7 @@ class MapRun:
             self.on_sent(len(batch))
 
     def _chunk_item(self, attempt: _Attempt) -> ChunkItem:
-        item = attempt.item
-        return ChunkItem(
-            key=attempt.key,
-            exec_id=attempt.exec_id,
-            cells=item.all_cells(),
-            argv=item.argv(),
-            files=item.files or {},
-            timeout_s=item.timeout_s or self.timeout_s,
-            limits=item.limits.model_dump() if item.limits else {},
-            egress=item.egress if item.egress is not None else self.egress,
-        )
+        return chunk_item(attempt.key, attempt.exec_id, attempt.item, self.timeout_s, self.egress)
 
     # --- receiving -----------------------------------------------------------------------
 
@@ -304,6 +295,7 @@ class MapRun:
             message=message,
             cells=done.cells,
             command=done.command,
+            judge=done.judge,
             attempts=attempt.attempts,
             duration_s=time.perf_counter() - attempt.started,
             manifest=self._manifest(done.worker, self._image(attempt)),

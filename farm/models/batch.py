@@ -8,14 +8,17 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from farm.models.base import Model
+from farm.models.judge import JudgeLimits, JudgeResult, JudgeSpec, TestCase, check_judge_item
 from farm.models.results import BoxLimits, CommandResult, ExecResult
 
 
 class BatchItem(Model):
     """One item: a ``code`` string, ``cells`` run in order in one session (stopping at the
-    first failure), or a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
-    program of the image), with an optional ``setup`` cell first, ``files`` written to the
-    workspace before, its own ``timeout_s``, box ``limits`` and ``image``."""
+    first failure), a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
+    program of the image), or a submission to judge (``language``, ``source``, ``tests``,
+    ``checker``, ``all_tests``; its ``limits`` are then ``JudgeLimits``: see ``farm.judge``),
+    with an optional ``setup`` cell first, ``files`` written to the workspace before, its own
+    ``timeout_s``, box ``limits`` and ``image``."""
 
     id: str | int
     code: str | None = None
@@ -29,13 +32,35 @@ class BatchItem(Model):
     egress: list[str] | None = Field(
         default=None, description="hosts its box may reach (default: the map's; none)"
     )
+    language: str | None = Field(default=None, description="a judge item's language")
+    source: str | None = None
+    tests: list[TestCase] | None = None
+    checker: str = Field(default="tokens", description="exact, lines, tokens, float:A[:R], special")
+    special_judge: str | None = Field(default=None, description="Python: def check(i, e, o)")
+    all_tests: bool = False
+    keep_outputs: bool = Field(default=False, description="each test's stdout in its result")
+    judge_limits: JudgeLimits | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _judge_limits(cls, data: Any) -> Any:
+        """A judge item's ``limits`` are per test (``JudgeLimits``), not the box's."""
+        if isinstance(data, dict) and data.get("language") is not None and "limits" in data:
+            data = {**data, "judge_limits": data["limits"]}
+            del data["limits"]
+        return data
 
     @model_validator(mode="after")
     def _one_body(self) -> BatchItem:
-        if sum(body is not None for body in (self.code, self.cells, self.cmd)) != 1:
-            raise ValueError("give exactly one of 'code', 'cells' or 'cmd'")
+        bodies = (self.code, self.cells, self.cmd, self.source)
+        if sum(body is not None for body in bodies) != 1:
+            raise ValueError("give exactly one of 'code', 'cells', 'cmd' or 'source'")
         if isinstance(self.cmd, list) and not self.cmd:
             raise ValueError("'cmd' must not be an empty list")
+        if (self.source is None) != (self.language is None):
+            raise ValueError("a judge item needs both 'language' and 'source'")
+        if self.source is not None:
+            check_judge_item(self.checker, self.special_judge, self.tests, self.files)
         return self
 
     def argv(self) -> list[str] | None:
@@ -62,6 +87,7 @@ class BatchRecord(Model):
     attempts: int = 0
     duration_s: float = 0.0
     cached: bool = False
+    judge: JudgeResult | None = Field(default=None, description="a judge item's verdicts")
     manifest: dict[str, Any] = Field(default_factory=dict)
     journal: list[dict[str, Any]] | None = Field(
         default=None,
@@ -84,6 +110,8 @@ class ChunkItem(Model):
     timeout_s: float = Field(gt=0)
     limits: dict[str, int] = Field(default_factory=dict)
     egress: list[str] | None = None
+    judge: JudgeSpec | None = Field(default=None, description="a submission to judge")
+    special_judge: str | None = Field(default=None, description="its checker's Python code")
 
 
 class Chunk(Model):
@@ -109,3 +137,4 @@ class ItemDone(Model):
     egress: list[dict[str, Any]] = Field(
         default_factory=list, description="where its box connected to (host, port, allowed)"
     )
+    judge: JudgeResult | None = None

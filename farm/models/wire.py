@@ -11,6 +11,7 @@ from pydantic import (
 )
 
 from farm.models.base import Model
+from farm.models.judge import JudgeResult, JudgeSpec
 from farm.models.results import BoxLimits, CommandResult, ExecResult, Value
 
 # --- kernel wire messages (host <-> kernel; the kernel's own: farm.kernel.wire.protocol) ----
@@ -222,6 +223,7 @@ class Item(Model):
     max_output_bytes: int = Field(default=1024 * 1024, ge=1024)
     events: bool = False
     egress: bool = False
+    judge: JudgeSpec | None = None
 
 
 class ItemOutcome(Model):
@@ -229,6 +231,7 @@ class ItemOutcome(Model):
     cells: list[ExecResult]
     command: CommandResult | None = None
     file_error: FileError | None = None
+    judge: JudgeResult | None = None
 
 
 class ItemReply(Model):

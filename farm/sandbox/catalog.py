@@ -13,6 +13,7 @@ spec, is served as it is.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,14 @@ def build_image(
     force: bool = False,
     base_dir: Path | None = None,
     repo_root: Path | None = None,
+    languages: Sequence[str] = (),
 ) -> SandboxImage:
     """Build the farm image ``name`` when missing or stale.
 
     With a ``spec`` (whose requirements paths are relative to ``base_dir``): that environment;
     its name may not be one of farm's. Without one: ``default``, a variant, or an environment
-    built before, from the spec its image recorded (after a kernel change, say).
+    built before, from the spec its image recorded (after a kernel change, say); the judge
+    variant keeps the ``languages`` it was built with unless given others.
     """
     if spec is not None:
         if spec.name in RESERVED:
@@ -90,8 +93,15 @@ def build_image(
         return ensure_env_image(resolved, client, force=force, repo_root=repo_root)
     if name == "default":
         return ensure_sandbox_image(client, tag=DEFAULT_TAG, force=force, repo_root=repo_root)
+    if name == "judge" and not languages:  # keep the languages it was built with
+        with docker_client(client) as client:
+            recorded = _recorded_spec(client, name)
+            if recorded is not None:
+                return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
     if name in VARIANTS:
-        return ensure_variant_image(name, client, force=force, repo_root=repo_root)
+        return ensure_variant_image(
+            name, client, force=force, repo_root=repo_root, languages=languages
+        )
     with docker_client(client) as client:
         recorded = _recorded_spec(client, name)
         if recorded is None:

@@ -26,6 +26,7 @@ import docker
 import docker.errors
 
 from farm.errors import ImageBuildError, InvalidRequest
+from farm.judge.languages import apt_packages
 from farm.sandbox.envspec import EnvSpec
 from farm.sandbox.images import (
     BASE_BUILD_TIMEOUT_S,
@@ -105,7 +106,11 @@ def ensure_env_image(
                     force=force,
                     repo_root=root,
                     dockerfile=ENV_DOCKERFILE,
-                    buildargs={"APT_PACKAGES": " ".join(spec.apt), **(buildargs or {})},
+                    buildargs={
+                        "APT_PACKAGES": " ".join(spec.apt),
+                        "JUDGE_APT_PACKAGES": " ".join(apt_packages(spec.languages)),
+                        **(buildargs or {}),
+                    },
                     labels={
                         LABEL_ENV: spec.name,
                         LABEL_ENV_HASH: spec.digest(),
@@ -116,7 +121,7 @@ def ensure_env_image(
                     prepare=prepare,
                     base=spec.from_image,
                     # Only apt fetches anything in the build; without it the build is offline.
-                    network_mode=None if spec.apt else "none",
+                    network_mode=None if spec.apt or apt_packages(spec.languages) else "none",
                 )
             except ImageBuildError as exc:
                 raise explain(exc, tag) from exc
@@ -210,8 +215,9 @@ def _download_wheels(
 
 def _build_context(spec: EnvSpec, wheels: Path, root: Path) -> Path:
     """build/sandbox-context/NAME: env.Dockerfile (at its repository path, which the kernel
-    hash names), the kernel and ``wheels/``, so the repository's own build context (the
-    default image's, the worker's) never carries an environment's wheels."""
+    hash names), the kernel, ``wheels/`` and ``judge/languages.json`` (the judge's table),
+    so the repository's own build context (the default image's, the worker's) never carries
+    an environment's wheels."""
     context = root / CONTEXT_DIR / spec.name
     shutil.rmtree(context, ignore_errors=True)
     (context / ENV_DOCKERFILE).parent.mkdir(parents=True)
@@ -219,6 +225,9 @@ def _build_context(spec: EnvSpec, wheels: Path, root: Path) -> Path:
     shutil.copytree(
         root / KERNEL_DIR, context / KERNEL_DIR, ignore=shutil.ignore_patterns("__pycache__")
     )
+    table = {name: language.for_image() for name, language in spec.languages.items()}
+    (context / "judge").mkdir()
+    (context / "judge" / "languages.json").write_text(json.dumps(table, indent=1, sort_keys=True))
     shutil.copytree(
         wheels,
         context / "wheels",

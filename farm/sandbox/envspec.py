@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from farm.egress.policy import PolicyError, parse_rules
 from farm.errors import InvalidRequest
+from farm.judge.languages import Language
 
 SANDBOX_REPOSITORY = "farm-sandbox"
 SPEC_FILE = "farm-env.toml"
@@ -78,6 +79,9 @@ class EnvSpec(BaseModel):
     egress: tuple[str, ...] = Field(
         (), description="hosts its boxes may reach (within the farm's ceiling, FARM_EGRESS_ALLOW)"
     )
+    languages: dict[str, Language] = Field(
+        default_factory=dict, description="the judge's languages (farm.judge.languages)"
+    )
 
     @property
     def tag(self) -> str:
@@ -116,6 +120,14 @@ class EnvSpec(BaseModel):
             if not APT_PATTERN.match(name):
                 raise ValueError(f"not a Debian package name: {name!r}")
         return apt
+
+    @field_validator("languages")
+    @classmethod
+    def _language_names(cls, languages: dict[str, Language]) -> dict[str, Language]:
+        for name in languages:
+            if not re.match(r"^[a-z0-9][a-z0-9_+.-]{0,31}$", name):
+                raise ValueError(f"not a language name: {name!r}")
+        return languages
 
     def resolve(self, base_dir: Path) -> EnvSpec:
         """This spec with its requirements files read into ``pip`` (paths relative to

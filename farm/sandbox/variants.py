@@ -1,17 +1,20 @@
 """Sandbox image variants: the environments farm itself defines, for one kind of work each.
 
 ``docs`` (markitdown and its converters, for ``read_document``: untrusted files are parsed in
-the sandbox, never on a worker) and ``browser`` (Debian's chromium and Playwright). They are
-specs like users' (``farm.sandbox.envspec``), built by the same engine, with the limits the
-settings give their workers (``IMAGE_LIMITS``). More: docs/design/images.md.
+the sandbox, never on a worker), ``browser`` (Debian's chromium and Playwright) and ``judge``
+(compilers and runtimes of the judge's languages, ``farm.judge.languages``). They are specs
+like users' (``farm.sandbox.envspec``), built by the same engine, with the limits the settings
+give their workers (``IMAGE_LIMITS``). More: docs/design/images.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from farm.errors import ImageBuildError
+from farm.judge.languages import LANGUAGES
 from farm.sandbox.environments import ensure_env_image
 from farm.sandbox.envspec import EnvLimits, EnvSpec
 from farm.sandbox.images import SandboxImage
@@ -32,7 +35,21 @@ VARIANTS: dict[str, EnvSpec] = {
         apt=("chromium", "fonts-dejavu-core", "libatomic1"),  # libatomic1: Playwright's node
         limits=EnvLimits(**IMAGE_LIMITS["browser"]),
     ),
+    "judge": EnvSpec(
+        name="judge",
+        languages=dict(LANGUAGES),
+        limits=EnvLimits(**IMAGE_LIMITS["judge"]),
+    ),
 }
+
+
+def judge_variant(languages: Sequence[str]) -> EnvSpec:
+    """The judge image with only ``languages`` (names of ``farm.judge.languages``)."""
+    unknown = sorted(set(languages) - set(LANGUAGES))
+    if unknown:
+        raise ImageBuildError(f"unknown languages {unknown}; known: {sorted(LANGUAGES)}")
+    chosen = {name: LANGUAGES[name] for name in sorted(set(languages))}
+    return VARIANTS["judge"].model_copy(update={"languages": chosen})
 
 
 def ensure_variant_image(
@@ -41,10 +58,16 @@ def ensure_variant_image(
     *,
     force: bool = False,
     repo_root: Path | None = None,
+    languages: Sequence[str] = (),
 ) -> SandboxImage:
-    """Make ``farm-sandbox:NAME`` current for the variant ``name``, building only if needed.
-    (What its boxes may reach is their egress policy's, per session: no image has a network.)"""
+    """Make ``farm-sandbox:NAME`` current for the variant ``name``, building only if needed;
+    ``languages`` (judge only) builds ``farm-sandbox:judge`` with those languages alone. (What
+    its boxes may reach is their egress policy's, per session: no image has a network.)"""
     if name not in VARIANTS:
         raise ImageBuildError(f"unknown sandbox variant {name!r}; known: {sorted(VARIANTS)}")
     variant = VARIANTS[name]
+    if languages:
+        if name != "judge":
+            raise ImageBuildError("only the judge variant takes languages")
+        variant = judge_variant(languages)
     return ensure_env_image(variant, client, force=force, repo_root=repo_root, tag=variant.tag)

@@ -20,7 +20,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import farm
-from farm.serve import files, runs, sessions
+from farm.serve import files, judge0, runs, sessions
 from farm.serve.access import Sessions, Slots, authenticate, bearer
 from farm.serve.problems import ProblemError, install, problem
 from farm.serve.tokens import TokenStore
@@ -72,6 +72,7 @@ def make_app(
     app.include_router(sessions.router)
     app.include_router(files.router)
     app.include_router(runs.router)
+    app.include_router(judge0.router)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, str]:

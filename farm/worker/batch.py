@@ -23,6 +23,7 @@ from farm.models import CommandResult, ErrorKind, ExecResult, ItemOutcome
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.registry import cancel_key
 from farm.worker.egress import PolicyError
+from farm.worker.judging import Judging
 from farm.worker.recorder import ExecRecorder
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class BatchRunner:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
         self.pool = ThreadPoolExecutor(worker.settings.max_sessions, thread_name_prefix="batch")
+        self.judging = Judging(worker.settings, worker.keeper, worker.id)
         self._open: dict[str, set[str]] = {}  # map id -> kernel sessions of its running items
         self._cancel_seen: dict[str, tuple[float, bool]] = {}  # map id -> (asked at, cancelled)
         self._lock = threading.Lock()
@@ -145,6 +147,8 @@ class BatchRunner:
         )
         if claim is not None:  # ran (or runs) elsewhere: this copy runs nothing
             return None
+        if item.judge is not None:  # a submission to judge: cache and special judge around it
+            return self.judging.run(chunk, item, self._cells).model_dump_json()
         return self._cells(chunk, item).model_dump_json()
 
     def _cells(self, chunk: Chunk, item: ChunkItem) -> ItemDone:
@@ -193,6 +197,7 @@ class BatchRunner:
                     limits=item.limits,
                     files={path: text.encode() for path, text in item.files.items()},
                     argv=item.argv,
+                    judge=item.judge.model_dump(mode="json") if item.judge else None,
                     grace_s=worker.settings.limits.grace_s,
                     on_event=on_event if recorders else None,  # cell events, each cell's end
                     egress=policy is not None,
@@ -220,6 +225,7 @@ class BatchRunner:
             if recorder is not None:
                 recorder.finish(result.model_dump(mode="json"))
         done.cells = outcome.cells
+        done.judge = outcome.judge
         if outcome.file_error is not None:
             error = outcome.file_error
             why = f"writing {error.path!r}: {error.ename}: {error.evalue}"

@@ -45,11 +45,28 @@ RUN set -e; \
     fi; \
     rm -rf /tmp/wheels
 
+# Judge toolchains (farm/judge/languages.py): the Debian packages of the languages the image
+# judges, in a layer of their own (after the spec's, so other images keep their layers), with
+# the man directory Debian's JDK scripts expect and the base image leaves out. The language
+# table (compile, run and version commands) goes to /etc/farm/judge/languages.json.
+ARG JUDGE_APT_PACKAGES=""
+RUN set -e; \
+    if [ -n "$JUDGE_APT_PACKAGES" ]; then \
+        mkdir -p /usr/share/man/man1; \
+        apt-get -o Acquire::Retries=3 update; \
+        DEBIAN_FRONTEND=noninteractive apt-get -o Acquire::Retries=3 install -y \
+            --no-install-recommends $JUDGE_APT_PACKAGES; \
+        rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb; \
+    fi
+COPY judge/ /etc/farm/judge/
+
 # Only the kernel: an empty farm/__init__.py stands in for the real one, which must not be here.
 COPY farm/kernel/ /opt/farm/farm/kernel/
 RUN touch /opt/farm/farm/__init__.py \
     && find /opt/farm -name '__pycache__' -prune -exec rm -rf {} + \
     && python3 -m compileall -q /opt/farm
+# Each judged language's version, asked of the toolchain once, here (farm/kernel/judge/languages.py).
+RUN PYTHONPATH=/opt/farm python3 -m farm.kernel.judge.languages /etc/farm/judge/languages.json
 
 # HOME, TMPDIR and the XDG caches are each session's own (set by the kernel per box).
 ENV PYTHONPATH=/opt/farm PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

@@ -2,7 +2,7 @@
 and reaps everything the command's tree leaves to it, then ends as the command did.
 
 A keeper is a child subreaper, so a descendant that calls ``setsid()`` or double-forks stays in
-the tree the supervisor kills at a timeout (``supervisor.commands.kill_tree``). Design and the
+the tree the supervisor kills at a timeout (``boxes.trees.kill_tree``). Design and the
 invariants of commands: docs/design/commands.md.
 """
 

@@ -105,18 +105,24 @@ def enter(box: dict[str, Any], isolation: str) -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a uid change cleared it
     os.umask(0o077)
     os.chdir(box["workspace"])
-    name = f"box-{box['number']}"
-    os.environ.update(
-        HOME=box["workspace"],
-        TMPDIR=box["tmp"],
-        PWD=box["workspace"],
-        USER=name,
-        LOGNAME=name,
-        XDG_CACHE_HOME=os.path.join(box["tmp"], ".cache"),
-        XDG_CONFIG_HOME=os.path.join(box["tmp"], ".config"),
-    )
-    os.environ.update(box.get("env") or {})
+    os.environ.update(box_env(box))
     tempfile.tempdir = None  # the zygote may have cached the shared /tmp
+
+
+def box_env(box: dict[str, Any]) -> dict[str, str]:
+    """The variables that make a process's home, temporary files and caches its box's, and
+    the box's own (``Box.env``)."""
+    name = f"box-{box['number']}"
+    return {
+        "HOME": box["workspace"],
+        "TMPDIR": box["tmp"],
+        "PWD": box["workspace"],
+        "USER": name,
+        "LOGNAME": name,
+        "XDG_CACHE_HOME": os.path.join(box["tmp"], ".cache"),
+        "XDG_CONFIG_HOME": os.path.join(box["tmp"], ".config"),
+        **(box.get("env") or {}),  # the box's own (its proxy's, with egress)
+    }
 
 
 def kill_all(uid: int, deadline_s: float = KILL_DEADLINE_S) -> bool:

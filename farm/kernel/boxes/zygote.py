@@ -21,7 +21,7 @@ import time
 from typing import Any, NoReturn
 
 from ..repl import session
-from . import egress, keeper, leftovers, namespaces, seccomp, uids
+from . import egress, judging, keeper, leftovers, namespaces, seccomp, uids
 from .box_protocol import read_request
 from .box_protocol import send as _send
 from .pool import DEFAULT_DISK_MB
@@ -85,8 +85,12 @@ def _command_child(
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
         _filter(isolation)  # before the box's uid: never a moment without it
-        uids.enter(request["box"], isolation)
-        keeper.exec_in_box(request)  # returns only when the command could not be run
+        if request.get("judge") is not None:  # the judge's runner: root in the box (judging)
+            prctl(PR_SET_CHILD_SUBREAPER, 1)
+            code = judging.serve(request, isolation)
+        else:
+            uids.enter(request["box"], isolation)
+            keeper.exec_in_box(request)  # returns only when the command could not be run
     except BaseException as exc:  # a command never returns into the zygote
         with contextlib.suppress(Exception):
             os.write(2, f"farm: {exc}\n".encode())

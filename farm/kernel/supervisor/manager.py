@@ -22,9 +22,10 @@ from typing import Any
 from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
 from ..boxes import egress
 from ..boxes.pool import Box, BoxPool, Caps, LimitsError
+from ..boxes.trees import kill_tree
 from ..wire.framing import FrameError, encode
 from .cell import Cell, fit, over_budget
-from .commands import kill_tree
+from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .process import SessionProcess
@@ -33,6 +34,7 @@ from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
 FILE_TIMEOUT_S = 120.0  # one chunk of a file operation (a listing of a big tree may be slow)
+FILE_CHUNK_CHARS = 4 << 20  # base64 of 3 MiB: an item's files are written in chunks this size
 CLOSED_EARLY_KEPT = 4096  # ids of boxes closed before they opened, remembered
 _OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
@@ -92,6 +94,7 @@ class SessionManager:
     ) -> None:
         self.caps = caps or Caps.of_this_sandbox()
         self.spawner = Spawner(zygote, pool, self.caps, tool_limit)
+        self.judges = Judges(self.spawner)
         self.grace_s = grace_s
         self.max_sessions = max_sessions
         self.sessions: dict[str, Session] = {}
@@ -179,6 +182,8 @@ class SessionManager:
         """End the session now; its box is reset (every process and file of its uid goes) in
         the background and only then given back to the pool."""
         session = self.sessions.pop(session_id, None)
+        if session is None and self.judges.stop(session_id):  # a judge item without a process
+            return {"type": "session_closed", "session_id": session_id}
         if session is None:
             # The host may close an item's box before it opened (a map cancelled at once): the
             # id is remembered so that the open, when it comes, is refused and runs nothing.
@@ -277,6 +282,17 @@ class SessionManager:
         close. The same steps as the host taking them one request at a time, with the same
         rules (each cell's timeout, caps, kinds), for one round trip instead of four or more:
         a batch item's cost is its box, not its messages."""
+        alone = not request["files"] and not request["cells"] and not request["egress"]
+        if request["judge"] is not None and alone:  # a box with no session process
+            item_id = request["session_id"] or uuid.uuid4().hex
+            if item_id in self.closed_early:
+                del self.closed_early[item_id]
+                raise RequestError("no_such_session", f"session {item_id!r} was closed already")
+            try:
+                limits = self.caps.check(request["limits"])
+            except LimitsError as exc:
+                raise RequestError("bad_limits", str(exc)) from None
+            return await self.judges.alone(request, limits, item_id)
         opened = await self.open(
             request["tools"], request["limits"], request["session_id"], request["egress"]
         )
@@ -287,16 +303,19 @@ class SessionManager:
             "cells": [],
             "command": None,
             "file_error": None,
+            "judge": None,
         }
         cell = {k: request[k] for k in ("timeout_s", "max_output_bytes")}
         room = request["room"]
         try:
             for path, data in request["files"].items():
-                write = {"session_id": session_id, "op": "write", "path": path, "data": data}
-                reply = await self.file({**write, "offset": 0})
-                if reply["error"] is not None:
-                    outcome["file_error"] = reply["error"]
-                    return outcome
+                for start in range(0, max(len(data), 1), FILE_CHUNK_CHARS):  # a file of any size
+                    part = data[start : start + FILE_CHUNK_CHARS]
+                    write = {"session_id": session_id, "op": "write", "path": path, "data": part}
+                    reply = await self.file({**write, "offset": start // 4 * 3})
+                    if reply["error"] is not None:
+                        outcome["file_error"] = reply["error"]
+                        return outcome
             for number, code in enumerate(request["cells"]):
                 exec_id = f"{request['exec_id']}-{number}"
                 run = {**cell, "session_id": session_id, "epoch": epoch, "code": code}
@@ -308,6 +327,10 @@ class SessionManager:
                 epoch = result["epoch"]
                 if result["status"] != "ok":
                     return outcome
+            if request["judge"] is not None:
+                box = self._session(session_id).box
+                outcome["judge"] = await self.judges.run(box, request, session_id)
+                return outcome
             if request["argv"] is not None:
                 command = {
                     **cell,

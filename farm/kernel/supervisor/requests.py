@@ -12,6 +12,7 @@ import base64
 import math
 from typing import Any
 
+from ..judge import checkers
 from .links import RequestError
 from .process import DEFAULT_OUTPUT_BYTES
 
@@ -71,6 +72,7 @@ class Requests:
             "cells": cells,
             "files": files,
             "argv": _argv(message) if message.get("argv") is not None else None,
+            "judge": _judge(message.get("judge")),
             "limits": limits,
             "tools": tools,
             "events": events,
@@ -124,6 +126,30 @@ class Requests:
         if message.get("scope", "workspace") not in ("workspace", "box"):
             raise RequestError("bad_request", "field 'scope' must be 'workspace' or 'box'")
         return request
+
+
+def _judge(spec: Any) -> dict[str, Any] | None:
+    """An item's judge step (``protocol.JudgeSpec``), checked enough that the runner can
+    trust its shape: names and numbers of the right types, tests as objects."""
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise RequestError("bad_request", "field 'judge' must be an object")
+    for name, kind in (("language", str), ("source", str), ("checker", str)):
+        field(spec, name, kind)
+    for name in ("time_s", "memory_mb", "output_mb"):
+        value = field(spec, name, (int, float))
+        if not 0 < value < MAX_TIMEOUT_S:
+            raise RequestError("bad_request", f"judge field {name!r} must be positive")
+    tests = spec.get("tests")
+    if not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
+        raise RequestError("bad_request", "judge field 'tests' must be a list of objects")
+    try:
+        if spec["checker"] != "special":
+            checkers.parse(spec["checker"])
+    except checkers.CheckerError as exc:
+        raise RequestError("bad_request", str(exc)) from None
+    return spec
 
 
 def _calls(message: dict[str, Any]) -> list[str]:

@@ -225,7 +225,7 @@ class Spawner:
 
     async def command(self, box: Box, request: dict[str, Any], cap: int) -> CommandRun:
         """Start a command in ``box`` (``commands.py``); it runs as soon as this returns."""
-        fields = ("argv", "cwd", "env", "stdin_path")
+        fields = ("argv", "cwd", "env", "stdin_path", "judge")
         message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
         with self._starting(box):  # until its group is known: a reset kills it by its group
             link = await self._link(box)

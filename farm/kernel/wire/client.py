@@ -298,18 +298,21 @@ class KernelClient:
         grace_s: float = 2.0,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
         egress: bool = False,
+        judge: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A one-shot box in one round trip (``protocol.Item``): open, write ``files``, run
-        ``cells`` (stopping at the first that fails), run ``argv``, close. With ``on_event``,
-        each cell's events reach it with the cell's exec id (``<exec_id>-<n>``). Returns the
-        ``ItemOutcome`` dict (``cells``, ``command``, ``file_error``, ``session_id``)."""
+        ``cells`` (stopping at the first that fails), run ``argv`` or ``judge``, close. With
+        ``on_event``, each cell's events reach it with the cell's exec id (``<exec_id>-<n>``).
+        Returns the ``ItemOutcome`` dict (``cells``, ``command``, ``judge``, ``file_error``,
+        ``session_id``)."""
         message: dict[str, Any] = {
             "type": "item",
             "exec_id": exec_id,
             "cells": cells,
             "timeout_s": timeout_s,
         }
-        optional = {"session_id": session_id, "limits": limits, "argv": argv, "egress": egress}
+        optional: dict[str, Any] = {"session_id": session_id, "limits": limits, "argv": argv}
+        optional.update(judge=judge, egress=egress)
         message.update({k: v for k, v in optional.items() if v})
         if files:
             encoded = {path: base64.b64encode(data).decode("ascii") for path, data in files.items()}
@@ -324,7 +327,7 @@ class KernelClient:
                 on_event(frame["exec_id"], frame["event"])
                 return None
 
-        steps = len(cells) + (1 if argv else 0)
+        steps = len(cells) + (1 if argv or judge else 0)
         budget = steps * (timeout_s + grace_s) + REQUEST_SLACK_S + FILE_TIMEOUT_S * bool(files)
         reply = self.request(message, budget, on_frame)
         if reply.get("type") != "item_result":

@@ -347,6 +347,79 @@ class Item(_ItemRequired, total=False):
     max_output_bytes: int
     events: bool
     egress: bool
+    judge: JudgeSpec  # a judge step instead of a command (judging)
+
+
+Verdict = Literal["AC", "WA", "TLE", "MLE", "RE", "OLE", "CE", "IE", "PENDING"]
+VERDICTS: tuple[str, ...] = get_args(Verdict)  # PENDING: a special judge decides (host side)
+
+
+class JudgeTest(TypedDict, total=False):
+    """``stdin`` (base64) or ``stdin_path`` (a workspace file, opened as the box), and the
+    ``expected`` output (base64; none with a special judge)."""
+
+    stdin: str
+    stdin_path: str
+    expected: str
+
+
+class _JudgeSpecRequired(TypedDict):
+    language: str  # a name of the image's table (languages.TABLE)
+    source: str
+    tests: list[JudgeTest]
+    checker: str  # exact | lines | tokens | float:ABS[:REL] | none | special
+    time_s: float  # CPU seconds per test
+    memory_mb: int  # peak resident memory per test
+    output_mb: int  # stdout per test
+
+
+class JudgeSpec(_JudgeSpecRequired, total=False):
+    """An item's judge step (``judging``): compile ``source`` once (or restore ``artifact``,
+    the worker's cached build: file name -> base64), run each test, check it. With
+    ``keep_outputs`` (a special judge) outputs come back and the verdict is ``PENDING``."""
+
+    all_tests: bool
+    wall_s: float  # wall seconds per test (default: 3x the CPU time + 5 s)
+    artifact: dict[str, str] | None
+    keep_outputs: bool
+    compile_time_s: float
+    compile_memory_mb: int
+
+
+class JudgeTestOutcome(TypedDict, total=False):
+    index: int
+    verdict: Verdict
+    message: str
+    time_s: float  # CPU time (ru_utime + ru_stime)
+    wall_s: float
+    memory_kb: int  # peak RSS (ru_maxrss)
+    output_bytes: int
+    exit_code: int | None
+    signal: int | None
+    stderr: str
+    output: str  # base64, with keep_outputs (or a special judge) only
+
+
+class CompileOutcome(TypedDict):
+    status: Literal["ok", "error"]
+    output: str  # the compiler's messages (clipped)
+    time_s: float
+    wall_s: float
+    cached: bool  # the worker's cached build was restored instead
+
+
+class _JudgeOutcomeRequired(TypedDict):
+    verdict: Verdict  # the first failing test's (or CE, IE, AC, PENDING)
+    message: str
+    tests: list[JudgeTestOutcome]
+    compile: CompileOutcome | None
+
+
+class JudgeOutcome(_JudgeOutcomeRequired, total=False):
+    kind: Kind  # with IE: "input" when the request itself was refused (an unknown language)
+    language: str
+    version: str  # the toolchain's own words (recorded when the image was built)
+    artifact: dict[str, str] | None  # a fresh build's files, for the worker's cache
 
 
 class ItemOutcome(TypedDict):
@@ -357,6 +430,7 @@ class ItemOutcome(TypedDict):
     cells: list[CellResult]
     command: CommandOutcome | None
     file_error: FileError | None
+    judge: JudgeOutcome | None
 
 
 class ItemReply(TypedDict):

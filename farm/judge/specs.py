@@ -1,0 +1,60 @@
+"""What a judge item becomes on its way to a worker: the kernel's judge step (``JudgeSpec``),
+the files its box gets and the item's timeout, all decided by the client so that a chunk
+holds everything its worker needs. Expected outputs travel inline and never as files of the
+box (a submission could print them; the runner, root in the box, reads no file the box could
+have replaced); large inputs stay files of the box, opened as the box.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from farm.models.batch import BatchItem
+from farm.models.judge import JudgeLimits, JudgeSpec, JudgeTest
+
+INPUTS_DIR = ".judge-in"
+SLACK_S = 30.0
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode("ascii")
+
+
+def judge_spec(item: BatchItem) -> tuple[JudgeSpec, dict[str, str], float]:
+    """The judge step, the box's files and the timeout of the whole item (compile, every
+    test's wall limit, slack)."""
+    assert item.language is not None and item.source is not None and item.tests is not None
+    limits = item.judge_limits or JudgeLimits()
+    files = dict(item.files or {})
+    tests = []
+    for test in item.tests:
+        expected = test.expected
+        if test.expected_file is not None:
+            expected = files[test.expected_file]
+        tests.append(
+            JudgeTest(
+                stdin=_b64(test.stdin) if test.stdin is not None else None,
+                stdin_path=test.stdin_file,
+                expected=_b64(expected) if expected is not None else None,
+            )
+        )
+    spec = JudgeSpec(
+        language=item.language,
+        source=item.source,
+        tests=tests,
+        checker=item.checker,
+        time_s=limits.time_s,
+        memory_mb=limits.memory_mb,
+        output_mb=limits.output_mb,
+        all_tests=item.all_tests,
+        wall_s=limits.wall_s,
+        keep_outputs=item.keep_outputs,
+        compile_time_s=limits.compile_time_s,
+    )
+    # The expected outputs never reach the box: a submission could print them.
+    inputs = {test.stdin_file for test in item.tests}
+    hidden = {test.expected_file for test in item.tests} - inputs
+    files = {path: text for path, text in files.items() if path not in hidden}
+    per_test = (limits.wall_s or limits.time_s * 3 + 5.0) + 0.5  # its wall limit, start, check
+    timeout = limits.compile_time_s * 2 + 5.0 + per_test * len(tests) + SLACK_S
+    return spec, files, item.timeout_s or timeout

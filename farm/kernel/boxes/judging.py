@@ -1,0 +1,243 @@
+"""The judge's runner: compile a submission once, run it on each test, give verdicts.
+
+Forked by a box's init for an item's ``judge`` step (``zygote``), it stays root in the box
+(untouchable by the box's uid: no signal, no trace, no look at its fds) and starts every
+compile and test as the box's uid (``testrun``), so that a submission can neither forge its
+verdict nor see another test's data. It writes one JSON object (``protocol.JudgeOutcome``)
+on stdout. Verdict order per test: output size, memory kill, wall or CPU time, peak memory,
+non-zero exit or signal, then the checker. Why: docs/design/judge.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import stat
+from typing import Any
+
+from ..judge import checkers, languages
+from . import testrun
+
+BUILD_DIR = ".judge"
+COMPILE_FILE_BYTES = 512 << 20  # RLIMIT_FSIZE of a compile: a linker writes the binary
+MESSAGE_BYTES = 16 * 1024
+ARTIFACT_BYTES = 32 << 20
+OUTPUTS_BYTES = 8 << 20  # the outputs returned (special judge, keep_outputs), all tests
+STACK_BYTES = 256 << 20
+
+
+def outcome(verdict: str, message: str = "", **fields: Any) -> dict[str, Any]:
+    result: dict[str, Any] = {"verdict": verdict, "message": message, "tests": [], "compile": None}
+    result.update(fields)
+    return result
+
+
+def judge(spec: dict[str, Any], box: dict[str, Any], isolation: str) -> dict[str, Any]:
+    """Judge ``spec`` (``protocol.JudgeSpec``) in ``box``: the outcome to send back."""
+    table = languages.load()
+    language = table.get(spec["language"])
+    if language is None:
+        known = ", ".join(sorted(table)) or "none: build a judge image"
+        why = f"this image judges no {spec['language']!r} (it judges: {known})"
+        return outcome("IE", why, kind="input")
+    named = {"language": spec["language"], "version": language.get("version_text", "")}
+    workspace = box["workspace"]
+    build = os.path.join(workspace, BUILD_DIR)
+    compiled, artifact = _compile(spec, language, box, isolation, build)
+    if compiled["status"] == "error":
+        return outcome("CE", compiled["output"], compile=compiled, **named)
+    memory_mb = int(spec["memory_mb"])
+    run_argv = [arg.replace("{memory_mb}", str(memory_mb)) for arg in language["run"]]
+    limits = testrun.Limits(
+        cpu_s=float(spec["time_s"]),
+        wall_s=float(spec.get("wall_s") or float(spec["time_s"]) * 3 + 5.0),
+        memory_kb=memory_mb * 1024,
+        output_bytes=int(spec["output_mb"]) << 20,
+        stack_bytes=min(STACK_BYTES, memory_mb << 20),
+    )
+    testrun.confine(box, limits)  # the runner's limits are the tests' from here on
+    results: list[dict[str, Any]] = []
+    kept = 0
+    verdict = "AC"
+    for index, test in enumerate(spec["tests"]):
+        result = _test(index, test, spec, run_argv, box, isolation, limits)
+        kept += len(result.get("output", ""))
+        if kept > OUTPUTS_BYTES:
+            why = f"the outputs to return are over {OUTPUTS_BYTES >> 20} MB"
+            return outcome("IE", why, kind="input", **named)
+        results.append(result)
+        if result["verdict"] not in ("AC", "PENDING") and verdict == "AC":
+            verdict = result["verdict"]
+            if not spec.get("all_tests"):
+                break
+    if verdict == "AC" and any(r["verdict"] == "PENDING" for r in results):
+        verdict = "PENDING"  # the special judge decides
+    return outcome(verdict, "", tests=results, compile=compiled, artifact=artifact, **named)
+
+
+def _compile(
+    spec: dict[str, Any], language: dict[str, Any], box: dict[str, Any], isolation: str, build: str
+) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """Write the source (and a cached build) with the box's rights, compile unless cached:
+    what the compile did, and its artifact (the build's files, for the worker's cache) when
+    it ran. The runner's working directory is the build's from here on: the compiler's and
+    the tests'."""
+    cached = spec.get("artifact")
+    argv = language.get("compile") or []
+    with testrun.as_box(box, isolation):  # the box's files, made with its rights
+        os.makedirs(build, mode=0o700, exist_ok=True)
+        os.chdir(build)
+        files = {language["file"]: spec["source"].encode()}
+        files.update({name: base64.b64decode(data) for name, data in (cached or {}).items()})
+        for name, data in files.items():
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    seconds = float(spec.get("compile_time_s") or 30.0)
+    limits = testrun.Limits(
+        cpu_s=seconds,
+        wall_s=seconds * 2 + 5.0,
+        memory_kb=int(spec.get("compile_memory_mb") or 2048) * 1024,
+        output_bytes=COMPILE_FILE_BYTES,
+        stack_bytes=STACK_BYTES,
+    )
+    compiled: dict[str, Any] = {
+        "status": "ok",
+        "output": "",
+        "time_s": 0.0,
+        "wall_s": 0.0,
+        "cached": cached is not None,
+    }
+    if not argv or cached is not None:
+        return compiled, ({} if not argv else None)
+    done = testrun.run(
+        argv, box, isolation, limits, keep_stdout=MESSAGE_BYTES, keep_stderr=MESSAGE_BYTES
+    )
+    text = (done.stdout + done.stderr).decode(errors="replace")
+    compiled.update(output=text, time_s=done.cpu_s, wall_s=done.wall_s)
+    if done.killed or done.exit_code != 0:
+        why = {"wall": "compilation timed out", "memory": "compilation ran out of memory"}
+        compiled.update(status="error", output=text or why.get(done.killed or "", "failed"))
+        if done.killed:
+            compiled["output"] = f"{why[done.killed]}\n{text}"
+        elif done.signal is not None:
+            compiled["output"] = f"the compiler died of signal {done.signal}\n{text}"
+        return compiled, None
+    with testrun.as_box(box, isolation):  # root here has no CAP_DAC_OVERRIDE
+        return compiled, _artifact(build, language["file"])
+
+
+def _artifact(build: str, source_name: str) -> dict[str, str] | None:
+    """The files the compile made (regular files of the build directory, the source left
+    out), base64; none when they would be too large to cache. Read with the box's rights,
+    following no link (the directory and each file are opened with ``O_NOFOLLOW``)."""
+    files: dict[str, str] = {}
+    total = 0
+    try:
+        dir_fd = os.open(build, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        for name in os.listdir(dir_fd):
+            if name == source_name:
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+            except OSError:
+                return None
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    return None
+                data = f.read(ARTIFACT_BYTES + 1)
+            total += len(data)
+            if total > ARTIFACT_BYTES:
+                return None
+            files[name] = base64.b64encode(data).decode("ascii")
+    finally:
+        os.close(dir_fd)
+    return files
+
+
+def _test(
+    index: int,
+    test: dict[str, Any],
+    spec: dict[str, Any],
+    argv: list[str],
+    box: dict[str, Any],
+    isolation: str,
+    limits: testrun.Limits,
+) -> dict[str, Any]:
+    stdin_path = None
+    if test.get("stdin_path"):
+        stdin_path = os.path.join(box["workspace"], test["stdin_path"])
+    data = base64.b64decode(test["stdin"]) if test.get("stdin") is not None else None
+    done = testrun.run(
+        argv,
+        box,
+        isolation,
+        limits,
+        stdin_path=stdin_path,
+        stdin_data=data if stdin_path is None else None,
+        keep_stdout=limits.output_bytes,
+    )
+    result: dict[str, Any] = {
+        "index": index,
+        "time_s": round(done.cpu_s, 4),
+        "wall_s": round(done.wall_s, 4),
+        "memory_kb": done.memory_kb,
+        "output_bytes": done.output_bytes,
+        "exit_code": done.exit_code,
+        "signal": done.signal,
+        "stderr": done.stderr.decode(errors="replace"),
+        "message": "",
+    }
+    verdict, message = _verdict(done, limits)
+    if spec.get("keep_outputs") or spec["checker"] == "special":
+        result["output"] = base64.b64encode(done.stdout).decode("ascii")
+    if verdict == "AC":
+        if spec["checker"] == "special":
+            verdict = "PENDING"
+        else:
+            expected = base64.b64decode(test.get("expected") or "")
+            passed, message = checkers.check(spec["checker"], expected, done.stdout)
+            verdict = "AC" if passed else "WA"
+    result.update(verdict=verdict, message=message)
+    return result
+
+
+def _verdict(done: testrun.Measured, limits: testrun.Limits) -> tuple[str, str]:
+    """The verdict of a run before its output is checked (``AC``: check it)."""
+    if done.output_bytes >= limits.output_bytes:  # it was stopped there (RLIMIT_FSIZE)
+        return "OLE", f"over {limits.output_bytes >> 20} MB of output"
+    if done.killed == "memory":
+        return "MLE", f"over {limits.memory_kb // 1024} MB of memory"
+    if done.killed == "wall":
+        return "TLE", f"over {limits.wall_s:g} s of wall time"
+    if done.killed == "cpu":
+        return "TLE", f"over {limits.cpu_s:g} s of CPU time"
+    if done.cpu_s > limits.cpu_s or done.signal == signal.SIGXCPU:
+        return "TLE", f"{done.cpu_s:.3f} s of CPU time, over {limits.cpu_s:g} s"
+    if done.memory_kb > limits.memory_kb:
+        return "MLE", f"peak {done.memory_kb // 1024} MB, over {limits.memory_kb // 1024} MB"
+    if done.signal is not None:
+        return "RE", f"killed by signal {done.signal}"
+    if done.exit_code != 0:
+        return "RE", f"exit code {done.exit_code}"
+    return "AC", ""
+
+
+def serve(request: dict[str, Any], isolation: str) -> int:
+    """In the runner process (root, in the box, stdout a pipe to the supervisor): judge, write
+    the outcome as one JSON object, and return the exit code."""
+    os.umask(0o077)
+    try:
+        result = judge(request["judge"], request["box"], isolation)
+    except Exception as exc:  # a failure of farm's own: IE, which the host retries
+        result = outcome("IE", f"the judge's runner failed: {exc!r}")
+    data = json.dumps(result).encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
+    return 0

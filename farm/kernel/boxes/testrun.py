@@ -1,0 +1,239 @@
+"""One measured run of a program in a box: a judge's compile or test (``judging``).
+
+A test is forked and exec'd by C code (``subprocess``) straight into the box's uid, under the
+runner's lowered rlimits, with stdin from a box-readable file or a memfd and outputs to memfds.
+Memory, CPU and wall time are sampled on the tree and enforced by killing it; ``wait4`` gives
+CPU time and peak RSS; whatever the program left is killed and reaped. Why and how:
+docs/design/judge.md, "Measuring and limiting a test".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import select
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import uids
+from .trees import kill_tree, tree
+
+POLL_S = 0.005
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
+KILL_WAIT_S = 5.0
+
+
+@dataclass
+class Limits:
+    cpu_s: float
+    wall_s: float
+    memory_kb: int
+    output_bytes: int
+    stack_bytes: int
+
+
+@dataclass
+class Measured:
+    """What one run did: ``killed`` is ``"wall"`` or ``"memory"`` when the runner killed it."""
+
+    exit_code: int | None
+    signal: int | None
+    cpu_s: float
+    wall_s: float
+    memory_kb: int
+    killed: str | None
+    stdout: bytes
+    stderr: bytes
+    output_bytes: int
+
+
+def confine(box: dict[str, Any], limits: Limits) -> None:
+    """Lower the runner's own limits to a test's, for good (it has no ``CAP_SYS_RESOURCE``
+    to raise them again: neither can the tests it starts), and its priority to a box's; and
+    ``no_new_privs``, so that no test gains privileges from a set-uid program. The runner
+    writes no file and starts nothing but tests from here on."""
+    _limit(resource.RLIMIT_STACK, limits.stack_bytes, limits.stack_bytes)
+    _limit(resource.RLIMIT_FSIZE, limits.output_bytes, limits.output_bytes)
+    _limit(resource.RLIMIT_CORE, 0, 0)
+    for name, which in (("nofile", resource.RLIMIT_NOFILE), ("pids", resource.RLIMIT_NPROC)):
+        value = box["limits"].get(name)
+        if value and (name != "pids" or box.get("uid") is not None):
+            _limit(which, value, value)
+    os.setpriority(os.PRIO_PROCESS, 0, uids.BOX_NICE)
+    uids.prctl(uids.PR_SET_NO_NEW_PRIVS, 1)
+
+
+def as_box(box: dict[str, Any], isolation: str) -> contextlib.AbstractContextManager[None]:
+    """For a block: this process reaches files with the box's rights (root here has no
+    ``CAP_DAC_OVERRIDE``, and must not follow what the box planted as if it had)."""
+    if isolation == "dirs":
+        return contextlib.nullcontext()
+    return uids.acting_as(box["uid"], box["gid"])
+
+
+def spawn(
+    argv: list[str],
+    box: dict[str, Any],
+    isolation: str,
+    *,
+    stdin_fd: int | None,
+    out_fd: int,
+    err_fd: int,
+) -> int:
+    """Start a compile or test in the runner's working directory: forked and exec'd by C
+    code as the box's uid (with the runner's limits: ``confine`` set a test's), in a
+    session of its own, Python's ignored signals restored."""
+    ids: dict[str, Any] = {}
+    if isolation != "dirs":
+        ids = {"user": box["uid"], "group": box["gid"], "extra_groups": []}
+    proc = subprocess.Popen(
+        argv,
+        stdin=stdin_fd if stdin_fd is not None else subprocess.DEVNULL,
+        stdout=out_fd,
+        stderr=err_fd,
+        env={**os.environ, **uids.box_env(box)},
+        start_new_session=True,
+        restore_signals=True,
+        umask=0o077,
+        **ids,
+    )
+    proc.returncode = 0  # waited for with wait4 by the runner: Popen must not reap it
+    return proc.pid
+
+
+def _limit(which: int, soft: int, hard: int) -> None:
+    """Set an rlimit, within the sandbox's own hard limit (no CAP_SYS_RESOURCE to pass it)."""
+    ceiling = resource.getrlimit(which)[1]
+    if ceiling != resource.RLIM_INFINITY:
+        soft, hard = min(soft, ceiling), min(hard, ceiling)
+    resource.setrlimit(which, (soft, hard))
+
+
+def tree_usage(pid: int) -> tuple[int, float]:
+    """The resident memory (kB) and CPU time (s) of ``pid`` and everything below it now."""
+    rss, ticks = 0, 0
+    for member in tree(pid):
+        try:
+            with open(f"/proc/{member}/stat", "rb") as f:
+                data = f.read()
+            fields = data[data.rindex(b")") + 2 :].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+            rss += int(fields[21]) * PAGE_KB
+        except (OSError, ValueError, IndexError):
+            continue
+    return rss, ticks / TICKS
+
+
+def wait(pid: int, limits: Limits, started: float) -> tuple[int, Any, float, int, str | None]:
+    """Wait for ``pid``: its wait status, rusage, wall time since ``started`` (taken before
+    it was started), the peak resident memory of its tree as sampled (kB), and why the
+    runner killed it (``memory``, ``cpu`` or ``wall``)."""
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    killed: str | None = None
+    peak = 0
+    try:
+        while True:
+            left = started + limits.wall_s - time.monotonic()
+            if left <= 0:
+                killed = "wall"
+                break
+            if poller.poll(min(POLL_S, left) * 1000):
+                break
+            rss, cpu = tree_usage(pid)
+            peak = max(peak, rss)
+            if peak > limits.memory_kb:
+                killed = "memory"
+                break
+            if cpu > limits.cpu_s:
+                killed = "cpu"
+                break
+        if killed is not None:
+            kill_tree(pid)
+        _, status, usage = os.wait4(pid, 0)
+    finally:
+        os.close(pidfd)
+    return status, usage, time.monotonic() - started, peak, killed
+
+
+def sweep_leftovers() -> None:
+    """Kill and reap every process below the runner (a program's children, orphans it left):
+    the next run starts alone."""
+    try:
+        if os.waitpid(-1, os.WNOHANG) == (0, 0):
+            pass  # a child runs: look for them all below
+    except ChildProcessError:  # no child at all: the program left nothing (the usual case)
+        return
+    me = os.getpid()
+    deadline = time.monotonic() + KILL_WAIT_S
+    while time.monotonic() < deadline:
+        for child in tree(me) - {me}:
+            kill_tree(child)
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        if len(tree(me)) <= 1:
+            return
+        time.sleep(0.001)  # they are dying: poll of a deadline
+
+
+def read_all(fd: int, limit: int) -> tuple[bytes, int]:
+    """The first ``limit`` bytes of a memfd, and its size."""
+    size = os.fstat(fd).st_size
+    return os.pread(fd, min(size, limit), 0), size
+
+
+def run(
+    argv: list[str],
+    box: dict[str, Any],
+    isolation: str,
+    limits: Limits,
+    *,
+    stdin_path: str | None = None,
+    stdin_data: bytes | None = None,
+    keep_stdout: int,
+    keep_stderr: int = 4096,
+) -> Measured:
+    """Run ``argv`` once in the box, in the runner's working directory, and measure it (see
+    the module's docstring)."""
+    out_fd = os.memfd_create("stdout", os.MFD_CLOEXEC)
+    err_fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
+    in_fd = None
+    try:
+        if stdin_path is not None:  # opened with the box's rights: only what it may read
+            with as_box(box, isolation):
+                in_fd = os.open(stdin_path, os.O_RDONLY | os.O_CLOEXEC)
+        elif stdin_data is not None:
+            in_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
+            os.write(in_fd, stdin_data)
+            os.lseek(in_fd, 0, os.SEEK_SET)
+        try:
+            started = time.monotonic()  # spawn returns once exec succeeded: it may have run
+            pid = spawn(argv, box, isolation, stdin_fd=in_fd, out_fd=out_fd, err_fd=err_fd)
+        except OSError as exc:  # not found, not executable, the directory taken away
+            return Measured(127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0)
+        status, usage, wall, peak, killed = wait(pid, limits, started)
+        sweep_leftovers()
+        stdout, size = read_all(out_fd, keep_stdout)
+        stderr, _ = read_all(err_fd, keep_stderr)
+    finally:
+        for fd in (out_fd, err_fd, in_fd):
+            if fd is not None:
+                os.close(fd)
+    died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    return Measured(
+        exit_code=os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        signal=died,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        wall_s=wall,
+        memory_kb=max(int(usage.ru_maxrss), peak),
+        killed=killed,
+        stdout=stdout,
+        stderr=stderr,
+        output_bytes=size,
+    )

@@ -1,0 +1,173 @@
+"""A worker's side of judge items: the compile cache and the special judge, around the item's
+one kernel round trip (``BatchRunner``'s, with the judge step in it).
+
+Invariants: the cache (language, source digest, image digest) compiles a submission once per
+worker, compile errors included; a special judge runs in a box of its own, never in the
+submission's; at most ``judge_parallel`` items are judged at once. docs/design/judge.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from farm.models.batch import Chunk, ChunkItem, ItemDone
+from farm.models.judge import JudgeResult, Verdict
+
+if TYPE_CHECKING:
+    from farm.sandbox.keeper import SandboxKeeper
+    from farm.settings import FarmSettings
+
+CACHE_BYTES = 256 << 20
+RunItem = Callable[[Chunk, ChunkItem], ItemDone]
+
+# The special judge's box runs this cell after the checker's code (``check``) was loaded.
+SPECIAL_DRIVER = """
+import json as _json
+_verdicts = []
+for _test in _json.load(open(".judge-special/tests.json")):
+    _said = check(_test["input"], _test["expected"], _test["output"])
+    _ok, _why = (_said, "") if isinstance(_said, bool) else (bool(_said[0]), str(_said[1]))
+    _verdicts.append([_ok, _why])
+print("FARM-SPECIAL " + _json.dumps(_verdicts))
+"""
+
+
+class CompileCache:
+    """Builds (file name -> base64) or compile errors by (language, source, image), least
+    recently used out first past ``CACHE_BYTES``."""
+
+    def __init__(self, limit: int = CACHE_BYTES) -> None:
+        self.limit = limit
+        self.entries: OrderedDict[str, tuple[int, dict[str, str] | JudgeResult]] = OrderedDict()
+        self.size = 0
+        self.hits = 0
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def key(language: str, source: str, image: str) -> str:
+        digest = hashlib.sha256(source.encode()).hexdigest()
+        return f"{language}:{digest}:{image}"
+
+    def get(self, key: str) -> dict[str, str] | JudgeResult | None:
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                return None
+            self.entries.move_to_end(key)
+            self.hits += 1
+            return entry[1]
+
+    def put(self, key: str, value: dict[str, str] | JudgeResult) -> None:
+        size = (
+            sum(len(data) for data in value.values())
+            if isinstance(value, dict)
+            else len(value.message)
+        )
+        with self.lock:
+            if key in self.entries or size > self.limit:
+                return
+            self.entries[key] = (size, value)
+            self.size += size
+            while self.size > self.limit:
+                _, (old, _) = self.entries.popitem(last=False)
+                self.size -= old
+
+
+class Judging:
+    def __init__(self, settings: FarmSettings, keeper: SandboxKeeper, worker_id: str) -> None:
+        self.settings = settings
+        self.keeper = keeper  # whose image's digest keys the cache
+        self.worker_id = worker_id
+        self.cache = CompileCache()
+        parallel = settings.judge_parallel or max(1, math.ceil(settings.limits.cpus * 2))
+        self.slots = threading.BoundedSemaphore(parallel)
+
+    def run(self, chunk: Chunk, item: ChunkItem, run_item: RunItem) -> ItemDone:
+        """Judge ``item`` (its ``judge`` step) with the cache, then its special judge."""
+        spec = item.judge
+        assert spec is not None
+        image = self.keeper.info().image_digest or self.settings.image
+        key = CompileCache.key(spec.language, spec.source, image)
+        cached = self.cache.get(key)
+        if isinstance(cached, JudgeResult):  # a compile error, the same again
+            result = cached.model_copy(deep=True)
+            if result.compile is not None:
+                result.compile.cached = True
+            return ItemDone(key=item.key, exec_id=item.exec_id, worker=self.worker_id, judge=result)
+        if cached is not None:
+            item = item.model_copy(update={"judge": spec.model_copy(update={"artifact": cached})})
+        with self.slots:  # timing needs cores: a judge runs few items at once, unlike a map
+            done = run_item(chunk, item)
+        if done.judge is None:
+            return done  # the kernel failed: the cells say how
+        result = done.judge
+        if result.artifact is not None:
+            self.cache.put(key, result.artifact)
+        elif result.verdict == Verdict.CE:
+            self.cache.put(key, result)
+        result.artifact = None
+        if any(t.verdict == Verdict.PENDING for t in result.tests):
+            done.judge = result = self._special(chunk, item, result, run_item)
+        if not spec.keep_outputs:  # a special judge's, not the caller's
+            for test in result.tests:
+                test.output = None
+        return done
+
+    def _special(
+        self, chunk: Chunk, item: ChunkItem, result: JudgeResult, run_item: RunItem
+    ) -> JudgeResult:
+        """The checker's verdicts on the tests that ran to their end, from a box of its own."""
+        spec = item.judge
+        assert spec is not None and item.special_judge is not None
+        pending = [t for t in result.tests if t.verdict == Verdict.PENDING]
+        tests = []
+        for test in pending:
+            given = spec.tests[test.index]
+            stdin = (
+                base64.b64decode(given.stdin).decode(errors="replace")
+                if given.stdin is not None
+                else item.files.get(given.stdin_path or "", "")
+            )
+            expected = base64.b64decode(given.expected or "").decode(errors="replace")
+            output = base64.b64decode(test.output or "").decode(errors="replace")
+            tests.append({"input": stdin, "expected": expected, "output": output})
+        checker = ChunkItem(
+            key=item.key,
+            exec_id=f"{item.exec_id}-special",
+            cells=[item.special_judge, SPECIAL_DRIVER],
+            files={".judge-special/tests.json": json.dumps(tests)},
+            timeout_s=item.timeout_s,
+        )
+        done = run_item(chunk, checker)
+        last = done.cells[-1] if done.cells else None
+        said = None
+        if last is not None and last.ok:
+            lines = [x for x in last.stdout.splitlines() if x.startswith("FARM-SPECIAL ")]
+            said = json.loads(lines[-1].removeprefix("FARM-SPECIAL ")) if lines else None
+        if said is None:
+            why = f"{last.error.ename}: {last.error.evalue}" if last and last.error else "no answer"
+            return result.model_copy(
+                update={"verdict": Verdict.IE, "kind": "input", "message": f"special judge: {why}"}
+            )
+        for test, (ok, why) in zip(pending, said, strict=True):
+            test.verdict = Verdict.AC if ok else Verdict.WA
+            test.message = why
+        verdict = Verdict.AC
+        kept = []
+        for test in result.tests:
+            kept.append(test)
+            if test.verdict != Verdict.AC:
+                verdict = test.verdict
+                if not spec.all_tests:
+                    break
+        if spec.all_tests:
+            verdict = next((t.verdict for t in result.tests if t.verdict != Verdict.AC), verdict)
+        message = next((t.message for t in kept if t.verdict != Verdict.AC), "")
+        return result.model_copy(update={"verdict": verdict, "tests": kept, "message": message})

@@ -1,0 +1,182 @@
+# ruff: noqa: E501 - submissions are data, one line each
+"""A small problem set for the judge's tests and benchmark: problems with their tests, and for
+every language of the judge image submissions meant to get each verdict on ``sum``."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+# sum: "a b" -> a + b. The WA submissions multiply: right on the first test only.
+SUM_TESTS = [
+    {"stdin": "2 2\n", "expected": "4\n"},
+    {"stdin": "1 2\n", "expected": "3\n"},
+    {"stdin": "5 7\n", "expected": "12\n"},
+]
+
+# Per language: the verdict -> source of a submission to the sum problem.
+SUM: dict[str, dict[str, str]] = {
+    "python3": {
+        "AC": "a, b = map(int, input().split())\nprint(a + b)\n",
+        "WA": "a, b = map(int, input().split())\nprint(a * b)\n",
+        "TLE": "while True:\n    pass\n",
+        "MLE": "x = b'x' * (512 << 20)\nprint(len(x))\n",
+        "RE": "raise SystemExit(3)\n",
+        "CE": "def f(:\n    pass\n",
+        "OLE": "while True:\n    print('y' * 100)\n",
+    },
+    "c": {
+        "AC": '#include <stdio.h>\nint main(){long a,b;scanf("%ld %ld",&a,&b);printf("%ld\\n",a+b);}',
+        "WA": '#include <stdio.h>\nint main(){long a,b;scanf("%ld %ld",&a,&b);printf("%ld\\n",a*b);}',
+        "TLE": "int main(){volatile long x=0;for(;;)x++;}",
+        "MLE": '#include <stdlib.h>\n#include <stdio.h>\nint main(){volatile char*p=malloc(512<<20);for(long i=0;i<(512<<20);i+=1024)p[i]=1;printf("%d\\n",p[99]);}',
+        "RE": "int main(){return 3;}",
+        "CE": "int main(){return x;}",
+        "OLE": '#include <stdio.h>\nint main(){for(;;)puts("yyyyyyyyyyyyyyyyyyyyyyyyyyyyyy");}',
+    },
+    "cpp17": {
+        "AC": "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<'\\n';}",
+        "WA": "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b<<'\\n';}",
+        "TLE": "int main(){volatile long x=0;for(;;)x++;}",
+        "MLE": '#include <vector>\n#include <cstdio>\nint main(){std::vector<char> v(512<<20,1);printf("%d\\n",v[99]);}',
+        "RE": "#include <cstdlib>\nint main(){std::abort();}",
+        "CE": "int main(){return x;}",
+        "OLE": '#include <cstdio>\nint main(){for(;;)std::puts("yyyyyyyyyyyyyyyyyyyyyyyyyyyyy");}',
+    },
+    "cpp20": {
+        "AC": "#include <iostream>\n#include <span>\nint main(){long v[2];std::cin>>v[0]>>v[1];std::span s(v);std::cout<<s[0]+s[1]<<'\\n';}",
+        "WA": "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b<<'\\n';}",
+        "TLE": "int main(){volatile long x=0;for(;;)x++;}",
+        "MLE": '#include <vector>\n#include <cstdio>\nint main(){std::vector<char> v(512<<20,1);printf("%d\\n",v[99]);}',
+        "RE": "int main(){volatile int*p=nullptr;*p=1;}",
+        "CE": "int main(){return x;}",
+        "OLE": '#include <cstdio>\nint main(){for(;;)std::puts("yyyyyyyyyyyyyyyyyyyyyyyyyyyyy");}',
+    },
+    "java17": {
+        "AC": "import java.util.*;\npublic class Main{public static void main(String[] a){Scanner s=new Scanner(System.in);long x=s.nextLong(),y=s.nextLong();System.out.println(x+y);}}",
+        "WA": "import java.util.*;\npublic class Main{public static void main(String[] a){Scanner s=new Scanner(System.in);long x=s.nextLong(),y=s.nextLong();System.out.println(x*y);}}",
+        "TLE": "public class Main{public static void main(String[] a){long x=0;while(true){x++;}}}",
+        "MLE": "public class Main{public static void main(String[] a){byte[][] b=new byte[64][];for(int i=0;i<64;i++){b[i]=new byte[8<<20];java.util.Arrays.fill(b[i],(byte)1);}System.out.println(b[3][5]);}}",
+        "RE": "public class Main{public static void main(String[] a){System.exit(3);}}",
+        "CE": "public class Main{public static void main(String[] a){return x;}}",
+        "OLE": 'public class Main{public static void main(String[] a){while(true)System.out.println("yyyyyyyyyyyyyyyyyyyy");}}',
+    },
+    "go": {
+        "AC": 'package main\nimport "fmt"\nfunc main(){var a,b int64;fmt.Scan(&a,&b);fmt.Println(a+b)}',
+        "WA": 'package main\nimport "fmt"\nfunc main(){var a,b int64;fmt.Scan(&a,&b);fmt.Println(a*b)}',
+        "TLE": "package main\nfunc main(){x:=0;for{x++}}",
+        "MLE": 'package main\nimport "fmt"\nfunc main(){b:=make([]byte,512<<20);for i:=range b{b[i]=1};fmt.Println(b[99])}',
+        "RE": 'package main\nimport "os"\nfunc main(){os.Exit(3)}',
+        "CE": "package main\nfunc main(){return x}",
+        "OLE": 'package main\nimport "fmt"\nfunc main(){for{fmt.Println("yyyyyyyyyyyyyyyyyyyy")}}',
+    },
+    "rust": {
+        "AC": 'use std::io::*;\nfn main(){let mut s=String::new();stdin().read_to_string(&mut s).unwrap();let v:Vec<i64>=s.split_whitespace().map(|x|x.parse().unwrap()).collect();println!("{}",v[0]+v[1]);}',
+        "WA": 'use std::io::*;\nfn main(){let mut s=String::new();stdin().read_to_string(&mut s).unwrap();let v:Vec<i64>=s.split_whitespace().map(|x|x.parse().unwrap()).collect();println!("{}",v[0]*v[1]);}',
+        "TLE": 'fn main(){let mut x:u64=1;loop{x=x.wrapping_mul(6364136223846793005).wrapping_add(1);if x==42{println!("{}",x);}}}',
+        "MLE": 'fn main(){let v=vec![1u8;512<<20];println!("{}",v[99]);}',
+        "RE": "fn main(){std::process::exit(3);}",
+        "CE": "fn main(){return x;}",
+        "OLE": 'fn main(){loop{println!("yyyyyyyyyyyyyyyyyyyy");}}',
+    },
+    "javascript": {
+        "AC": "const [a,b]=require('fs').readFileSync(0,'utf8').trim().split(/\\s+/).map(Number);console.log(a+b);",
+        "WA": "const [a,b]=require('fs').readFileSync(0,'utf8').trim().split(/\\s+/).map(Number);console.log(a*b);",
+        "TLE": "for(;;){}",
+        "MLE": "const b=Buffer.alloc(512<<20,1);console.log(b[99]);",
+        "RE": "process.exit(3);",
+        "CE": "function (",
+        "OLE": "const s='y'.repeat(100)+'\\n';for(;;)process.stdout.write(s);",
+    },
+    "bash": {
+        "AC": "read a b\necho $((a + b))\n",
+        "WA": "read a b\necho $((a * b))\n",
+        "TLE": "while :; do :; done\n",
+        "MLE": "printf -v x '%*s' 400000000 ''\necho ${#x}\n",
+        "RE": "exit 3\n",
+        "CE": "if then fi\n",
+        "OLE": "while :; do echo yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy; done\n",
+    },
+}
+LANGUAGES = sorted(SUM)
+# The verdicts of each test a submission gets on SUM_TESTS (stopping at the first failure).
+SUM_VERDICTS = {
+    "AC": ["AC", "AC", "AC"],
+    "WA": ["AC", "WA"],
+    "TLE": ["TLE"],
+    "MLE": ["MLE"],
+    "RE": ["RE"],
+    "CE": [],
+    "OLE": ["OLE"],
+}
+SUM_LIMITS = {"time_s": 1.0, "memory_mb": 128, "output_mb": 1}
+SLOW_START = {"java17": 3.0, "bash": 3.0}  # a JVM's start is counted; bash is slow
+
+
+def sum_items() -> list[dict[str, Any]]:
+    """Every language's submission for every verdict, as judge items (ids LANG/VERDICT)."""
+    items = []
+    for language in LANGUAGES:
+        for verdict, source in SUM[language].items():
+            limits = {**SUM_LIMITS, "time_s": SLOW_START.get(language, SUM_LIMITS["time_s"])}
+            items.append(
+                {
+                    "id": f"{language}/{verdict}",
+                    "language": language,
+                    "source": source,
+                    "tests": SUM_TESTS,
+                    "limits": limits,
+                }
+            )
+    return items
+
+
+def sort_tests(seed: int = 7) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    tests = []
+    for size in (1, 5, 1000):
+        numbers = [rng.randint(-(10**9), 10**9) for _ in range(size)]
+        stdin = f"{size}\n{' '.join(map(str, numbers))}\n"
+        tests.append({"stdin": stdin, "expected": " ".join(map(str, sorted(numbers))) + "\n"})
+    return tests
+
+
+SORT_PY = "input()\nprint(*sorted(map(int, input().split())))\n"
+SORT_CPP = (
+    "#include <bits/stdc++.h>\nint main(){int n;std::cin>>n;std::vector<long> v(n);"
+    "for(auto&x:v)std::cin>>x;std::sort(v.begin(),v.end());"
+    "for(int i=0;i<n;i++)std::cout<<v[i]<<(i+1<n?' ':'\\n');}"
+)
+
+
+def big_input(megabytes: int = 10) -> tuple[str, str]:
+    """About ``megabytes`` MB of numbers (one a line) and their sum."""
+    rng = random.Random(11)
+    numbers = [rng.randint(0, 10**9) for _ in range(megabytes * 1024 * 1024 // 10)]
+    return "\n".join(map(str, numbers)) + "\n", f"{sum(numbers)}\n"
+
+
+BIG_PY = "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n"
+BIG_CPP = (
+    '#include <cstdio>\nint main(){long long s=0,x;while(scanf("%lld",&x)==1)s+=x;'
+    'printf("%lld\\n",s);}'
+)
+
+# float: n -> sqrt(n); checker float:1e-6. The near one prints 7 digits, the far one is off.
+FLOAT_TESTS = [{"stdin": f"{n}\n", "expected": f"{n**0.5:.10f}\n"} for n in (2, 10, 12345)]
+FLOAT_NEAR = "import math\nprint(f'{math.sqrt(int(input())):.7f}')\n"
+FLOAT_FAR = "import math\nprint(f'{math.sqrt(int(input())) + 1e-3:.7f}')\n"
+
+# special: n -> any two positive integers that sum to n (the expected output is one answer).
+SPECIAL_JUDGE = """
+def check(input, expected, output):
+    n = int(input)
+    parts = output.split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return False, "want two positive integers"
+    a, b = map(int, parts)
+    return (a > 0 and b > 0 and a + b == n), f"{a} + {b} != {n}"
+"""
+SPECIAL_TESTS = [{"stdin": f"{n}\n", "expected": f"1 {n - 1}\n"} for n in (5, 10, 100)]
+SPECIAL_OTHER = "n = int(input())\nprint(n // 2, n - n // 2)\n"  # another right answer
+SPECIAL_WRONG = "n = int(input())\nprint(n, 0)\n"

@@ -1,0 +1,253 @@
+"""The judge, end to end: a problem set judged in every language of the judge image through one
+``Farm.map`` on a real local farm (Docker, Redis, Celery), every verdict checked per test;
+checkers, files, the special judge, the compile cache, and submissions that attack their box
+without changing any other item's verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from farm.client import Farm
+from farm.models.batch import BatchRecord
+from farm.models.judge import Verdict
+from tests.judge_problems import (
+    BIG_CPP,
+    BIG_PY,
+    FLOAT_FAR,
+    FLOAT_NEAR,
+    FLOAT_TESTS,
+    LANGUAGES,
+    SORT_CPP,
+    SORT_PY,
+    SPECIAL_JUDGE,
+    SPECIAL_OTHER,
+    SPECIAL_TESTS,
+    SPECIAL_WRONG,
+    SUM,
+    SUM_TESTS,
+    SUM_VERDICTS,
+    big_input,
+    sort_tests,
+    sum_items,
+)
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+# How each RE submission ends: an exit code, or a signal (SIGABRT, SIGSEGV).
+RE_ENDS = {"cpp17": ("signal", 6), "cpp20": ("signal", 11)}
+FLAG = "/tmp/farm-judge-flag"
+
+ATTACKS = {
+    # A fork bomb: its box's pids limit holds it, its end kills it all.
+    "fork-bomb": (
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+    ),
+    # A child left running by each test: the next test of the item must not find it.
+    "left-child": (
+        "import os, subprocess\n"
+        "def comm(pid):\n    try:\n        return open(f'/proc/{pid}/comm').read().strip()\n"
+        "    except OSError:\n        return ''\n"
+        "left = [p for p in os.listdir('/proc') if p.isdigit() and comm(p) == 'sleep']\n"
+        "subprocess.Popen(['sleep', '1000'])\n"
+        "a, b = map(int, input().split())\nprint('leftover' if left else a + b)\n"
+    ),
+    # Writes outside its workspace (its box's /tmp, the read-only root), then answers.
+    "writes-outside": (
+        f"import os\nopen({FLAG!r}, 'w').write('x')\nopen('/workspace/flag', 'w').write('x')\n"
+        "try:\n    open('/etc/farm-flag', 'w')\nexcept OSError:\n    pass\n"
+        "a, b = map(int, input().split())\nprint(a + b)\n"
+    ),
+}
+# Runs after the attacks: sees no trace of them.
+WITNESS = (
+    "import os\n"
+    f"print([p for p in ({FLAG!r}, '/workspace/flag', '/etc/farm-flag') if os.path.exists(p)])\n"
+)
+
+
+def item(
+    item_id: str, language: str, source: str, tests: list[Any], **extra: Any
+) -> dict[str, Any]:
+    return {"id": item_id, "language": language, "source": source, "tests": tests, **extra}
+
+
+def problem_items() -> list[dict[str, Any]]:
+    data, total = big_input(10)
+    big_files = {"big.in": data, "big.out": total}
+    big_tests = [{"stdin_file": "big.in", "expected_file": "big.out"}]
+    sum_limits = {"time_s": 2.0, "memory_mb": 256}
+    return [
+        item("sort/python3", "python3", SORT_PY, sort_tests()),
+        item("sort/cpp17", "cpp17", SORT_CPP, sort_tests()),
+        item("big/python3", "python3", BIG_PY, big_tests, files=big_files, limits=sum_limits),
+        item("big/cpp17", "cpp17", BIG_CPP, big_tests, files=big_files, limits=sum_limits),
+        item("float/near", "python3", FLOAT_NEAR, FLOAT_TESTS, checker="float:1e-6"),
+        item("float/far", "python3", FLOAT_FAR, FLOAT_TESTS, checker="float:1e-6"),
+        item("float/near-as-tokens", "python3", FLOAT_NEAR, FLOAT_TESTS, checker="tokens"),
+        item(
+            "special/other",
+            "python3",
+            SPECIAL_OTHER,
+            SPECIAL_TESTS,
+            checker="special",
+            special_judge=SPECIAL_JUDGE,
+        ),
+        item(
+            "special/wrong",
+            "python3",
+            SPECIAL_WRONG,
+            SPECIAL_TESTS,
+            checker="special",
+            special_judge=SPECIAL_JUDGE,
+        ),
+        item("all-tests", "python3", SUM["python3"]["WA"], SUM_TESTS, all_tests=True),
+        item(
+            "peek-expected",
+            "python3",
+            "import os\nprint(os.path.exists('secret.out'))\n",
+            [{"stdin": "", "expected_file": "secret.out"}],
+            files={"secret.out": "False\n"},
+        ),
+        item("unknown-language", "cobol", "DISPLAY 'HI'.", SUM_TESTS),
+    ] + [
+        item(f"attack/{name}", "python3", source, SUM_TESTS, limits={"time_s": 1.0})
+        for name, source in ATTACKS.items()
+    ]
+
+
+@pytest.fixture(scope="module")
+def judge_farm(docker_env: Any) -> Iterator[Farm]:
+    from farm.sandbox.catalog import build_image
+
+    build_image("judge", client=docker_env)
+    with Farm.local(images={"judge": 1}) as farm:
+        yield farm
+
+
+@pytest.fixture(scope="module")
+def records(judge_farm: Farm) -> dict[str | int, BatchRecord]:
+    """Every submission of the module, judged in one map."""
+    items = sum_items() + problem_items()
+    return {r.id: r for r in judge_farm.map(items, image="judge", ordered=False, retries=1)}
+
+
+@pytest.mark.parametrize("verdict", list(SUM_VERDICTS))
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_every_language_gets_every_verdict_per_test(
+    records: dict[str | int, BatchRecord], language: str, verdict: str
+) -> None:
+    record = records[f"{language}/{verdict}"]
+    assert record.ok, record.message
+    result = record.judge
+    assert result is not None
+    assert result.verdict == verdict, result
+    assert [t.verdict for t in result.tests] == SUM_VERDICTS[verdict], result.tests
+    assert result.language == language and result.version  # the toolchain's own words
+    assert record.manifest["image"] == "judge"
+    assert result.compile is not None
+    if verdict == "CE":
+        assert result.compile.status == "error" and result.message.strip()
+        return
+    first = result.tests[0]
+    assert first.time_s > 0 and first.wall_s > 0 and first.memory_kb > 1000
+    if verdict == "MLE":
+        assert first.memory_kb > 128 * 1024
+    if verdict == "OLE":
+        assert first.output_bytes == 1 << 20
+    if verdict == "RE":
+        how, number = RE_ENDS.get(language, ("exit", 3))
+        assert (first.signal if how == "signal" else first.exit_code) == number, first
+
+
+def test_large_inputs_come_from_the_items_files(records: dict[str | int, BatchRecord]) -> None:
+    for name in ("big/python3", "big/cpp17", "sort/python3", "sort/cpp17"):
+        result = records[name].judge
+        assert result is not None and result.verdict == Verdict.AC, (name, result)
+
+
+def test_expected_outputs_are_not_files_of_the_box(records: dict[str | int, BatchRecord]) -> None:
+    result = records["peek-expected"].judge
+    assert result is not None and result.verdict == Verdict.AC, result
+
+
+def test_float_checker_takes_tolerance_where_tokens_do_not(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    verdicts = {
+        name: records[name].judge.verdict  # type: ignore[union-attr]
+        for name in ("float/near", "float/far", "float/near-as-tokens")
+    }
+    assert verdicts == {"float/near": "AC", "float/far": "WA", "float/near-as-tokens": "WA"}
+
+
+def test_special_judge_accepts_any_right_answer(records: dict[str | int, BatchRecord]) -> None:
+    other, wrong = records["special/other"].judge, records["special/wrong"].judge
+    assert other is not None and other.verdict == Verdict.AC, other
+    assert [t.verdict for t in other.tests] == ["AC"] * 3
+    assert wrong is not None and wrong.verdict == Verdict.WA
+    assert wrong.tests[0].message == "5 + 0 != 5" and len(wrong.tests) == 1
+    assert all(t.output is None for t in other.tests)  # outputs are not handed back
+
+
+def test_all_tests_runs_past_the_first_failure(records: dict[str | int, BatchRecord]) -> None:
+    result = records["all-tests"].judge
+    assert result is not None and result.verdict == Verdict.WA
+    assert [t.verdict for t in result.tests] == ["AC", "WA", "WA"]
+
+
+def test_an_unknown_language_is_refused_not_retried(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    record = records["unknown-language"]
+    assert record.status == "error" and record.kind == "input" and record.attempts == 1
+    assert "cobol" in (record.message or "")
+
+
+def test_attacks_get_verdicts_and_leave_no_trace(
+    judge_farm: Farm, records: dict[str | int, BatchRecord]
+) -> None:
+    bomb = records["attack/fork-bomb"].judge
+    assert bomb is not None and bomb.verdict in (Verdict.TLE, Verdict.MLE, Verdict.RE), bomb
+    for name in ("attack/left-child", "attack/writes-outside"):
+        result = records[name].judge
+        assert result is not None and result.verdict == Verdict.AC, (name, result)
+        assert [t.verdict for t in result.tests] == ["AC"] * 3
+        assert all(t.wall_s < 5 for t in result.tests)  # a child left running is not waited for
+    witness = judge_farm.judge("python3", WITNESS, [{"stdin": "", "expected": "[]"}])
+    assert witness.verdict == Verdict.AC, witness.tests[0].message
+
+
+def test_the_same_submission_compiles_once_per_worker(
+    judge_farm: Farm, records: dict[str | int, BatchRecord]
+) -> None:
+    assert records["cpp17/AC"].judge is not None  # compiled by the map, on this one worker
+    again = judge_farm.judge("cpp17", SUM["cpp17"]["AC"], SUM_TESTS)
+    assert again.verdict == Verdict.AC and again.compile is not None and again.compile.cached
+    failed = judge_farm.judge("cpp17", SUM["cpp17"]["CE"], SUM_TESTS)
+    assert failed.verdict == Verdict.CE and failed.compile is not None and failed.compile.cached
+    assert "not declared" in failed.message
+
+
+def test_a_sweep_judges_its_lines_and_caches_each_submission_apart(
+    judge_farm: Farm, tmp_path: Any
+) -> None:
+    import json
+
+    from farm.sweep import Sweep, plan_sweep
+
+    lines = [
+        item("right", "python3", SUM["python3"]["AC"], SUM_TESTS),
+        item("wrong", "python3", SUM["python3"]["WA"], SUM_TESTS),
+    ]
+    source = tmp_path / "judge.jsonl"
+    source.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    for round_ in range(2):  # the second from the sweep's cache: each line its own record
+        out = tmp_path / f"out-{round_}.jsonl"
+        summary = Sweep(judge_farm, cache_dir=tmp_path / "cache").run(plan_sweep(source, out), out)
+        assert summary.by_outcome == {"ok/AC": 1, "ok/WA": 1}
+        records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+        assert records["wrong"]["judge"]["tests"][1]["verdict"] == "WA"
+        assert records["right"]["manifest"]["image"] == "judge"

@@ -1,0 +1,122 @@
+"""The judge's pure parts, without a sandbox: the checkers, what a judge item accepts, what it
+becomes on its way to a worker, and how verdicts read as Judge0 statuses."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from pydantic import ValidationError
+
+from farm.judge.specs import judge_spec
+from farm.kernel.judge import checkers
+from farm.models.batch import BatchItem, BatchRecord
+from farm.models.judge import JudgeResult, TestResult, Verdict
+from farm.serve.judge0 import _status
+
+
+@pytest.mark.parametrize(
+    ("checker", "expected", "actual", "passes"),
+    [
+        ("exact", b"3\n", b"3\n", True),
+        ("exact", b"3\n", b"3", False),
+        ("lines", b"a b\nc\n", b"a b  \nc\n\n", True),
+        ("lines", b"a b\nc\n", b"a  b\nc\n", False),
+        ("tokens", b"1 2\n3", b" 1\n2   3 \n", True),
+        ("tokens", b"1 2 3", b"1 2", False),
+        ("float:1e-6", b"1.4142135", b"1.41421356", True),
+        ("float:1e-6", b"1.4142135", b"1.4143", False),
+        ("float:0:0.01", b"1000", b"1009", True),
+        ("float:1e-6", b"nan x", b"nan x", True),
+        ("float:1e-6", b"abc", b"abd", False),
+        ("none", b"anything", b"else", True),
+    ],
+)
+def test_checkers(checker: str, expected: bytes, actual: bytes, passes: bool) -> None:
+    assert checkers.check(checker, expected, actual)[0] is passes
+
+
+def test_a_failed_check_says_where() -> None:
+    assert checkers.check("tokens", b"1 2", b"1 5") == (
+        False,
+        "token 2 differs: expected '2', got '5'",
+    )
+
+
+@pytest.mark.parametrize("name", ["nope", "float:x", "tokens:1", "float:1:2:3", "float:-1"])
+def test_unknown_checkers_are_refused(name: str) -> None:
+    with pytest.raises(checkers.CheckerError):
+        checkers.parse(name)
+
+
+def item(**fields: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "id": 1,
+        "language": "python3",
+        "source": "print(1)",
+        "tests": [{"stdin": "", "expected": "1"}],
+    }
+    return {**base, **fields}
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"checker": "nope"}, "unknown checker"),
+        ({"checker": "special"}, "special_judge"),
+        ({"tests": []}, "at least one test"),
+        ({"tests": [{"stdin": "x"}]}, "no 'expected'"),
+        ({"tests": [{"stdin_file": "in", "expected": "1"}]}, "not among the item's files"),
+        ({"language": None}, "both 'language' and 'source'"),
+        ({"code": "1"}, "exactly one of"),
+        ({"limits": {"time_s": 0}}, "greater than 0"),
+    ],
+)
+def test_bad_judge_items_are_refused(fields: dict[str, object], why: str) -> None:
+    with pytest.raises(ValidationError, match=why):
+        BatchItem.model_validate(item(**fields))
+
+
+def test_a_judge_items_limits_are_per_test() -> None:
+    parsed = BatchItem.model_validate(item(limits={"time_s": 1.5, "memory_mb": 64}))
+    assert parsed.limits is None
+    assert parsed.judge_limits is not None and parsed.judge_limits.memory_mb == 64
+
+
+def test_expected_files_never_reach_the_box() -> None:
+    parsed = BatchItem.model_validate(
+        item(
+            files={"in.txt": "1 2", "out.txt": "3", "data.txt": "x"},
+            tests=[{"stdin_file": "in.txt", "expected_file": "out.txt"}],
+        )
+    )
+    spec, files, timeout_s = judge_spec(parsed)
+    assert set(files) == {"in.txt", "data.txt"}
+    test = spec.tests[0]
+    assert test.stdin_path == "in.txt" and base64.b64decode(test.expected or "") == b"3"
+    assert timeout_s > 2 * 30  # the compile's, then each test's wall limit
+
+
+def result(verdict: Verdict, **test: object) -> BatchRecord:
+    judged = JudgeResult(verdict=verdict, tests=[TestResult(verdict=verdict, **test)])  # type: ignore[arg-type]
+    return BatchRecord(id=1, status="ok", judge=judged)
+
+
+@pytest.mark.parametrize(
+    ("record", "status"),
+    [
+        (result(Verdict.AC), 3),
+        (result(Verdict.WA), 4),
+        (result(Verdict.TLE), 5),
+        (result(Verdict.CE), 6),
+        (result(Verdict.RE, signal=11), 7),
+        (result(Verdict.OLE), 8),
+        (result(Verdict.RE, signal=8), 9),
+        (result(Verdict.RE, signal=6), 10),
+        (result(Verdict.RE, exit_code=3), 11),
+        (result(Verdict.MLE), 12),
+        (result(Verdict.IE), 13),
+    ],
+)
+def test_verdicts_read_as_judge0_statuses(record: BatchRecord, status: int) -> None:
+    assert _status(record.judge, record) == status

@@ -251,3 +251,21 @@ def test_a_sweep_judges_its_lines_and_caches_each_submission_apart(
         records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
         assert records["wrong"]["judge"]["tests"][1]["verdict"] == "WA"
         assert records["right"]["manifest"]["image"] == "judge"
+
+
+def test_a_cancelled_map_stops_its_running_judges(judge_farm: Farm) -> None:
+    """Leaving a map stops its judge items' runners (their boxes' trees killed): a judge
+    sent next gets a slot of the worker's at once, not after their CPU limit of 30 s."""
+    import time
+
+    spin = item("spin", "python3", SUM["python3"]["TLE"], SUM_TESTS, limits={"time_s": 30.0})
+    quick = item("quick", "python3", SUM["python3"]["AC"], SUM_TESTS)
+    spinning = [{**spin, "id": f"spin-{n}"} for n in range(6)]
+    run = judge_farm.map([quick, *spinning], image="judge", ordered=False)
+    first = next(iter(run))
+    assert first.id == "quick"  # the others were sent meanwhile: they run, or never will
+    run.close()
+    started = time.monotonic()
+    after = judge_farm.judge("python3", SUM["python3"]["AC"], SUM_TESTS)
+    assert after.verdict == Verdict.AC
+    assert time.monotonic() - started < 20

@@ -20,6 +20,10 @@ from typing import Any, Union
 from .commands import CommandRun
 from .process import SessionProcess
 
+# The pid a process that ended before it was known is held by: above the kernel's limit on
+# pids (PID_MAX_LIMIT, 2**22), so no signal to it, its group or its tree reaches anything.
+GONE = 1 << 30
+
 
 class RequestError(Exception):
     """A request the kernel refuses; ``code`` travels in the error frame."""
@@ -115,8 +119,8 @@ class Link:
                 pid = key = message["pid"]
                 if self.in_box and key > 0:  # the last fd is the process's pidfd
                     pidfd = fds.pop()
-                    try:
-                        pid = pidfd_pid(pidfd)
+                    try:  # None: it ran and ended before this read (its exit comes too)
+                        pid = pidfd_pid(pidfd) or GONE
                     except OSError as exc:
                         key, message = -1, {"error": str(exc)}  # its other fds close below
                     finally:
@@ -166,10 +170,13 @@ class Link:
             self.sock.close()
 
 
-def pidfd_pid(pidfd: int) -> int:
-    """The pid, in this process's pid namespace, of the process ``pidfd`` refers to."""
+def pidfd_pid(pidfd: int) -> int | None:
+    """The pid, in this process's pid namespace, of the process ``pidfd`` refers to; ``None``
+    when it has ended already (a command that exits at once may be reaped by its box's init
+    before the supervisor reads this)."""
     with open(f"/proc/self/fdinfo/{pidfd}") as f:
         for line in f:
-            if line.startswith("Pid:") and int(line.split()[1]) > 0:  # -1: reaped already
-                return int(line.split()[1])
-    raise OSError(f"pidfd {pidfd} names no live process")
+            if line.startswith("Pid:"):
+                pid = int(line.split()[1])
+                return pid if pid > 0 else None  # -1: it has exited
+    raise OSError(f"pidfd {pidfd}: no Pid in its fdinfo")

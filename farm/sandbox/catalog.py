@@ -22,13 +22,14 @@ import docker.errors
 from pydantic import BaseModel, ValidationError
 
 from farm.errors import ImageBuildError, InvalidRequest, SandboxUnavailable
+from farm.image_name import SANDBOX_REPOSITORY, ImageName, sandbox_tag
 from farm.sandbox.environments import (
     ENV_DOCKERFILE,
     LABEL_ENV_HASH,
     LABEL_ENV_SPEC,
     ensure_env_image,
 )
-from farm.sandbox.envspec import SANDBOX_REPOSITORY, EnvSpec, sandbox_tag, spec_from_json
+from farm.sandbox.envspec import EnvSpec, spec_from_json
 from farm.sandbox.images import (
     DEFAULT_TAG,
     DOCKERFILE,
@@ -113,24 +114,27 @@ def build_image(
         return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
 
 
-def prepare_served_image(name: str, client: docker.DockerClient | None = None) -> EnvSpec | None:
+def prepare_served_image(
+    image: str | ImageName, client: docker.DockerClient | None = None
+) -> EnvSpec | None:
     """Make the farm image ``name`` ready for a worker to serve: ``default`` and the variants
     are built when missing or stale, a built environment is rebuilt from its recorded spec
     when the kernel changed. Returns its spec (whose limits the worker should get), or None.
 
     ``SandboxUnavailable`` when there is no such image: farm cannot guess its contents.
     """
-    if name == "default" or name in VARIANTS:
-        build_image(name, client=client)
-        return VARIANTS.get(name)
+    name = ImageName.parse(image)
+    if name.kind in ("default", "variant"):
+        build_image(name.asked, client=client)
+        return VARIANTS.get(name.asked)
     with docker_client(client) as client:
-        if tagged_image(client, sandbox_tag(name)) is None:
+        if tagged_image(client, name.tag) is None:
             raise SandboxUnavailable(
-                f"no worker serves image {name!r} and there is no image {sandbox_tag(name)}; "
+                f"no worker serves image {name.asked!r} and there is no image {name.tag}; "
                 f"build it first: `farm image build {name} --pip PKG --apt PKG` "
                 f"or `farm image build {name} -f farm-env.toml`"
             )
-        spec = _recorded_spec(client, name)
+        spec = _recorded_spec(client, name.asked)
         if spec is not None:
             ensure_env_image(spec, client)
         return spec

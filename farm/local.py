@@ -172,8 +172,9 @@ class LocalFarm:
         missing or stale; an environment built with ``farm image build NAME`` is rebuilt from
         the spec its image recorded when the kernel changed since, and its worker gets the
         spec's sandbox limits (where no ``FARM_SANDBOX_*`` setting says otherwise). Any other
-        name must be an image already (``farm-sandbox:NAME``): farm cannot guess its contents,
-        and says so (``SandboxUnavailable``). A live worker of ours that serves ``image`` but
+        name must be an image already (``farm-sandbox:NAME``, or the reference itself): farm
+        cannot guess its contents, and says so (``SandboxUnavailable``); all of this is
+        ``catalog.prepare``. A live worker of ours that serves ``image`` but
         is not registered (starting, or the broker lost its registration) is waited for
         instead: concurrent callers and a broker restart must not multiply workers.
         """
@@ -191,14 +192,12 @@ class LocalFarm:
 
     def _start_for(self, image: ImageName) -> str:
         limits: dict[str, str] = {}
-        if self.backend != "process" and image.kind == "reference":
-            _require_local_image(image.tag)  # any image with python3: served as it is
-        elif self.backend != "process":
-            from farm.sandbox.catalog import prepare_served_image
+        if self.backend != "process":
+            from farm.sandbox.catalog import prepare
             from farm.settings import SandboxLimits
 
-            log.info("preparing %s (built if missing or stale) for a worker", image.tag)
-            spec = prepare_served_image(image)
+            log.info("preparing %s for a worker (built if missing or stale)", image.tag)
+            spec = prepare(image)
             if spec is not None:
                 explicit = {f"FARM_SANDBOX_{k.upper()}" for k in SandboxLimits().model_fields_set}
                 limits = {
@@ -250,21 +249,6 @@ class LocalFarm:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _require_local_image(image: str) -> None:
-    """Fail fast, saying so, when Docker does not have ``image`` (never a start that hangs)."""
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        raise SandboxUnavailable(
-            f"no worker serves image {image!r} and Docker has no such image; pull or build it"
-        ) from None
-    finally:
-        client.close()
 
 
 def serve(workers: int, backend: str, state_file: Path) -> None:

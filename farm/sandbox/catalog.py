@@ -114,12 +114,12 @@ def build_image(
         return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
 
 
-def prepare_served_image(
-    image: str | ImageName, client: docker.DockerClient | None = None
-) -> EnvSpec | None:
-    """Make the farm image ``name`` ready for a worker to serve: ``default`` and the variants
-    are built when missing or stale, a built environment is rebuilt from its recorded spec
-    when the kernel changed. Returns its spec (whose limits the worker should get), or None.
+def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -> EnvSpec | None:
+    """Make the image ``image`` names ready for a worker to serve, the one place a local farm
+    does so: ``default`` and the variants are built when missing or stale, a built environment
+    is rebuilt from its recorded spec when the kernel changed, a reference must be in Docker
+    (any image with python3, served as it is). Returns the spec (whose limits the worker
+    should get), or None.
 
     ``SandboxUnavailable`` when there is no such image: farm cannot guess its contents.
     """
@@ -129,15 +129,24 @@ def prepare_served_image(
         return VARIANTS.get(name.asked)
     with docker_client(client) as client:
         if tagged_image(client, name.tag) is None:
-            raise SandboxUnavailable(
-                f"no worker serves image {name.asked!r} and there is no image {name.tag}; "
-                f"build it first: `farm image build {name} --pip PKG --apt PKG` "
-                f"or `farm image build {name} -f farm-env.toml`"
-            )
+            raise SandboxUnavailable(_missing(name))
+        if name.kind == "reference":
+            return None
         spec = _recorded_spec(client, name.asked)
         if spec is not None:
             ensure_env_image(spec, client)
         return spec
+
+
+def _missing(name: ImageName) -> str:
+    if name.kind == "reference":
+        how = "Docker has no such image; pull or build it"
+        return f"no worker serves image {name.asked!r} and {how}"
+    return (
+        f"no worker serves image {name.asked!r} and there is no image {name.tag}; "
+        f"build it first: `farm image build {name} --pip PKG --apt PKG` "
+        f"or `farm image build {name} -f farm-env.toml`"
+    )
 
 
 def list_images(

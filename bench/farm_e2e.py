@@ -39,9 +39,10 @@ from benchlib import Latency, emit, machine, parse_args
 from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
-from farm.celeryconf import TASK_ECHO, shared_queue
+from farm.celeryconf import TASK_ECHO
 from farm.client import Farm, Session, exec_request
 from farm.client.broker import release
+from farm.image_name import ImageName
 
 CODE = "x+1"
 WORKERS = 2
@@ -119,7 +120,7 @@ def echo_payload(session: Session) -> dict[str, Any]:
 
 
 def echo_call(farm: Farm, payload: dict[str, Any]) -> Callable[[], None]:
-    queue = shared_queue("default")
+    queue = ImageName("default").queue
 
     def call() -> None:
         pending = farm.app.send_task(TASK_ECHO, args=[payload], queue=queue)

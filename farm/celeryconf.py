@@ -1,6 +1,7 @@
 """The Celery app both sides build from settings, and the names that tie them together.
 
-The client reaches workers only through these task names and queue names, never by import.
+The client reaches workers only through these task names and queue names (an image's own is
+``ImageName.queue``), never by import.
 JSON only (no pickle: a broker message must never be able to run code), prefetch 1 so a busy
 worker does not hoard messages another could run. Celery's transport and result backend get the
 same password and TLS options as the registry (``FarmSettings.redis_url``, ``redis_tls``).
@@ -20,11 +21,6 @@ TASK_BATCH = "farm.batch"  # a chunk of map/sweep items, each in a box of its ow
 TASK_COMMAND = "farm.command"  # a command in a session's box (session.exec)
 TASK_FILE = "farm.file"  # one chunk of a file operation of a session (session.files)
 TASK_ECHO = "farm.echo"  # the bare round trip benchmarks compare against
-
-
-def shared_queue(image: str) -> str:
-    """Where one-shot runs and session opens for ``image`` go; any worker of it may take them."""
-    return f"farm.{image}"
 
 
 def direct_queue(worker_id: str, generation: int) -> str:

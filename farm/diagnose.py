@@ -175,10 +175,10 @@ def anonymous_rights(anonymous: redis.Redis, settings: FarmSettings) -> tuple[li
     handshake it refused)."""
     import redis
 
-    from farm.celeryconf import shared_queue
+    from farm.image_name import ImageName
     from farm.registry import PREFIX
 
-    probe_key = f"{shared_queue(settings.image)}.doctor-{uuid.uuid4().hex}"
+    probe_key = f"{ImageName(settings.image).queue}.doctor-{uuid.uuid4().hex}"
     probes: dict[str, Callable[[], object]] = {
         "read": lambda: anonymous.smembers(f"{PREFIX}workers"),
         "write": lambda: anonymous.delete(probe_key),

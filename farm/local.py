@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import LocalFarmError, SandboxUnavailable
+from farm.image_name import ImageName
 from farm.processes import pid_alive, popen_tied
 from farm.redis_server import RedisServer, ServerTLS, write_private
 from farm.registry import Registry
-from farm.sandbox.factory import is_reference
 from farm.settings import FarmSettings
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,8 @@ class LocalFarm:
         env: dict[str, str] | None = None,
         tls: ServerTLS | None = None,
     ) -> None:
-        self.images = workers if isinstance(workers, dict) else {"default": workers}
+        asked = workers if isinstance(workers, dict) else {"default": workers}
+        self.images = {ImageName(image).asked: count for image, count in asked.items()}
         self.backend = backend
         self.extra_env = env or {}
         self.tag = uuid.uuid4().hex[:8]
@@ -109,8 +110,9 @@ class LocalFarm:
     def _start_redis(self) -> None:
         self.redis = RedisServer(self.dir, tls=self.tls).start()
 
-    def add_worker(self, image: str = "default", **env: str) -> str:
+    def add_worker(self, image: str | ImageName = "default", **env: str) -> str:
         """Start one more worker process; returns its worker id."""
+        name = ImageName.parse(image)
         self._count += 1
         worker_id = f"local-{self.tag}-{self._count}"
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
@@ -122,7 +124,7 @@ class LocalFarm:
             "FARM_BROKER_URL": self.broker_url,
             "FARM_WORKER_ID": worker_id,
             "FARM_BACKEND": self.backend,
-            "FARM_IMAGE": image,
+            "FARM_IMAGE": name.asked,
             "FARM_METRICS_PORT": "0",
             "FARM_SOCKET_DIR": str(self.dir / "sockets"),
             **env,
@@ -136,7 +138,7 @@ class LocalFarm:
             start_new_session=True,
         )
         log_file.close()
-        self.worker_images[worker_id] = image
+        self.worker_images[worker_id] = name.asked
         return worker_id
 
     def wait_ready(
@@ -163,39 +165,39 @@ class LocalFarm:
         text = path.read_text(errors="replace") if path.exists() else ""
         return f"--- {worker_id}\n" + "\n".join(text.splitlines()[-lines:])
 
-    def serve_image(self, image: str) -> str:
+    def serve_image(self, image: str | ImageName) -> str:
         """Start a worker for ``image`` on demand; returns its id.
 
         ``default`` and the variants farm defines (``docs``, ``browser``) are built when
         missing or stale; an environment built with ``farm image build NAME`` is rebuilt from
         the spec its image recorded when the kernel changed since, and its worker gets the
         spec's sandbox limits (where no ``FARM_SANDBOX_*`` setting says otherwise). Any other
-        name must be an image already (``farm-sandbox:NAME``): farm cannot guess its contents,
-        and says so (``SandboxUnavailable``). A live worker of ours that serves ``image`` but
+        name must be an image already (``farm-sandbox:NAME``, or the reference itself): farm
+        cannot guess its contents, and says so (``SandboxUnavailable``); all of this is
+        ``catalog.prepare``. A live worker of ours that serves ``image`` but
         is not registered (starting, or the broker lost its registration) is waited for
         instead: concurrent callers and a broker restart must not multiply workers.
         """
+        name = ImageName.parse(image)
         with self._serving:
             running = [
                 w
                 for w, served in self.worker_images.items()
-                if served == image and self.workers[w].poll() is None
+                if served == name.asked and self.workers[w].poll() is None
             ]
             if running:
                 self.wait_ready(running[:1])
                 return running[0]
-            return self._start_for(image)
+            return self._start_for(name)
 
-    def _start_for(self, image: str) -> str:
+    def _start_for(self, image: ImageName) -> str:
         limits: dict[str, str] = {}
-        if self.backend != "process" and is_reference(image):
-            _require_local_image(image)  # any image with python3: served as it is
-        elif self.backend != "process":
-            from farm.sandbox.catalog import prepare_served_image
+        if self.backend != "process":
+            from farm.sandbox.catalog import prepare
             from farm.settings import SandboxLimits
 
-            log.info("preparing farm-sandbox:%s (built if missing or stale) for a worker", image)
-            spec = prepare_served_image(image)
+            log.info("preparing %s for a worker (built if missing or stale)", image.tag)
+            spec = prepare(image)
             if spec is not None:
                 explicit = {f"FARM_SANDBOX_{k.upper()}" for k in SandboxLimits().model_fields_set}
                 limits = {
@@ -247,21 +249,6 @@ class LocalFarm:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _require_local_image(image: str) -> None:
-    """Fail fast, saying so, when Docker does not have ``image`` (never a start that hangs)."""
-    import docker
-
-    client = docker.from_env()
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        raise SandboxUnavailable(
-            f"no worker serves image {image!r} and Docker has no such image; pull or build it"
-        ) from None
-    finally:
-        client.close()
 
 
 def serve(workers: int, backend: str, state_file: Path) -> None:

@@ -17,6 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from farm.errors import InvalidRequest
+from farm.image_name import ImageName
 
 
 class SandboxLimits(BaseSettings):
@@ -308,6 +309,13 @@ class FarmSettings(BaseSettings):
     @property
     def worker_threads(self) -> int:
         return self.concurrency or self.max_sessions + 8
+
+    @field_validator("image")
+    @classmethod
+    def _image_name(cls, image: str) -> str:
+        """A bad ``FARM_IMAGE`` stops the worker at its start (``ImageName``), not at its
+        first sandbox."""
+        return ImageName(image).asked
 
     @model_validator(mode="after")
     def _image_limits(self) -> FarmSettings:

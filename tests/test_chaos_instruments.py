@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from farm.celeryconf import TASK_EXEC, shared_queue
+from farm.celeryconf import TASK_EXEC
 from farm.client import Farm
+from farm.image_name import ImageName
 from farm.models.batch import BatchItem
 from tests.conftest import farm_worker, inproc_worker
 from tests.test_reliability_chaos import (
@@ -29,7 +30,7 @@ def test_waiting_messages_reads_what_the_client_sends(redis_server: Any) -> None
     (what the kill -9 case reads at the kill)."""
     with farm_worker(redis_server.url) as worker, Farm(worker.settings) as farm:
         redis = farm.registry.redis
-        shared, direct = shared_queue("default"), worker.queues[-1]
+        shared, direct = ImageName("default").queue, worker.queues[-1]
         run = farm.map([{"id": "a", "code": "1"}, {"id": "b", "cells": ["x = 1", "x"]}])
         sent: tuple[str, ...] = ()
         try:

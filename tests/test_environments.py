@@ -27,7 +27,7 @@ from farm.client import Farm
 from farm.errors import ImageBuildError, SandboxUnavailable
 from farm.local import LocalFarm
 from farm.registry import Registry
-from farm.sandbox.catalog import build_image, list_images, prepare_served_image
+from farm.sandbox.catalog import build_image, list_images, prepare
 from farm.sandbox.environments import CONTEXT_DIR, ENV_DOCKERFILE, WHEELS_DIR, ensure_env_image
 from farm.sandbox.envspec import EnvLimits, EnvSpec, load_spec, make_spec
 from farm.sandbox.images import (
@@ -187,7 +187,7 @@ def test_a_built_environment_is_reused_and_served_as_it_is(
     started = time.monotonic()
     assert not ensure_env_image(env_image, docker_env).built
     assert time.monotonic() - started < 10
-    assert prepare_served_image(ENV, docker_env) == env_image  # what a local farm does first
+    assert prepare(ENV, docker_env) == env_image  # what a local farm does first
 
 
 def test_the_cli_builds_from_the_spec_file_and_lists_the_image_with_its_spec(
@@ -355,7 +355,7 @@ def test_a_kernel_change_rebuilds_an_environment_from_its_recorded_spec(
 
 def test_a_name_that_was_never_built_is_refused_with_how_to_build_it(docker_env: Any) -> None:
     with pytest.raises(SandboxUnavailable, match=r"farm image build pytest-never-built"):
-        prepare_served_image("pytest-never-built", docker_env)
+        prepare("pytest-never-built", docker_env)
     assert "pytest-never-built" not in {i.name for i in list_images(docker_env)}
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from farm.celeryconf import shared_queue
 from farm.client import Farm
 from farm.client.mapping import CLAIM_WAIT_S
+from farm.image_name import ImageName
 from farm.redis_server import RedisServer
 from tests.conftest import consuming, farm_worker
 from tests.waiting import wait_for
@@ -37,7 +37,7 @@ def test_a_chunk_a_dying_consumer_took_is_sent_again_within_seconds(tmp_path: An
             )
             mapping.start()
             # the first chunk, taken by a consumer that dies with it (nothing consumes yet)
-            raw = wait_for(lambda: farm.registry.redis.rpop(shared_queue("default")), 10)
+            raw = wait_for(lambda: farm.registry.redis.rpop(ImageName("default").queue), 10)
             assert raw, "the map sent nothing"
             stolen = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
             with consuming(worker):

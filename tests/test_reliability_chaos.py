@@ -29,10 +29,11 @@ from typing import Any
 
 import pytest
 
-from farm.celeryconf import TASK_BATCH, shared_queue
+from farm.celeryconf import TASK_BATCH
 from farm.client import Farm
 from farm.errors import FarmError, SessionLost
 from farm.events import ExecStart
+from farm.image_name import ImageName
 from farm.local import LocalFarm
 from farm.models.batch import BatchItem, Chunk
 from farm.sweep import Sweep, SweepSummary, plan_sweep
@@ -354,7 +355,7 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     killed_at = time.monotonic()
     # what had not started at the kill: calls in its own queue, chunks in the shared one and
     # those it had taken (kombu gives these to another worker after the visibility timeout)
-    waiting = waiting_messages(redis, [dead_queue, shared_queue("default")])
+    waiting = waiting_messages(redis, [dead_queue, ImageName("default").queue])
     at_kill = sweep.lines()
     rate = at_kill / (killed_at - sweep.started_at)
     deadline_s = max(SWEEP_DEADLINE_S, 2 * (500 - at_kill) / rate)
@@ -391,7 +392,7 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     ]
 
     def copies_left() -> list[str]:
-        now = waiting_messages(redis, [dead_queue, shared_queue("default")])
+        now = waiting_messages(redis, [dead_queue, ImageName("default").queue])
         return [w.chunk_id for w in now if w.chunk_id in abandoned]
 
     delivered = wait_for(lambda: not copies_left(), max(0.0, killed_at + 90 - time.monotonic()))

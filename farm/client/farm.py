@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from farm.backoff import delays
-from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app, shared_queue
+from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app
 from farm.client.broker import Broker, Watch
 from farm.client.callbacks import Callbacks
 from farm.client.mapping import MapRun
@@ -31,6 +31,7 @@ from farm.errors import (
     WorkerFailed,
 )
 from farm.events import Event
+from farm.image_name import ImageName
 from farm.journal import Journal
 from farm.judge.front import judge_one
 from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused
@@ -128,16 +129,18 @@ class Farm:
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting in each shared and direct queue of the live workers."""
         workers = self.registry.workers()
-        names = {shared_queue(str(w["image"])) for w in workers} | {
+        names = {ImageName(str(w["image"])).queue for w in workers} | {
             str(w["queue"]) for w in workers
         }
         return {name: self.registry.queue_length(name) for name in sorted(names)}
 
-    def require_image(self, image: str) -> None:
+    def require_image(self, image: str | ImageName) -> None:
         """Fail fast (``SandboxUnavailable``) when no live worker serves ``image``, after
         asking a local farm to start one (checked at most once a second).
         An image this client saw served gets until ``open_wait_s`` after that to come back:
         its workers may be restarting, or re-registering with a broker that restarted."""
+        name = ImageName.parse(image)
+        image = name.asked
         now = time.monotonic()
         last = self._served.get(image)
         if last is not None and now - last < IMAGE_CHECK_S:
@@ -149,7 +152,7 @@ class Farm:
                 self._served[image] = time.monotonic()
                 return
             if self._owned is not None:
-                self._owned.serve_image(image)
+                self._owned.serve_image(name)
                 return
             if time.monotonic() >= wait_until:
                 raise SandboxUnavailable(
@@ -162,7 +165,7 @@ class Farm:
 
     def session(
         self,
-        image: str = "default",
+        image: str | ImageName = "default",
         *,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         open_wait_s: float | None = None,
@@ -187,15 +190,16 @@ class Farm:
         ``callback_timeout_s`` per call (``farm.client.callbacks``). ``egress`` names the
         hosts its box may reach through the worker's proxy (``"api.example.com"``,
         ``"*.example.org:443"``), within the farm's ceiling; none by default."""
+        name = ImageName.parse(image)
         hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
         wanted = _limits(limits)
         hosts = _egress(egress)
-        self.require_image(image)
+        self.require_image(name)
         deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
         for backoff in delays(0.05, 1.0):
             open_id = uuid.uuid4().hex
             kwargs = {"tools": tools, "open_id": open_id, "limits": wanted, "egress": hosts}
-            pending, mark = self.broker.send(TASK_OPEN, shared_queue(image), kwargs=kwargs)
+            pending, mark = self.broker.send(TASK_OPEN, name.queue, kwargs=kwargs)
             try:
                 reply = self._open_reply(pending, open_id, mark, deadline + QUEUE_WAIT_S)
             except (SessionLost, BrokerLost) as exc:  # the open died with its worker or broker
@@ -206,7 +210,7 @@ class Farm:
                 raise InvalidRequest(f"worker {reply.worker} refused the session: {reply.reason}")
             if time.monotonic() + backoff > deadline:
                 raise FarmBusy(
-                    f"every worker of image {image!r} is full or not ready "
+                    f"every worker of image {name.asked!r} is full or not ready "
                     f"(last: {reply.reason}); retry later or add workers"
                 )
             time.sleep(backoff)  # back off before asking the shared queue again
@@ -265,7 +269,7 @@ class Farm:
         self,
         code: str,
         *,
-        image: str = "default",
+        image: str | ImageName = "default",
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = 0,
         max_output_bytes: int | None = None,
@@ -283,7 +287,7 @@ class Farm:
         have run is not run again behind the caller's back. A caller's ``exec_id`` (its first
         attempt's) makes a retry of the whole call return the first one's result.
         """
-        wanted, hosts = _limits(limits), _egress(egress)
+        name, wanted, hosts = ImageName.parse(image), _limits(limits), _egress(egress)
         for attempt in range(retries + 1):
             request = exec_request(
                 code, timeout_s, max_output_bytes, exec_id if not attempt else None
@@ -293,8 +297,8 @@ class Farm:
             if hosts:
                 request["egress"] = hosts
             try:
-                self.require_image(image)
-                pending, mark = self.broker.send(TASK_RUN, shared_queue(image), args=[request])
+                self.require_image(name)
+                pending, mark = self.broker.send(TASK_RUN, name.queue, args=[request])
                 deadline = time.monotonic() + timeout_s + QUEUE_WAIT_S
                 watch = Watch(exec_id=request["exec_id"], mark=mark)
                 raw = self.broker.wait(pending, deadline, watch)
@@ -325,7 +329,7 @@ class Farm:
         self,
         items: Iterable[BatchItem | dict[str, Any] | str],
         *,
-        image: str = "default",
+        image: str | ImageName = "default",
         concurrency: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         retries: int = 0,

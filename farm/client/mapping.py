@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from farm.celeryconf import TASK_BATCH, shared_queue
+from farm.celeryconf import TASK_BATCH
 from farm.client.map_records import Item, chunk_item, failed, manifest, outcome, parse_item
 from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
+from farm.image_name import ImageName
 from farm.judge import image_for
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
@@ -52,7 +53,7 @@ class MapHost(Protocol):
 
     def workers(self) -> list[dict[str, Any]]: ...
 
-    def require_image(self, image: str) -> None: ...
+    def require_image(self, image: str | ImageName) -> None: ...
 
     def replay(self, session_id: str) -> Iterator[Event]: ...
 
@@ -84,7 +85,7 @@ class MapRun:
         farm: MapHost,
         items: Iterable[Item],
         *,
-        image: str = "default",
+        image: str | ImageName = "default",
         concurrency: int | None = None,
         timeout_s: float = 30.0,
         retries: int = 0,
@@ -94,7 +95,7 @@ class MapRun:
         egress: list[str] | None = None,
     ) -> None:
         self.farm = farm
-        self.image = image
+        self.image = ImageName.parse(image).asked  # a bad name fails before anything is sent
         self.egress = egress  # hosts every item's box may reach, unless the item says
         self.timeout_s = timeout_s
         self.retries = retries
@@ -110,7 +111,7 @@ class MapRun:
         # names it: a map whose items all name other images needs no worker of ``image``
         self._images: dict[str, str | None] = {}
         self.workers = {str(w["id"]): w for w in farm.broker.call(farm.workers, sent=False)}
-        serving = [w for w in self.workers.values() if w.get("image") == image]
+        serving = [w for w in self.workers.values() if w.get("image") == self.image]
         capacity = sum(int(w.get("capacity") or 1) for w in serving) or 8
         self.concurrency = max(1, concurrency or min(capacity, 256))
         self._per_worker = max(1, self.concurrency // (2 * max(1, len(serving))))
@@ -225,7 +226,7 @@ class MapRun:
         batch = [attempt for attempt in batch if self._served(attempt)]
         if not batch:
             return
-        queue = shared_queue(self._image(batch[0]))
+        queue = ImageName(self._image(batch[0])).queue
         chunk_id = uuid.uuid4().hex
         payload = Chunk(
             map_id=self.map_id,

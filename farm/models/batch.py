@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from farm.image_name import ImageName
 from farm.models.base import Model
 from farm.models.judge import JudgeLimits, JudgeResult, JudgeSpec, TestCase, check_judge_item
 from farm.models.results import BoxLimits, CommandResult, ExecResult
@@ -40,6 +41,11 @@ class BatchItem(Model):
     all_tests: bool = False
     keep_outputs: bool = Field(default=False, description="each test's stdout in its result")
     judge_limits: JudgeLimits | None = None
+
+    @field_validator("image")
+    @classmethod
+    def _image_name(cls, image: str | None) -> str | None:
+        return None if image is None else ImageName(image).asked  # a bad one: an input error
 
     @model_validator(mode="before")
     @classmethod

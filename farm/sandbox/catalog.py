@@ -22,13 +22,14 @@ import docker.errors
 from pydantic import BaseModel, ValidationError
 
 from farm.errors import ImageBuildError, InvalidRequest, SandboxUnavailable
+from farm.image_name import SANDBOX_REPOSITORY, ImageName, sandbox_tag
 from farm.sandbox.environments import (
     ENV_DOCKERFILE,
     LABEL_ENV_HASH,
     LABEL_ENV_SPEC,
     ensure_env_image,
 )
-from farm.sandbox.envspec import SANDBOX_REPOSITORY, EnvSpec, sandbox_tag, spec_from_json
+from farm.sandbox.envspec import EnvSpec, spec_from_json
 from farm.sandbox.images import (
     DEFAULT_TAG,
     DOCKERFILE,
@@ -113,27 +114,39 @@ def build_image(
         return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
 
 
-def prepare_served_image(name: str, client: docker.DockerClient | None = None) -> EnvSpec | None:
-    """Make the farm image ``name`` ready for a worker to serve: ``default`` and the variants
-    are built when missing or stale, a built environment is rebuilt from its recorded spec
-    when the kernel changed. Returns its spec (whose limits the worker should get), or None.
+def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -> EnvSpec | None:
+    """Make the image ``image`` names ready for a worker to serve, the one place a local farm
+    does so: ``default`` and the variants are built when missing or stale, a built environment
+    is rebuilt from its recorded spec when the kernel changed, a reference must be in Docker
+    (any image with python3, served as it is). Returns the spec (whose limits the worker
+    should get), or None.
 
     ``SandboxUnavailable`` when there is no such image: farm cannot guess its contents.
     """
-    if name == "default" or name in VARIANTS:
-        build_image(name, client=client)
-        return VARIANTS.get(name)
+    name = ImageName.parse(image)
+    if name.kind in ("default", "variant"):
+        build_image(name.asked, client=client)
+        return VARIANTS.get(name.asked)
     with docker_client(client) as client:
-        if tagged_image(client, sandbox_tag(name)) is None:
-            raise SandboxUnavailable(
-                f"no worker serves image {name!r} and there is no image {sandbox_tag(name)}; "
-                f"build it first: `farm image build {name} --pip PKG --apt PKG` "
-                f"or `farm image build {name} -f farm-env.toml`"
-            )
-        spec = _recorded_spec(client, name)
+        if tagged_image(client, name.tag) is None:
+            raise SandboxUnavailable(_missing(name))
+        if name.kind == "reference":
+            return None
+        spec = _recorded_spec(client, name.asked)
         if spec is not None:
             ensure_env_image(spec, client)
         return spec
+
+
+def _missing(name: ImageName) -> str:
+    if name.kind == "reference":
+        how = "Docker has no such image; pull or build it"
+        return f"no worker serves image {name.asked!r} and {how}"
+    return (
+        f"no worker serves image {name.asked!r} and there is no image {name.tag}; "
+        f"build it first: `farm image build {name} --pip PKG --apt PKG` "
+        f"or `farm image build {name} -f farm-env.toml`"
+    )
 
 
 def list_images(

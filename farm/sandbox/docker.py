@@ -28,6 +28,7 @@ from docker.models.containers import Container
 from docker.types import Ulimit
 
 from farm.errors import SandboxStartError
+from farm.image_name import SANDBOX_REPOSITORY
 from farm.kernel.wire import auth
 from farm.kernel.wire.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo
@@ -36,7 +37,6 @@ from farm.sandbox.base import Sandbox, box_arguments
 from farm.sandbox.bundle import MOUNT as BUNDLE
 from farm.sandbox.bundle import kernel_bundle
 from farm.sandbox.environments import LABEL_ENV_SPEC
-from farm.sandbox.factory import is_reference
 from farm.sandbox.images import LABEL_KERNEL_HASH, own_sandbox_tag
 from farm.settings import BoxSettings, SandboxLimits
 
@@ -209,7 +209,8 @@ class DockerSandbox(Sandbox):
             self._wait_ready()
         except docker.errors.ImageNotFound as exc:
             self.stop()
-            how = "pull or build it" if is_reference(self.image) else "run `farm image build`"
+            ours = self.image.startswith(f"{SANDBOX_REPOSITORY}:")
+            how = "run `farm image build`" if ours else "pull or build it"
             raise SandboxStartError(f"sandbox image {self.image!r} is missing: {how}") from exc
         except docker.errors.DockerException as exc:
             self.stop()

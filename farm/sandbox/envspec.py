@@ -24,20 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from farm.egress.policy import PolicyError, parse_rules
 from farm.errors import InvalidRequest
+from farm.image_name import sandbox_tag
 from farm.judge.languages import Language
 
-SANDBOX_REPOSITORY = "farm-sandbox"
 SPEC_FILE = "farm-env.toml"
 # A Docker tag without "/" or ":" (those name other images), lower case, not too long: the
 # name is also a queue (farm.NAME), a directory and a label.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
 # Debian package names (policy 5.6.1), optionally pinned: nodejs, g++, libfoo1=1.2-3.
 APT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?$")
-
-
-def sandbox_tag(name: str) -> str:
-    """The Docker tag of the farm image ``name``: ``farm-sandbox:NAME``."""
-    return f"{SANDBOX_REPOSITORY}:{name}"
 
 
 class EnvLimits(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from farm.errors import InvalidRequest
+from farm.image_name import ImageName
 from farm.sandbox.base import Sandbox
 from farm.settings import FarmSettings
 
@@ -39,25 +40,18 @@ def resolve_backend(backend: str) -> str:
     return "process"
 
 
-def is_reference(image: str) -> bool:
-    """A name with ``/`` or ``:`` is any image of the user's (run with farm's kernel mounted
-    in); a bare name is a farm image (``default``, ``docs``, ``browser``, built ones)."""
-    return "/" in image or ":" in image
-
-
 def docker_image(settings: FarmSettings) -> str:
-    """``FARM_SANDBOX_IMAGE``, else the reference ``FARM_IMAGE`` names, else
-    ``farm-sandbox:IMAGE``; for the default image, the build of this checkout's own kernel when
-    Docker has it (``images.own_sandbox_tag``)."""
+    """``FARM_SANDBOX_IMAGE``, else the tag ``FARM_IMAGE`` names (``ImageName.tag``); for the
+    default image, the build of this checkout's own kernel when Docker has it
+    (``images.own_sandbox_tag``)."""
     if settings.sandbox_image:
         return settings.sandbox_image
-    if is_reference(settings.image):
-        return settings.image
-    if settings.image == "default":
+    name = ImageName(settings.image)
+    if name.kind == "default":
         from farm.sandbox.images import own_sandbox_tag
 
         return own_sandbox_tag()
-    return f"farm-sandbox:{settings.image}"
+    return name.tag
 
 
 def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:

@@ -25,7 +25,8 @@ from typing import Any
 
 import redis
 
-from farm.celeryconf import direct_queue, shared_queue
+from farm.celeryconf import direct_queue
+from farm.image_name import ImageName
 from farm.journal import Journal
 from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
 from farm.models import Refused, SandboxHealth
@@ -130,7 +131,7 @@ class Worker:
 
     @property
     def queues(self) -> list[str]:
-        return [shared_queue(self.image), self.queue]
+        return [ImageName(self.image).queue, self.queue]
 
     def readiness(self) -> tuple[bool, str]:
         if not self.keeper.ready:

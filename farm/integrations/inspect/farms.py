@@ -237,7 +237,7 @@ def _start(key: str, config: FarmSandboxConfig) -> FarmHandle:
 def _prepare(image: str) -> None:
     """Build ``image`` when missing or stale: the provider's own ``inspect`` environment from
     its spec, any other farm image as ``farm image build`` recorded it."""
-    from farm.sandbox.catalog import build_image, prepare_served_image
+    from farm.sandbox.catalog import build_image, prepare
     from farm.sandbox.envspec import make_spec
 
     if image == INSPECT_IMAGE:
@@ -245,4 +245,4 @@ def _prepare(image: str) -> None:
         if built.built:
             log.info("built farm-sandbox:%s for Inspect (%s)", image, built.image_id)
     else:
-        prepare_served_image(image)
+        prepare(image)

@@ -1,0 +1,77 @@
+"""``ImageName``: the image a caller asked for, parsed once where it enters farm (``Farm``'s
+calls, the CLI, a worker's settings) and handed down as one value, so that no module below
+guesses again what a name means. A name with ``/`` or ``:`` is a reference to any image
+(served with farm's kernel mounted in); a bare one is a farm image, ``farm-sandbox:NAME``.
+Invariant: a name that parses has one queue and one Docker tag; one that does not is an
+``InvalidRequest`` before anything is sent or started. Stdlib only, and outside
+``farm.sandbox``: clients (``farm serve`` too) import it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from farm.errors import InvalidRequest
+
+SANDBOX_REPOSITORY = "farm-sandbox"
+VARIANT_NAMES = frozenset({"docs", "browser", "judge"})  # farm.sandbox.variants.VARIANTS
+# A farm image's name is a Docker tag; a reference is a Docker image reference
+# (registry/repository:tag or @digest), checked loosely: Docker has the last word.
+FARM_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+REFERENCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,254}(?<![:/@])")
+
+Kind = Literal["default", "variant", "environment", "reference"]
+
+
+def sandbox_tag(name: str) -> str:
+    """The Docker tag of the farm image ``name``: ``farm-sandbox:NAME``."""
+    return f"{SANDBOX_REPOSITORY}:{name}"
+
+
+@dataclass(frozen=True)
+class ImageName:
+    """What was asked (``default``, ``docs``, ``ds``, ``python:3.12-slim``), checked."""
+
+    asked: str = "default"
+
+    def __post_init__(self) -> None:
+        pattern = REFERENCE if _is_reference(self.asked) else FARM_NAME
+        asked = self.asked if isinstance(self.asked, str) else ""
+        if not pattern.fullmatch(asked) or "//" in asked:
+            raise InvalidRequest(
+                f"bad image name {self.asked!r}: a farm image's name (default, docs, a built "
+                "one) or an image reference (registry/repository:tag)"
+            )
+
+    @classmethod
+    def parse(cls, image: str | ImageName) -> ImageName:
+        return image if isinstance(image, ImageName) else cls(image)
+
+    @property
+    def kind(self) -> Kind:
+        if _is_reference(self.asked):
+            return "reference"
+        if self.asked == "default":
+            return "default"
+        return "variant" if self.asked in VARIANT_NAMES else "environment"
+
+    @property
+    def queue(self) -> str:
+        """Where one-shot runs, session opens and map chunks for this image go; any worker
+        serving it may take them."""
+        return f"farm.{self.asked}"
+
+    @property
+    def tag(self) -> str:
+        """The Docker image its sandboxes run: the reference itself, or ``farm-sandbox:NAME``
+        (for ``default``, a worker prefers the build of its own kernel: ``factory``)."""
+        return self.asked if self.kind == "reference" else sandbox_tag(self.asked)
+
+    def __str__(self) -> str:
+        return self.asked
+
+
+def _is_reference(name: object) -> bool:
+    return isinstance(name, str) and ("/" in name or ":" in name)

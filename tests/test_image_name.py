@@ -1,0 +1,76 @@
+"""An image name is parsed once where it enters farm: what it is (default, variant, built
+environment, reference to any image), its queue and its Docker tag follow from it, and a bad
+one is an ``InvalidRequest`` before anything is sent or started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from farm.client import Farm
+from farm.errors import InvalidRequest
+from farm.image_name import VARIANT_NAMES, ImageName
+from farm.models.batch import BatchItem
+from farm.sandbox.factory import docker_image
+from farm.sandbox.variants import VARIANTS
+from farm.settings import FarmSettings
+
+BAD = ["", " ", "a b", "ds\n", "x:", "x/", "a//b", "-x", "ds;rm"]
+
+
+@pytest.mark.parametrize(
+    ("asked", "kind", "tag"),
+    [
+        ("default", "default", "farm-sandbox:default"),
+        ("docs", "variant", "farm-sandbox:docs"),
+        ("judge", "variant", "farm-sandbox:judge"),
+        ("ds", "environment", "farm-sandbox:ds"),
+        ("python:3.12-slim", "reference", "python:3.12-slim"),
+        ("localhost:5000/team/img:v1", "reference", "localhost:5000/team/img:v1"),
+        ("farm-sandbox:ds", "reference", "farm-sandbox:ds"),
+    ],
+)
+def test_a_name_says_its_kind_queue_and_tag(asked: str, kind: str, tag: str) -> None:
+    name = ImageName(asked)
+    assert (name.kind, name.tag, name.queue, str(name)) == (kind, tag, f"farm.{asked}", asked)
+    assert ImageName.parse(name) is name and ImageName.parse(asked) == name
+
+
+@pytest.mark.parametrize("asked", BAD)
+def test_a_bad_name_is_an_invalid_request(asked: str) -> None:
+    with pytest.raises(InvalidRequest, match="bad image name"):
+        ImageName(asked)
+
+
+def test_the_variants_named_are_the_variants_defined() -> None:
+    assert set(VARIANTS) == VARIANT_NAMES
+
+
+def test_a_worker_with_a_bad_image_name_does_not_start() -> None:
+    with pytest.raises(ValidationError, match="bad image name"):
+        FarmSettings(image="a b")
+
+
+def test_a_worker_runs_the_tag_its_image_names() -> None:
+    assert docker_image(FarmSettings(image="ds")) == "farm-sandbox:ds"
+    assert docker_image(FarmSettings(image="python:3.12-slim")) == "python:3.12-slim"
+    assert docker_image(FarmSettings(image="ds", sandbox_image="x/y:1")) == "x/y:1"
+
+
+def test_a_map_item_with_a_bad_image_is_an_input_error() -> None:
+    with pytest.raises(ValidationError, match="bad image name"):
+        BatchItem(id=1, code="1", image="a b")
+
+
+def test_farm_refuses_a_bad_image_name_before_sending(redis_server: Any) -> None:
+    with Farm(FarmSettings(broker_url=redis_server.url)) as farm:
+        for call in (
+            lambda: farm.run("1", image="a b"),
+            lambda: farm.session("a b"),
+            lambda: farm.map(["1"], image="a b"),
+        ):
+            with pytest.raises(InvalidRequest, match="bad image name"):
+                call()
+        assert farm.registry.queue_length(ImageName("default").queue) == 0

@@ -16,13 +16,14 @@ import platform
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from .. import KERNEL_VERSION
 from ..boxes.pool import BoxPool, Caps
 from ..wire import auth
 from ..wire.framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
-from ..wire.protocol import RECOVERABLE_CODES
+from ..wire.protocol import RECOVERABLE_CODES, ExecReply, ItemReply, Pong
 from .cell import fit
 from .links import RequestError
 from .manager import SessionManager
@@ -184,7 +185,7 @@ class KernelServer:
             await _reply(writer, reply)
 
     async def _answers_until(
-        self, work: asyncio.Future[dict[str, Any]], reader: asyncio.StreamReader
+        self, work: asyncio.Future[Mapping[str, Any]], reader: asyncio.StreamReader
     ) -> asyncio.Future[dict[str, Any] | None]:
         """Route the host's ``answer`` frames to the running cell's calls until ``work`` is
         done; return the read still in flight, which is the connection's next frame (it is
@@ -206,7 +207,8 @@ class KernelServer:
 
     async def _dispatch(
         self, message: dict[str, Any], writer: asyncio.StreamWriter
-    ) -> dict[str, Any]:
+    ) -> Mapping[str, Any]:
+        """The reply to one request: a frame of ``protocol`` (``egress_attached`` aside)."""
         kind = message["type"]
         if kind == "ping":
             return self.info()
@@ -231,7 +233,8 @@ class KernelServer:
             request = self.requests.execute(message)
             emit = _emitter(writer, request["exec_id"]) if request["events"] else None
             result = await self.manager.execute(request, emit)
-            return {"type": "exec_result", "result": fit(result, self.max_frame)}
+            reply: ExecReply = {"type": "exec_result", "result": fit(result, self.max_frame)}
+            return reply
         if kind == "close_session":
             return self.manager.close(field(message, "session_id", str))
         if kind == "command":
@@ -246,10 +249,11 @@ class KernelServer:
                 return _emitter(writer, exec_id) if emitters else None
 
             outcome = await self.manager.item(request, emit_for)  # fitted to the frame there
-            return {"type": "item_result", "result": outcome}
+            done: ItemReply = {"type": "item_result", "result": outcome}
+            return done
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> Pong:
         return {
             "type": "pong",
             "version": KERNEL_VERSION,
@@ -289,7 +293,7 @@ def _emitter(writer: asyncio.StreamWriter, exec_id: str) -> Emit:
     return emit
 
 
-async def _reply(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+async def _reply(writer: asyncio.StreamWriter, message: Mapping[str, Any]) -> None:
     try:
         writer.write(encode(message))
         await writer.drain()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
-from ..wire.protocol import CellError, CellResult, CommandOutcome, Kind, ValueBundle
+from ..wire.protocol import CellError, CellResult, CommandOutcome, Execute, Kind, ValueBundle
 
 if TYPE_CHECKING:
     from .manager import Session
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class Cell:
     """Builds the result dict of one execute call (validated host-side as ``ExecResult``)."""
 
-    def __init__(self, session: Session, request: dict[str, Any]) -> None:
+    def __init__(self, session: Session, request: Execute) -> None:
         self.session = session
         self.request = request
         self.t0 = time.perf_counter()

@@ -28,6 +28,7 @@ from ..wire.protocol import (
     CellResult,
     CommandOutcome,
     CommandReply,
+    Execute,
     FileReply,
     ItemOutcome,
     Kind,
@@ -335,10 +336,17 @@ class SessionManager:
                         outcome["file_error"] = reply["error"]
                         return outcome
             for number, code in enumerate(request["cells"]):
-                exec_id = f"{request['exec_id']}-{number}"
-                run = {**cell, "session_id": session_id, "epoch": epoch, "code": code}
-                emit = emit_for(exec_id)
-                result = fit(await self.execute({**run, "exec_id": exec_id}, emit), room)
+                run: Execute = {
+                    "type": "execute",
+                    "session_id": session_id,
+                    "epoch": epoch,
+                    "code": code,
+                    "timeout_s": request["timeout_s"],
+                    "exec_id": f"{request['exec_id']}-{number}",
+                    "max_output_bytes": request["max_output_bytes"],
+                }
+                emit = emit_for(run["exec_id"])
+                result = fit(await self.execute(run, emit), room)
                 if emit is not None:
                     emit({"type": "done", "result": result})
                 outcome["cells"].append(result)
@@ -372,7 +380,7 @@ class SessionManager:
             raise RequestError("no_such_session", f"no session {session_id!r} here")
         return session
 
-    async def execute(self, request: dict[str, Any], emit: Emit | None = None) -> CellResult:
+    async def execute(self, request: Execute, emit: Emit | None = None) -> CellResult:
         session = self.sessions.get(request["session_id"])
         if session is None:
             raise RequestError("no_such_session", f"no session {request['session_id']!r} here")
@@ -384,7 +392,7 @@ class SessionManager:
             return over_budget(result, session.memory_kills[kills:])
 
     async def _execute_locked(
-        self, session: Session, request: dict[str, Any], emit: Emit | None
+        self, session: Session, request: Execute, emit: Emit | None
     ) -> CellResult:
         cell = Cell(session, request)
         if request["epoch"] != session.epoch:
@@ -433,7 +441,7 @@ class SessionManager:
         return cell.lost(f"{what} during this call; its variables are gone")
 
     async def _run(
-        self, proc: SessionProcess, request: dict[str, Any]
+        self, proc: SessionProcess, request: Execute
     ) -> tuple[dict[str, Any] | None, Kind | None, bool]:
         """Wait for the cell's reply (it was sent), interrupting and killing as the rules say."""
         reply_task = asyncio.ensure_future(proc.cell_reply())

@@ -242,13 +242,13 @@ class KernelServer:
         if kind == "file":
             return await self.manager.file(self.requests.file(message))
         if kind == "item":
-            request = self.requests.item(message)
-            emitters = request["events"]
+            item = self.requests.item(message)
+            emitters = item["events"]
 
             def emit_for(exec_id: str) -> Emit | None:
                 return _emitter(writer, exec_id) if emitters else None
 
-            outcome = await self.manager.item(request, emit_for)  # fitted to the frame there
+            outcome = await self.manager.item(item, emit_for)  # fitted to the frame there
             done: ItemReply = {"type": "item_result", "result": outcome}
             return done
         raise RequestError("unknown_type", f"unknown message type {kind!r}")

@@ -33,6 +33,7 @@ from ..wire.protocol import (
     ItemOutcome,
     Kind,
     SessionClosed,
+    SessionOpened,
 )
 from .cell import Cell, fit, kill_notes, over_budget
 from .judges import Judges
@@ -124,7 +125,7 @@ class SessionManager:
         limits: dict[str, Any] | None = None,
         session_id: str | None = None,
         egress: bool = False,
-    ) -> dict[str, Any]:
+    ) -> SessionOpened:
         """Open a session: a spare process when it fits (the usual case: default limits and
         tools), else a process spawned for it; either way a box of its own. ``session_id`` is
         the host's choice (a one-shot ``item``), else a new one. With ``egress`` the box gets a

@@ -23,7 +23,7 @@ from .. import KERNEL_VERSION
 from ..boxes.pool import BoxPool, Caps
 from ..wire import auth
 from ..wire.framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
-from ..wire.protocol import RECOVERABLE_CODES, ExecReply, ItemReply, Pong
+from ..wire.protocol import RECOVERABLE_CODES, CellEvent, EventFrame, ExecReply, ItemReply, Pong
 from .cell import fit
 from .links import RequestError
 from .manager import SessionManager
@@ -286,9 +286,10 @@ def _emitter(writer: asyncio.StreamWriter, exec_id: str) -> Emit:
     output caps and the display budget of ``CellEvents``, so the transport buffer is too.
     """
 
-    def emit(event: dict[str, Any]) -> None:
+    def emit(event: CellEvent) -> None:
         if not writer.is_closing():
-            writer.write(encode({"type": "event", "exec_id": exec_id, "event": event}))
+            frame: EventFrame = {"type": "event", "exec_id": exec_id, "event": event}
+            writer.write(encode(frame))
 
     return emit
 

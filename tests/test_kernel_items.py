@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from farm.kernel.wire.client import KernelClient, KernelRequestError
-from farm.models import ItemOutcome
+from farm.models.frames import ItemResults
 from farm.sandbox.process import ProcessSandbox
 from farm.settings import BoxSettings
 from tests.waiting import wait_for
@@ -31,8 +31,8 @@ def client(preset: ProcessSandbox) -> Iterator[KernelClient]:
         yield c
 
 
-def outcome(reply: dict[str, object]) -> ItemOutcome:
-    return ItemOutcome.model_validate(reply)  # the worker's model: the shapes agree
+def outcome(reply: dict[str, object]) -> ItemResults:
+    return ItemResults.from_kernel(reply, "w1", 10)  # as the worker reads it
 
 
 def test_an_item_writes_its_files_runs_its_cells_and_command_then_its_box_is_gone(

@@ -1,13 +1,14 @@
-"""Every wire message and result of farm, described once.
+"""farm's results and replies, as callers get them (pydantic models), described once.
 
-The kernel (stdlib only) emits plain dicts; these models are their schema on the host side, and
-a test checks that the two sides agree (``tests/test_protocol.py``). The same models travel to
-the caller: ``ExecResult`` is what ``Session.run`` returns. Modules: ``results`` (runs, kinds,
-box limits, restores), ``wire`` (kernel frames, worker replies), ``sandboxes`` (what a sandbox
-is and how it is doing), ``batch`` (the items and records of ``Farm.map`` and sweeps).
+The kernel's frames are its own ``TypedDict``s (``farm.kernel.wire.protocol``), which the host
+checks with ``frames``; the models here are what callers get: ``ExecResult`` is what
+``Session.run`` returns. Modules: ``results`` (runs, kinds, box limits, restores), ``replies``
+(a worker's answers to a session open), ``sandboxes`` (what a sandbox is and how it is doing),
+``batch`` (the items and records of ``Farm.map`` and sweeps), ``frames`` (kernel frames).
 """
 
 from farm.models.base import Model
+from farm.models.replies import Busy, Opened, Refused
 from farm.models.results import (
     BoxLimits,
     CallAnswer,
@@ -21,73 +22,22 @@ from farm.models.results import (
     Value,
 )
 from farm.models.sandboxes import SandboxHealth, SandboxInfo
-from farm.models.wire import (
-    KERNEL_FRAMES,
-    Answer,
-    Auth,
-    Busy,
-    CallEvent,
-    CloseSession,
-    DisplayEvent,
-    ErrorReply,
-    EventFrame,
-    ExecReply,
-    Execute,
-    Hello,
-    Item,
-    ItemOutcome,
-    ItemReply,
-    Opened,
-    OpenSession,
-    Ping,
-    Pong,
-    Refused,
-    RunningEvent,
-    SessionClosed,
-    SessionOpened,
-    StartedEvent,
-    StreamEvent,
-    Welcome,
-)
 
 __all__ = [
-    "KERNEL_FRAMES",
-    "Answer",
-    "Auth",
     "BoxLimits",
     "Busy",
     "CallAnswer",
-    "CallEvent",
     "CommandResult",
-    "CloseSession",
-    "DisplayEvent",
     "ErrorKind",
-    "ErrorReply",
-    "EventFrame",
     "ExecError",
-    "ExecReply",
     "ExecResult",
-    "Execute",
-    "Hello",
-    "Item",
-    "ItemOutcome",
-    "ItemReply",
     "Model",
-    "OpenSession",
     "Opened",
-    "Ping",
-    "Pong",
     "Refused",
     "ReplayedCell",
     "RestoreReport",
-    "RunningEvent",
     "SandboxHealth",
     "SandboxInfo",
-    "SessionClosed",
-    "SessionOpened",
-    "StartedEvent",
-    "StreamEvent",
     "SubCall",
     "Value",
-    "Welcome",
 ]

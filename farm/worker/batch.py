@@ -19,8 +19,9 @@ from farm.backoff import delays
 from farm.broker_errors import BROKER_DOWN
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.kernel.wire.protocol import INPUT_CODES
-from farm.models import CommandResult, ErrorKind, ExecResult, ItemOutcome
+from farm.models import ErrorKind, ExecResult
 from farm.models.batch import Chunk, ChunkItem, ItemDone
+from farm.models.frames import ItemResults
 from farm.registry import cancel_key
 from farm.worker.egress import PolicyError
 from farm.worker.judging import Judging
@@ -202,13 +203,7 @@ class BatchRunner:
                     on_event=on_event if recorders else None,  # cell events, each cell's end
                     egress=policy is not None,
                 )
-            outcome = ItemOutcome.model_validate(
-                {
-                    **reply,
-                    "cells": [{**cell, "worker": worker.id} for cell in reply["cells"]],
-                    "command": reply["command"] and {**reply["command"], "worker": worker.id},
-                }
-            )
+            outcome = ItemResults.from_kernel(reply, worker.id, item.timeout_s)
         except KernelRequestError as exc:
             kind = ErrorKind.INPUT if exc.code in INPUT_CODES else ErrorKind.INFRA
             done.cells.append(self._failure(item, kind, "BadRequest", str(exc)))
@@ -228,12 +223,9 @@ class BatchRunner:
         done.judge = outcome.judge
         if outcome.file_error is not None:
             error = outcome.file_error
-            why = f"writing {error.path!r}: {error.ename}: {error.evalue}"
+            why = f"writing {error['path']!r}: {error['ename']}: {error['evalue']}"
             done.cells.append(self._failure(item, ErrorKind.INPUT, "FileOperationError", why))
-        if outcome.command is not None:
-            done.command = CommandResult.from_kernel(
-                outcome.command.model_dump(mode="json"), worker.id, item.timeout_s
-            )
+        done.command = outcome.command
         return done
 
     def _forget(self, map_id: str, session_id: str) -> None:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
+from ..wire.protocol import CellError, CellResult, CommandOutcome, Execute, Kind, ValueBundle
 
 if TYPE_CHECKING:
     from .manager import Session
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
 class Cell:
     """Builds the result dict of one execute call (validated host-side as ``ExecResult``)."""
 
-    def __init__(self, session: Session, request: dict[str, Any]) -> None:
+    def __init__(self, session: Session, request: Execute) -> None:
         self.session = session
         self.request = request
         self.t0 = time.perf_counter()
@@ -34,35 +36,41 @@ class Cell:
         self.stdout, self.stdout_truncated = proc.out.text(), proc.out.truncated
         self.stderr, self.stderr_truncated = proc.err.text(), proc.err.truncated
 
-    def _result(self, **fields: Any) -> dict[str, Any]:
-        result = {
+    def _result(
+        self,
+        status: Literal["ok", "error"] = "ok",
+        value: ValueBundle | None = None,
+        error: CellError | None = None,
+        cpu_s: float = 0.0,
+        max_rss_kb: int = 0,
+        state_lost: bool = False,
+    ) -> CellResult:
+        return {
             "exec_id": self.request["exec_id"],
             "session_id": self.session.id,
             "epoch": self.session.epoch,
-            "status": "ok",
+            "status": status,
             "stdout": self.stdout,
             "stderr": self.stderr,
-            "value": None,
-            "error": None,
+            "value": value,
+            "error": error,
             "stdout_truncated": self.stdout_truncated,
             "stderr_truncated": self.stderr_truncated,
             "duration_s": time.perf_counter() - self.t0,
-            "cpu_s": 0.0,
-            "max_rss_kb": 0,
-            "state_lost": False,
+            "cpu_s": cpu_s,
+            "max_rss_kb": max_rss_kb,
+            "state_lost": state_lost,
         }
-        result.update(fields)
-        return result
 
-    def _error(self, ename: str, evalue: str, kind: str, **fields: Any) -> dict[str, Any]:
-        error = {"ename": ename, "evalue": evalue, "traceback": [], "kind": kind}
-        return self._result(status="error", error=error, **fields)
+    def _error(self, ename: str, evalue: str, kind: Kind, *, state_lost: bool) -> CellResult:
+        error: CellError = {"ename": ename, "evalue": evalue, "traceback": [], "kind": kind}
+        return self._result(status="error", error=error, state_lost=state_lost)
 
-    def lost(self, why: str, *, kind: str = KIND_STATE_LOST) -> dict[str, Any]:
+    def lost(self, why: str, *, kind: Kind = KIND_STATE_LOST) -> CellResult:
         ename = "OutOfMemory" if kind == KIND_OOM else "StateLost"
         return self._error(ename, f"{why} (new epoch {self.session.epoch})", kind, state_lost=True)
 
-    def killed(self, reason: str, grace_s: float) -> dict[str, Any]:
+    def killed(self, reason: Kind, grace_s: float) -> CellResult:
         what = "produced too much output" if reason == KIND_OUTPUT_LIMIT else "timed out"
         why = (
             f"the code {what} and ignored the interrupt for {grace_s:g}s, so the session "
@@ -71,7 +79,7 @@ class Cell:
         ename = "OutputLimitExceeded" if reason == KIND_OUTPUT_LIMIT else "TimeoutError"
         return self._error(ename, why, reason, state_lost=True)
 
-    def done(self, reply: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    def done(self, reply: dict[str, Any], reason: Kind | None) -> CellResult:
         error = reply.get("error")
         if error is not None and reason is not None and error["ename"] == "KeyboardInterrupt":
             error["kind"] = reason
@@ -93,21 +101,25 @@ class Cell:
         )
 
 
-def over_budget(result: dict[str, Any], kills: list[tuple[int, int, int, int]]) -> dict[str, Any]:
-    """A call during which the memory watch (``memwatch``) killed processes of its box: each
-    kill said on stderr, and a cell that failed is ``oom`` (its failure follows from the kill:
-    a pool whose worker died, a child's exit status, a session process that is gone). A
-    command's result has no error to mark (the host judges its exit status): it gets the note."""
-    if not kills:
-        return result
-    notes = "".join(
+def kill_notes(kills: list[tuple[int, int, int, int]]) -> str:
+    """What the memory watch (``memwatch``) killed in a box during a call, for its stderr."""
+    return "".join(
         f"[farm: killed pid {pid} of this box ({kb // 1024} MB): its processes together used "
         f"{total // 1024} MB, over its {budget // 1024} MB (memory_mb)]\n"
         for pid, kb, total, budget in kills
     )
-    result["stderr"] = result.get("stderr", "") + notes
-    error = result.get("error")
-    if error is not None and error.get("kind") != KIND_OUTPUT_LIMIT:
+
+
+def over_budget(result: CellResult, kills: list[tuple[int, int, int, int]]) -> CellResult:
+    """A cell during which the memory watch killed processes of its box: each kill said on
+    stderr, and a cell that failed is ``oom`` (its failure follows from the kill: a pool whose
+    worker died, a child's exit status, a session process that is gone). A command's result
+    has no error to mark (the host judges its exit status): it gets the notes alone."""
+    if not kills:
+        return result
+    result["stderr"] += kill_notes(kills)
+    error = result["error"]
+    if error is not None and error["kind"] != KIND_OUTPUT_LIMIT:
         error["kind"] = KIND_OOM
     return result
 
@@ -115,29 +127,35 @@ def over_budget(result: dict[str, Any], kills: list[tuple[int, int, int, int]]) 
 FIT_NOTE = (
     "\n[farm: the result did not fit in one frame ({size} bytes, limit {limit}); outputs cut]\n"
 )
+Fitted = TypeVar("Fitted", CellResult, CommandOutcome)
 
 
-def _size(result: dict[str, Any]) -> int:
+def _size(result: Mapping[str, Any]) -> int:
     return len(json.dumps(result, ensure_ascii=False).encode()) + 256  # the frame around it
 
 
-def fit(result: dict[str, Any], max_frame: int) -> dict[str, Any]:
+def fit(result: Fitted, max_frame: int) -> Fitted:
     """``result`` as it can travel in one frame of ``max_frame`` bytes. Values are bounded
     where they are made (``render.framed``) and outputs by their cap, but JSON escapes can
     take six bytes a character: outputs are then clipped head+tail until the frame fits, and
     ``stderr`` says so. Never a frame the kernel cannot send (that would lose the session)."""
     room = max_frame // 3
     while (size := _size(result)) > max_frame and room >= 1024:
-        if result.get("error"):
-            result["error"]["traceback"] = result["error"]["traceback"][-50:]
-        for stream in ("stdout", "stderr"):
-            if len(result[stream]) > room:
-                result[stream] = _clip(result[stream], room)
-                result[f"{stream}_truncated"] = True
+        _short_traceback(result)
+        if len(result["stdout"]) > room:
+            result["stdout"], result["stdout_truncated"] = _clip(result["stdout"], room), True
+        if len(result["stderr"]) > room:
+            result["stderr"], result["stderr_truncated"] = _clip(result["stderr"], room), True
         room //= 2
         if _size(result) <= max_frame:
             result["stderr"] += FIT_NOTE.format(size=size, limit=max_frame)
     return result
+
+
+def _short_traceback(result: Mapping[str, Any]) -> None:
+    error = result.get("error")  # a cell's (a command's has none)
+    if error:
+        error["traceback"] = error["traceback"][-50:]
 
 
 def _clip(text: str, limit: int) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..boxes.pool import Box
 from ..boxes.trees import kill_tree
-from ..wire.protocol import BoxLimits
+from ..wire.protocol import BoxLimits, ItemOutcome, JudgeOutcome
 from .commands import CommandRun
 from .spawner import Spawner
 
@@ -25,9 +25,7 @@ class Judges:
         self.spawner = spawner
         self.running: dict[str, CommandRun] = {}
 
-    async def alone(
-        self, request: dict[str, Any], limits: BoxLimits, item_id: str
-    ) -> dict[str, Any]:
+    async def alone(self, request: dict[str, Any], limits: BoxLimits, item_id: str) -> ItemOutcome:
         """An item that is a judge step only: a box of ``limits``, the runner, the box ended."""
         box = self.spawner.take_box(limits)
         try:
@@ -42,7 +40,7 @@ class Judges:
             "judge": judged,
         }
 
-    async def run(self, box: Box, request: dict[str, Any], item_id: str) -> dict[str, Any]:
+    async def run(self, box: Box, request: dict[str, Any], item_id: str) -> JudgeOutcome:
         """The judge step of ``request`` in ``box``: the runner's outcome (``JudgeOutcome``)."""
         judge = {"argv": ["farm-judge"], "judge": request["judge"]}
         run = await self.spawner.command(box, judge, request["room"] // 2)
@@ -52,7 +50,7 @@ class Judges:
         finally:
             self.running.pop(item_id, None)
         try:
-            result: dict[str, Any] = json.loads(done["stdout"])
+            result: JudgeOutcome = json.loads(done["stdout"])  # the runner's (``judging``)
         except ValueError:
             why = "timed out" if done["timed_out"] else f"ended with {done['returncode']}"
             message = f"the judge's runner {why}: {done['stderr'][-2000:]}"

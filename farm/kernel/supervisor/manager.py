@@ -24,7 +24,18 @@ from ..boxes import egress
 from ..boxes.pool import Box, BoxPool, Caps, LimitsError
 from ..boxes.trees import kill_tree
 from ..wire.framing import FrameError, encode
-from .cell import Cell, fit, over_budget
+from ..wire.protocol import (
+    CellResult,
+    CommandOutcome,
+    CommandReply,
+    Execute,
+    FileReply,
+    ItemOutcome,
+    Kind,
+    SessionClosed,
+    SessionOpened,
+)
+from .cell import Cell, fit, kill_notes, over_budget
 from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
@@ -114,7 +125,7 @@ class SessionManager:
         limits: dict[str, Any] | None = None,
         session_id: str | None = None,
         egress: bool = False,
-    ) -> dict[str, Any]:
+    ) -> SessionOpened:
         """Open a session: a spare process when it fits (the usual case: default limits and
         tools), else a process spawned for it; either way a box of its own. ``session_id`` is
         the host's choice (a one-shot ``item``), else a new one. With ``egress`` the box gets a
@@ -178,7 +189,7 @@ class SessionManager:
         if session is not None:
             session.proc.answer(frame)
 
-    def close(self, session_id: str) -> dict[str, Any]:
+    def close(self, session_id: str) -> SessionClosed:
         """End the session now; its box is reset (every process and file of its uid goes) in
         the background and only then given back to the pool."""
         session = self.sessions.pop(session_id, None)
@@ -236,7 +247,7 @@ class SessionManager:
         session.proc = proc
         log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
 
-    async def file(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def file(self, request: dict[str, Any]) -> FileReply:
         """A file operation (``fileops``), done by the session process between its cells; a
         process found dead is replaced first (its next cell then reports the loss)."""
         session = self._session(request["session_id"])
@@ -256,7 +267,7 @@ class SessionManager:
                 )
         return {"type": "file_result", "result": reply.get("result"), "error": reply.get("error")}
 
-    async def command(self, request: dict[str, Any]) -> dict[str, Any]:
+    async def command(self, request: dict[str, Any]) -> CommandReply:
         """Run a command in the session's box (``commands``): no lock, so commands of one
         session run at once, beside its cells."""
         session = self._session(request["session_id"])
@@ -267,16 +278,25 @@ class SessionManager:
             raise RequestError("no_such_session", f"session {session.id!r} was closed")
         session.last_used = time.monotonic()
         kills = len(session.memory_kills)
-        outcome = over_budget(
-            await run.run(request["stdin"], request["timeout_s"]), session.memory_kills[kills:]
-        )
+        done = await run.run(request["stdin"], request["timeout_s"])
         session.last_used = time.monotonic()
-        result = {"exec_id": request["exec_id"], "session_id": session.id, **outcome}
+        result: CommandOutcome = {
+            "exec_id": request["exec_id"],
+            "session_id": session.id,
+            "returncode": done["returncode"],
+            "signal": done["signal"],
+            "timed_out": done["timed_out"],
+            "stdout": done["stdout"],
+            "stderr": done["stderr"] + kill_notes(session.memory_kills[kills:]),
+            "stdout_truncated": done["stdout_truncated"],
+            "stderr_truncated": done["stderr_truncated"],
+            "duration_s": done["duration_s"],
+        }
         return {"type": "command_result", "result": result}
 
     async def item(
         self, request: dict[str, Any], emit_for: Callable[[str], Emit | None]
-    ) -> dict[str, Any]:
+    ) -> ItemOutcome:
         """A one-shot box (``protocol.Item``): open, write its files, run its cells (stopping
         at the first that fails: a later cell would run on a broken premise), run its command,
         close. The same steps as the host taking them one request at a time, with the same
@@ -298,7 +318,7 @@ class SessionManager:
         )
         session_id, epoch = opened["session_id"], opened["epoch"]
         self.sessions[session_id].one_shot = True
-        outcome: dict[str, Any] = {
+        outcome: ItemOutcome = {
             "session_id": session_id,
             "cells": [],
             "command": None,
@@ -317,10 +337,17 @@ class SessionManager:
                         outcome["file_error"] = reply["error"]
                         return outcome
             for number, code in enumerate(request["cells"]):
-                exec_id = f"{request['exec_id']}-{number}"
-                run = {**cell, "session_id": session_id, "epoch": epoch, "code": code}
-                emit = emit_for(exec_id)
-                result = fit(await self.execute({**run, "exec_id": exec_id}, emit), room)
+                run: Execute = {
+                    "type": "execute",
+                    "session_id": session_id,
+                    "epoch": epoch,
+                    "code": code,
+                    "timeout_s": request["timeout_s"],
+                    "exec_id": f"{request['exec_id']}-{number}",
+                    "max_output_bytes": request["max_output_bytes"],
+                }
+                emit = emit_for(run["exec_id"])
+                result = fit(await self.execute(run, emit), room)
                 if emit is not None:
                     emit({"type": "done", "result": result})
                 outcome["cells"].append(result)
@@ -354,7 +381,7 @@ class SessionManager:
             raise RequestError("no_such_session", f"no session {session_id!r} here")
         return session
 
-    async def execute(self, request: dict[str, Any], emit: Emit | None = None) -> dict[str, Any]:
+    async def execute(self, request: Execute, emit: Emit | None = None) -> CellResult:
         session = self.sessions.get(request["session_id"])
         if session is None:
             raise RequestError("no_such_session", f"no session {request['session_id']!r} here")
@@ -366,8 +393,8 @@ class SessionManager:
             return over_budget(result, session.memory_kills[kills:])
 
     async def _execute_locked(
-        self, session: Session, request: dict[str, Any], emit: Emit | None
-    ) -> dict[str, Any]:
+        self, session: Session, request: Execute, emit: Emit | None
+    ) -> CellResult:
         cell = Cell(session, request)
         if request["epoch"] != session.epoch:
             return cell.lost(
@@ -415,12 +442,12 @@ class SessionManager:
         return cell.lost(f"{what} during this call; its variables are gone")
 
     async def _run(
-        self, proc: SessionProcess, request: dict[str, Any]
-    ) -> tuple[dict[str, Any] | None, str | None, bool]:
+        self, proc: SessionProcess, request: Execute
+    ) -> tuple[dict[str, Any] | None, Kind | None, bool]:
         """Wait for the cell's reply (it was sent), interrupting and killing as the rules say."""
         reply_task = asyncio.ensure_future(proc.cell_reply())
         flood_task = asyncio.ensure_future(proc.flood.wait())
-        reason: str | None = None
+        reason: Kind | None = None
         killed = False
         try:
             done, _ = await asyncio.wait(

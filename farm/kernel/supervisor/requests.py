@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from ..judge import checkers
+from ..wire.protocol import Execute
 from .links import RequestError
 from .process import DEFAULT_OUTPUT_BYTES
 
@@ -100,7 +101,7 @@ class Requests:
             )
         return max_output
 
-    def execute(self, message: dict[str, Any]) -> dict[str, Any]:
+    def execute(self, message: dict[str, Any]) -> Execute:
         timeout_s = self.timeout(message)
         max_output = self.max_output(message)
         epoch = field(message, "epoch", int)
@@ -108,6 +109,7 @@ class Requests:
         if not isinstance(events, bool):
             raise RequestError("bad_request", "field 'events' must be a boolean")
         return {
+            "type": "execute",
             "events": events,
             "calls": _calls(message),
             "session_id": field(message, "session_id", str),

@@ -16,13 +16,14 @@ import platform
 import signal
 import socket
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from .. import KERNEL_VERSION
 from ..boxes.pool import BoxPool, Caps
 from ..wire import auth
 from ..wire.framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
-from ..wire.protocol import RECOVERABLE_CODES
+from ..wire.protocol import RECOVERABLE_CODES, CellEvent, EventFrame, ExecReply, ItemReply, Pong
 from .cell import fit
 from .links import RequestError
 from .manager import SessionManager
@@ -184,7 +185,7 @@ class KernelServer:
             await _reply(writer, reply)
 
     async def _answers_until(
-        self, work: asyncio.Future[dict[str, Any]], reader: asyncio.StreamReader
+        self, work: asyncio.Future[Mapping[str, Any]], reader: asyncio.StreamReader
     ) -> asyncio.Future[dict[str, Any] | None]:
         """Route the host's ``answer`` frames to the running cell's calls until ``work`` is
         done; return the read still in flight, which is the connection's next frame (it is
@@ -206,7 +207,8 @@ class KernelServer:
 
     async def _dispatch(
         self, message: dict[str, Any], writer: asyncio.StreamWriter
-    ) -> dict[str, Any]:
+    ) -> Mapping[str, Any]:
+        """The reply to one request: a frame of ``protocol`` (``egress_attached`` aside)."""
         kind = message["type"]
         if kind == "ping":
             return self.info()
@@ -231,7 +233,8 @@ class KernelServer:
             request = self.requests.execute(message)
             emit = _emitter(writer, request["exec_id"]) if request["events"] else None
             result = await self.manager.execute(request, emit)
-            return {"type": "exec_result", "result": fit(result, self.max_frame)}
+            reply: ExecReply = {"type": "exec_result", "result": fit(result, self.max_frame)}
+            return reply
         if kind == "close_session":
             return self.manager.close(field(message, "session_id", str))
         if kind == "command":
@@ -239,17 +242,18 @@ class KernelServer:
         if kind == "file":
             return await self.manager.file(self.requests.file(message))
         if kind == "item":
-            request = self.requests.item(message)
-            emitters = request["events"]
+            item = self.requests.item(message)
+            emitters = item["events"]
 
             def emit_for(exec_id: str) -> Emit | None:
                 return _emitter(writer, exec_id) if emitters else None
 
-            outcome = await self.manager.item(request, emit_for)  # fitted to the frame there
-            return {"type": "item_result", "result": outcome}
+            outcome = await self.manager.item(item, emit_for)  # fitted to the frame there
+            done: ItemReply = {"type": "item_result", "result": outcome}
+            return done
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> Pong:
         return {
             "type": "pong",
             "version": KERNEL_VERSION,
@@ -282,14 +286,15 @@ def _emitter(writer: asyncio.StreamWriter, exec_id: str) -> Emit:
     output caps and the display budget of ``CellEvents``, so the transport buffer is too.
     """
 
-    def emit(event: dict[str, Any]) -> None:
+    def emit(event: CellEvent) -> None:
         if not writer.is_closing():
-            writer.write(encode({"type": "event", "exec_id": exec_id, "event": event}))
+            frame: EventFrame = {"type": "event", "exec_id": exec_id, "event": event}
+            writer.write(encode(frame))
 
     return emit
 
 
-async def _reply(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
+async def _reply(writer: asyncio.StreamWriter, message: Mapping[str, Any]) -> None:
     try:
         writer.write(encode(message))
         await writer.drain()

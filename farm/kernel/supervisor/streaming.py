@@ -12,8 +12,9 @@ import asyncio
 import codecs
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
+from ..wire.protocol import CellEvent, ValueBundle
 from .output import MARKER, CappedBuffer
 
 FLUSH_S = 0.03
@@ -21,14 +22,14 @@ TICK_S = 0.1
 MAX_DISPLAYS = 200
 DISPLAY_BYTES = 16 * 1024 * 1024
 
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[CellEvent], None]  # an event of the running cell, sent as an ``event`` frame
 
 
 class _Tap:
     """The streamed part of one output stream of one cell."""
 
-    def __init__(self, name: str, buf: CappedBuffer) -> None:
-        self.name = name
+    def __init__(self, name: Literal["stdout", "stderr"], buf: CappedBuffer) -> None:
+        self.name: Literal["stdout", "stderr"] = name
         self.buf = buf
         self.sent = 0  # bytes of the buffer's head streamed so far
         self.pending = bytearray()
@@ -122,7 +123,8 @@ class CellEvents:
             return
         self.displays += 1
         self.display_bytes += size
-        self.emit({"type": "display", "value": value})
+        bundle: ValueBundle = {"text": value.get("text", ""), "data": value.get("data", {})}
+        self.emit({"type": "display", "value": bundle})
 
     def finish(self) -> None:
         """The cell ended and its buffers were drained: send the rest, then stop."""

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 HEADER = struct.Struct(">I")
@@ -33,7 +34,7 @@ class FrameTooLarge(FrameError):
         self.max_frame = max_frame
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: Mapping[str, Any]) -> bytes:
     body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return HEADER.pack(len(body)) + body
 
@@ -115,7 +116,7 @@ def recv_frame_fds(
         raise
 
 
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+def send_frame(sock: socket.socket, message: Mapping[str, Any]) -> None:
     sock.sendall(encode(message))
 
 

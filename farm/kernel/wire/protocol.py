@@ -1,9 +1,9 @@
 """Every frame of the kernel protocol, defined once (stdlib ``TypedDict``s).
 
-The kernel builds and reads these dicts; ``farm.models`` validates the same shapes host-side,
-and ``tests/test_protocol.py`` fails when the two drift apart. ``HOST_FRAMES`` are the host <->
-supervisor conversation; the sandbox's own are in ``boxes.box_protocol``. The conversations,
-frame by frame: docs/design/kernel.md.
+They type the kernel's own code (mypy checks each frame it builds), and the host validates
+the frames it reads with ``TypeAdapter``s over them (``farm.models.frames``). ``HOST_FRAMES``
+are the host <-> supervisor conversation; the sandbox's own are in ``boxes.box_protocol``.
+The conversations, frame by frame: docs/design/kernel.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,36 @@
+"""The worker's replies to a client's session open: ``Opened``, ``Refused`` (never ask again) or
+``Busy`` (ask again, elsewhere). Kernel frames are not here: they are the kernel's ``TypedDict``s
+(``farm.kernel.wire.protocol``), checked by ``farm.models.frames``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from farm.models.base import Model
+
+
+class Opened(Model):
+    """A worker opened a session (the reply of ``farm.open_session``)."""
+
+    session_id: str
+    epoch: int
+    worker: str
+    generation: int
+    queue: str
+
+
+class Refused(Model):
+    """A worker will not open this session anywhere (limits over its sandbox's caps); the
+    client raises ``InvalidRequest`` instead of asking again."""
+
+    refused: Literal[True] = True
+    worker: str | None = None
+    reason: str
+
+
+class Busy(Model):
+    """A worker could not take the request now; the client asks again (elsewhere)."""
+
+    busy: Literal[True] = True
+    worker: str | None = None
+    reason: str

@@ -16,8 +16,8 @@ from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
 from ..wire.protocol import CellError, CellResult, CommandOutcome, Execute, Kind, ValueBundle
 
 if TYPE_CHECKING:
-    from .manager import Session
     from .process import SessionProcess
+    from .sessions import Session
 
 
 class Cell:

@@ -10,7 +10,6 @@ Details: docs/design/kernel.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import socket
@@ -21,7 +20,7 @@ from typing import Any
 
 from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
 from ..boxes import egress
-from ..boxes.pool import Box, BoxPool, Caps, LimitsError
+from ..boxes.pool import BoxPool, Caps, LimitsError
 from ..boxes.trees import kill_tree
 from ..wire.framing import FrameError, encode
 from ..wire.protocol import (
@@ -40,6 +39,7 @@ from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .process import SessionProcess
+from .sessions import Session, oom_kills, revoke
 from .spawner import Spawner
 from .streaming import Emit
 
@@ -47,46 +47,6 @@ log = logging.getLogger("farm.kernel")
 FILE_TIMEOUT_S = 120.0  # one chunk of a file operation (a listing of a big tree may be slow)
 FILE_CHUNK_CHARS = 4 << 20  # base64 of 3 MiB: an item's files are written in chunks this size
 CLOSED_EARLY_KEPT = 4096  # ids of boxes closed before they opened, remembered
-_OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-
-
-def oom_kills() -> int | None:
-    """The cgroup's OOM-kill counter, to tell a memory kill from any other SIGKILL."""
-    for path in _OOM_EVENT_FILES:
-        try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
-class Session:
-    def __init__(self, session_id: str, box: Box, tools: bool) -> None:
-        self.id = session_id
-        self.box = box
-        self.tools = tools
-        self.epoch = 1
-        self.proc: SessionProcess
-        self.lock = asyncio.Lock()
-        self.last_used = time.monotonic()
-        self.memory_kills: list[tuple[int, int, int, int]] = []  # MemoryWatch: pid, kB, of kB
-        self.endpoint: socket.socket | None = None  # its proxy endpoint (egress), if any
-        self.closed = False  # closed: whatever starts for it now must not outlive its box
-        self.one_shot = False  # an item's: closed right after its last step, never replaced
-
-    def watched(self) -> Watched | None:
-        """The box as the memory watch holds it to its budget (none without one)."""
-        budget = self.box.limits.get("memory_mb")
-        if not budget or self.proc.exit is not None:
-            return None
-        return Watched(self.box.uid, budget * 1024, self.proc.pid, self._killed)
-
-    def _killed(self, pid: int, kb: int, total_kb: int, budget_kb: int) -> None:
-        self.memory_kills.append((pid, kb, total_kb, budget_kb))
 
 
 class SessionManager:
@@ -161,7 +121,7 @@ class SessionManager:
                     await self._endpoint(session)
                 session.proc = await self.spawner.spawn(session.box, tools)
             except BaseException:
-                _revoke(session)
+                revoke(session)
                 self.spawner.end_box(session.box, None)
                 raise
         box, proc = session.box, session.proc
@@ -203,7 +163,7 @@ class SessionManager:
                 del self.closed_early[next(iter(self.closed_early))]
             raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
         session.closed = True
-        _revoke(session)
+        revoke(session)
         # Killed before its socket is closed: closing first would wake it to read the end of
         # its input and exit by itself, which costs more than the kill its box gets anyway.
         session.proc.signal(signal.SIGKILL, group=True)
@@ -473,13 +433,3 @@ class SessionManager:
             return reply_task.result(), reason, killed
         except (FrameError, ConnectionError, OSError):
             return None, reason, killed
-
-
-def _revoke(session: Session) -> None:
-    """End the session's proxy endpoint for every holder of it (the host's proxy too): shut
-    down, it listens no more, so no later tenant of the box can reach this session's policy."""
-    if session.endpoint is not None:
-        with contextlib.suppress(OSError):
-            session.endpoint.shutdown(socket.SHUT_RDWR)
-        session.endpoint.close()
-        session.endpoint = None

@@ -212,11 +212,12 @@ def _kernel_check(settings: FarmSettings) -> Check:
 
     try:
         with (
+            tempfile.TemporaryDirectory(prefix="farm-doctor-", ignore_cleanup_errors=True) as tmp,
             DockerSandbox(
                 docker_image(settings),
                 owner="doctor",
                 limits=settings.limits,
-                socket_dir=Path(tempfile.mkdtemp(prefix="farm-doctor-")),
+                socket_dir=Path(tmp),
             ) as box,
             box.kernel() as kernel,
         ):

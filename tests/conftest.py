@@ -113,12 +113,35 @@ def docker_env() -> Iterator[Any]:
     client.close()
 
 
+def build_test_image(client: Any, **kwargs: Any) -> Any:
+    """``client.images.build(**kwargs)`` holding the builds' lock, so that no other test
+    process removes a layer this build uses meanwhile (``farm.sandbox.build_lock``)."""
+    from farm.sandbox import build_lock
+
+    with build_lock.building():
+        image, _ = client.images.build(**kwargs)
+    return image
+
+
+@contextmanager
+def removing_images() -> Iterator[None]:
+    """A block that removes images once no build of another test process runs (removing an
+    image removes its untagged parents, which such a build may be using)."""
+    from farm.sandbox import build_lock
+    from farm.sandbox.images import BUILD_TOTAL_TIMEOUT_S
+
+    with build_lock.removing(wait_s=BUILD_TOTAL_TIMEOUT_S) as free:
+        assert free, "image builds held their lock past a build's whole timeout"
+        yield
+
+
 def remove_image_tags(client: Any, tag: str) -> None:
     """Remove a test-only image ``tag`` and the pinned tags its builds got (``-k<digest>``)."""
-    for image in client.images.list(name=tag.rpartition(":")[0]):
-        for ref in image.tags:
-            if ref == tag or ref.startswith(f"{tag}-k"):
-                client.images.remove(ref)
+    with removing_images():
+        for image in client.images.list(name=tag.rpartition(":")[0]):
+            for ref in image.tags:
+                if ref == tag or ref.startswith(f"{tag}-k"):
+                    client.images.remove(ref)
 
 
 def make_docker_sandbox(docker_env: Any, tmp_path_factory: Any, **kwargs: Any) -> Any:

@@ -21,6 +21,7 @@ from farm.local import LocalFarm
 from farm.sandbox.environments import CONTEXT_DIR, WHEELS_DIR, ensure_env_image
 from farm.sandbox.envspec import make_spec
 from farm.sandbox.images import default_repo_root, ensure_base
+from tests.conftest import build_test_image, removing_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -47,8 +48,13 @@ else:
 
 
 def _build(client: Any, tag: str, dockerfile: str) -> None:
-    client.images.build(
-        fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, forcerm=True, network_mode="none"
+    build_test_image(
+        client,
+        fileobj=io.BytesIO(dockerfile.encode()),
+        tag=tag,
+        rm=True,
+        forcerm=True,
+        network_mode="none",
     )
 
 
@@ -61,7 +67,7 @@ def images(docker_env: Any, tmp_path_factory: Any) -> Iterator[None]:
     (context / "Dockerfile").write_text(
         f"FROM {base}\nCOPY python3 /usr/local/bin/python3\n"  # first on PATH
     )
-    docker_env.images.build(path=str(context), tag=OLD_PYTHON, rm=True, network_mode="none")
+    build_test_image(docker_env, path=str(context), tag=OLD_PYTHON, rm=True, network_mode="none")
     _build(
         docker_env,
         TAG,
@@ -72,8 +78,9 @@ def images(docker_env: Any, tmp_path_factory: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        for tag in (TAG, NO_PYTHON, OLD_PYTHON):
-            docker_env.images.remove(tag, force=True)
+        with removing_images():
+            for tag in (TAG, NO_PYTHON, OLD_PYTHON):
+                docker_env.images.remove(tag, force=True)
 
 
 @pytest.fixture(scope="module")

@@ -249,7 +249,7 @@ def test_the_sweep_cache_keys_on_the_image_digest_and_the_sandbox_limits(
 
     from farm.local import LocalFarm
     from farm.sandbox.images import own_sandbox_tag
-    from tests.conftest import remove_image_tags
+    from tests.conftest import build_test_image, remove_image_tags, removing_images
 
     tag = "farm-sandbox:pytest-cache"
 
@@ -262,8 +262,7 @@ def test_the_sweep_cache_keys_on_the_image_digest_and_the_sandbox_limits(
         (context / "Dockerfile").write_text(
             f"FROM {own_sandbox_tag()}\nCOPY build /etc/pytest-build\n"
         )
-        image, _ = docker_env.images.build(path=str(context), tag=tag, rm=True)
-        built.append(image.id)
+        built.append(build_test_image(docker_env, path=str(context), tag=tag, rm=True).id)
 
     source = write_jsonl(
         tmp_path / "in.jsonl", [{"id": "x", "image": "pytest-cache", "code": IMAGE_AND_SANDBOX}]
@@ -290,9 +289,10 @@ def test_the_sweep_cache_keys_on_the_image_digest_and_the_sandbox_limits(
             seen += [sweep(farm), sweep(farm)]
     finally:
         remove_image_tags(docker_env, tag)
-        for image_id in built:  # the first build, untagged by the second
-            with contextlib.suppress(docker.errors.ImageNotFound):
-                docker_env.images.remove(image_id)
+        with removing_images():
+            for image_id in built:  # the first build, untagged by the second
+                with contextlib.suppress(docker.errors.ImageNotFound):
+                    docker_env.images.remove(image_id)
     disks = 6144  # the boxes' disks are in the sandbox's memory too (FARM_SANDBOX_DISK_MB)
     assert seen == [
         (f"('1', {512 + disks})", False),
@@ -338,6 +338,7 @@ def test_async_twins_run_sessions_concurrently(farm: Farm) -> None:
 
 def test_a_local_farm_starts_a_worker_for_a_new_image_on_demand(docker_env: Any) -> None:
     from farm.sandbox.images import own_sandbox_tag
+    from tests.conftest import removing_images
 
     docker_env.images.get(own_sandbox_tag()).tag("farm-sandbox", "pytest-extra")  # this kernel
     try:
@@ -350,7 +351,8 @@ def test_a_local_farm_starts_a_worker_for_a_new_image_on_demand(docker_env: Any)
             with pytest.raises(SandboxUnavailable, match="farm image build"):
                 farm.session(image="no-such-variant")
     finally:
-        docker_env.images.remove("farm-sandbox:pytest-extra")
+        with removing_images():
+            docker_env.images.remove("farm-sandbox:pytest-extra")
 
 
 def test_image_build_of_an_unknown_name_without_packages_names_farms_images() -> None:

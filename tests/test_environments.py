@@ -37,7 +37,13 @@ from farm.sandbox.images import (
     kernel_source_hash,
 )
 from farm.sweep import Sweep, plan_sweep
-from tests.conftest import Cells, make_docker_sandbox, remove_image_tags
+from tests.conftest import (
+    Cells,
+    build_test_image,
+    make_docker_sandbox,
+    remove_image_tags,
+    removing_images,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -79,9 +85,10 @@ def no_layers_left(docker_env: Any) -> Iterator[None]:
     steps) are removed too: every farm layer that is dangling now and was not before."""
     before = _dangling_farm_layers(docker_env)
     yield
-    for image_id in _dangling_farm_layers(docker_env) - before:
-        with contextlib.suppress(docker.errors.APIError):  # a build of another run uses it
-            docker_env.images.remove(image_id)
+    with removing_images():  # a build in another test process commits dangling layers too
+        for image_id in _dangling_farm_layers(docker_env) - before:
+            with contextlib.suppress(docker.errors.APIError):  # a build of another run uses it
+                docker_env.images.remove(image_id)
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +273,8 @@ def users_image(docker_env: Any) -> Iterator[str]:
     try:
         yield tag
     finally:
-        docker_env.images.remove(tag)
+        with removing_images():
+            docker_env.images.remove(tag)
 
 
 def test_from_a_users_image_adds_the_kernel_offline_and_follows_its_spec_and_base(
@@ -295,22 +303,23 @@ def test_from_a_users_image_adds_the_kernel_offline_and_follows_its_spec_and_bas
         assert rebuilt.built and rebuilt.image_id != built.image_id
     finally:
         _forget(docker_env, name)
-        with contextlib.suppress(docker.errors.ImageNotFound):  # pruned with its child
-            docker_env.images.remove(first_base)
+        with removing_images(), contextlib.suppress(docker.errors.ImageNotFound):
+            docker_env.images.remove(first_base)  # else pruned with its child
 
 
 def test_from_an_image_without_python_fails_saying_so(docker_env: Any, tmp_path: Path) -> None:
     tag = f"pytest-no-python:{RUN}"
     (tmp_path / "hello.txt").write_text("no interpreter here\n")
     (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /hello.txt\n")
-    docker_env.images.build(path=str(tmp_path), tag=tag, rm=True, network_mode="none")
+    build_test_image(docker_env, path=str(tmp_path), tag=tag, rm=True, network_mode="none")
     name = f"pytest-nopy-{RUN}"
     try:
         with pytest.raises(ImageBuildError, match=f"{tag} has no usable python3"):
             ensure_env_image(make_spec(name=name, **{"from": tag}), docker_env)
     finally:
         _forget(docker_env, name)
-        docker_env.images.remove(tag)
+        with removing_images():
+            docker_env.images.remove(tag)
 
 
 def test_a_kernel_change_rebuilds_an_environment_from_its_recorded_spec(
@@ -360,8 +369,8 @@ def test_a_name_that_was_never_built_is_refused_with_how_to_build_it(docker_env:
 
 
 def _build_from_text(client: Any, tag: str, dockerfile: str) -> None:
-    client.images.build(
-        fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, network_mode="none"
+    build_test_image(
+        client, fileobj=io.BytesIO(dockerfile.encode()), tag=tag, rm=True, network_mode="none"
     )
 
 

@@ -31,6 +31,7 @@ import docker
 import docker.errors
 
 from farm.errors import DockerUnavailable, ImageBuildError
+from farm.sandbox import build_lock
 from farm.sandbox.bundle import kernel_digest
 
 logger = logging.getLogger(__name__)
@@ -329,30 +330,33 @@ def ensure_sandbox_image(
         logger.info("building %s from %s", tag, base)
         tail: deque[str] = deque(maxlen=40)
         try:
-            lines = client.api.build(
-                path=str(context),
-                dockerfile=dockerfile.as_posix(),
-                tag=tag,
-                buildargs={"BASE": base, **(buildargs or {})},
-                labels={**want, LABEL_BASE: base},
-                nocache=force,
-                rm=True,
-                forcerm=True,
-                pull=False,
-                network_mode=network_mode,
-                decode=True,
-                timeout=BUILD_READ_TIMEOUT_S,
-            )
-            built_id = _build_log(lines, tail)
-            image_id = str(client.images.get(tag).id)
+            with build_lock.building():
+                lines = client.api.build(
+                    path=str(context),
+                    dockerfile=dockerfile.as_posix(),
+                    tag=tag,
+                    buildargs={"BASE": base, **(buildargs or {})},
+                    labels={**want, LABEL_BASE: base},
+                    nocache=force,
+                    rm=True,
+                    forcerm=True,
+                    pull=False,
+                    network_mode=network_mode,
+                    decode=True,
+                    timeout=BUILD_READ_TIMEOUT_S,
+                )
+                built_id = _build_log(lines, tail)
+                image_id = str(client.images.get(tag).id)
         except docker.errors.DockerException as exc:
             raise ImageBuildError(f"building {tag} failed: {exc}\n" + "\n".join(tail)) from exc
         if built_id is not None and built_id != image_id:
             raise ImageBuildError(f"built {built_id} but {tag} now names {image_id}")
         _tag(client, image_id, pinned)
-        _prune_pins(client, tag, keep=PINS_KEPT)
-        if previous is not None and previous[0] != image_id:
-            _remove_superseded(client, previous[0])
+        with build_lock.removing() as no_build_runs:
+            if no_build_runs:  # else the next build tidies up
+                _prune_pins(client, tag, keep=PINS_KEPT)
+                if previous is not None and previous[0] != image_id:
+                    _remove_superseded(client, previous[0])
         return SandboxImage(tag=tag, image_id=image_id, built=True, base=base)
 
 

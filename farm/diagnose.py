@@ -224,7 +224,7 @@ def _kernel_check(settings: FarmSettings) -> Check:
             session = kernel.open_session()
             result = kernel.execute(session["session_id"], "6 * 7", epoch=1, timeout_s=10)
             fallback = box.info().isolation_fallback
-        value = (result.get("value") or {}).get("text")
+        value = result["value"]["text"] if result["value"] is not None else None
         ok = value == "42"
         if ok and fallback:  # works, but boxes share the loopback network, disk and processes
             return Check(

@@ -4,6 +4,9 @@ frame with a field missing, unknown or of the wrong type is refused."""
 
 from __future__ import annotations
 
+import socket
+import threading
+from pathlib import Path
 from typing import Any, Literal, get_type_hints
 
 import pytest
@@ -11,8 +14,29 @@ from pydantic import ValidationError
 
 from farm import kernel, models
 from farm.kernel.wire import protocol
-from farm.kernel.wire.client import KernelClient, KernelRequestError
+from farm.kernel.wire import auth
+from farm.kernel.wire.client import KernelClient, KernelProtocolError, KernelRequestError
+from farm.kernel.wire.framing import recv_frame, send_frame
 from farm.models import frames
+
+PONG = {  # a pong as the protocol has it (``protocol.Pong``)
+    "type": "pong",
+    "version": "0",
+    "python": "3.11",
+    "pid": 1,
+    "sessions": 0,
+    "max_sessions": 1,
+    "uptime_s": 0.0,
+    "grace_s": 2.0,
+    "max_frame": 1 << 20,
+    "isolation": "namespaces",
+    "isolation_fallback": None,
+    "box_limits": {},
+    "opens": 0,
+    "spare_opens": 0,
+    "spares": 0,
+    "quarantined": 0,
+}
 
 
 def test_every_frame_is_named_by_its_type() -> None:
@@ -93,3 +117,41 @@ def test_an_items_cell_with_an_unknown_kind_is_refused(client: KernelClient) -> 
     bad = {**reply, "cells": [{**cell, "error": {**cell["error"], "kind": "bogus"}}]}
     with pytest.raises(ValidationError):
         frames.ItemResults.from_kernel(bad, "w1", 10)
+
+
+def test_the_hosts_client_refuses_a_frame_outside_the_protocol(tmp_path: Path) -> None:
+    """A peer that holds the token and answers ``ping`` with a pong of one field too many (a
+    kernel that drifted): the host's client (``check=frames.validate``, as every sandbox's
+    ``kernel()`` makes it) raises ``KernelProtocolError`` and drops the connection."""
+    frames.validate(PONG)  # one field more is all that is wrong with what the peer sends
+    token = auth.new_token()
+    address = str(tmp_path / "drifted.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(1)
+    listener.settimeout(30)
+
+    def drifted_kernel() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            nonce = auth.new_nonce()
+            send_frame(conn, {"type": "hello", "kernel": "farm", "version": "0", "nonce": nonce})
+            answer = recv_frame(conn, 4096)
+            assert answer is not None
+            proof = auth.mac(token, "server", nonce, answer["nonce"])
+            send_frame(conn, {"type": "welcome", "mac": proof, "version": "0"})
+            assert recv_frame(conn, 4096) == {"type": "ping"}
+            send_frame(conn, {**PONG, "surprise": 1})
+            recv_frame(conn, 4096)  # until the client hangs up
+
+    peer = threading.Thread(target=drifted_kernel)
+    peer.start()
+    try:
+        client = KernelClient.at(address, token, check=frames.validate)
+        with pytest.raises(KernelProtocolError, match="outside the protocol"):
+            client.ping()
+        assert client._sock is None  # closed: nothing more is read from that peer
+    finally:
+        peer.join(30)
+        listener.close()
+    assert not peer.is_alive()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import base64
 
+from farm.kernel.wire.protocol import JudgeSpec, JudgeTest
 from farm.models.batch import BatchItem
-from farm.models.judge import JudgeLimits, JudgeSpec, JudgeTest
+from farm.models.judge import JudgeLimits
 
 INPUTS_DIR = ".judge-in"
 SLACK_S = 30.0
@@ -26,31 +27,31 @@ def judge_spec(item: BatchItem) -> tuple[JudgeSpec, dict[str, str], float]:
     assert item.language is not None and item.source is not None and item.tests is not None
     limits = item.judge_limits or JudgeLimits()
     files = dict(item.files or {})
-    tests = []
+    tests: list[JudgeTest] = []
     for test in item.tests:
-        expected = test.expected
-        if test.expected_file is not None:
-            expected = files[test.expected_file]
-        tests.append(
-            JudgeTest(
-                stdin=_b64(test.stdin) if test.stdin is not None else None,
-                stdin_path=test.stdin_file,
-                expected=_b64(expected) if expected is not None else None,
-            )
-        )
-    spec = JudgeSpec(
-        language=item.language,
-        source=item.source,
-        tests=tests,
-        checker=item.checker,
-        time_s=limits.time_s,
-        memory_mb=limits.memory_mb,
-        output_mb=limits.output_mb,
-        all_tests=item.all_tests,
-        wall_s=limits.wall_s,
-        keep_outputs=item.keep_outputs,
-        compile_time_s=limits.compile_time_s,
-    )
+        given: JudgeTest = {}
+        if test.stdin is not None:
+            given["stdin"] = _b64(test.stdin)
+        if test.stdin_file is not None:
+            given["stdin_path"] = test.stdin_file
+        expected = files[test.expected_file] if test.expected_file is not None else test.expected
+        if expected is not None:
+            given["expected"] = _b64(expected)
+        tests.append(given)
+    spec: JudgeSpec = {
+        "language": item.language,
+        "source": item.source,
+        "tests": tests,
+        "checker": item.checker,
+        "time_s": limits.time_s,
+        "memory_mb": limits.memory_mb,
+        "output_mb": limits.output_mb,
+        "all_tests": item.all_tests,
+        "keep_outputs": item.keep_outputs,
+        "compile_time_s": limits.compile_time_s,
+    }
+    if limits.wall_s is not None:
+        spec["wall_s"] = limits.wall_s
     # The expected outputs never reach the box: a submission could print them.
     inputs = {test.stdin_file for test in item.tests}
     hidden = {test.expected_file for test in item.tests} - inputs

@@ -9,7 +9,8 @@ from pydantic import Field, field_validator, model_validator
 
 from farm.image_name import ImageName
 from farm.models.base import Model
-from farm.models.judge import JudgeLimits, JudgeResult, JudgeSpec, TestCase, check_judge_item
+from farm.models.frames import JudgeStep
+from farm.models.judge import JudgeLimits, JudgeResult, TestCase, check_judge_item
 from farm.models.results import BoxLimits, CommandResult, ExecResult
 
 
@@ -116,7 +117,7 @@ class ChunkItem(Model):
     timeout_s: float = Field(gt=0)
     limits: dict[str, int] = Field(default_factory=dict)
     egress: list[str] | None = None
-    judge: JudgeSpec | None = Field(default=None, description="a submission to judge")
+    judge: JudgeStep | None = Field(default=None, description="a submission to judge")
     special_judge: str | None = Field(default=None, description="its checker's Python code")
 
 

@@ -11,6 +11,7 @@ import functools
 import types
 from dataclasses import dataclass
 from typing import (
+    TYPE_CHECKING,
     Any,
     NotRequired,
     Required,
@@ -66,6 +67,12 @@ def validate(frame: Any) -> dict[str, Any]:
     return checked
 
 
+if TYPE_CHECKING:
+    JudgeStep = protocol.JudgeSpec
+else:  # a model's field of this type is checked as the kernel's TypedDict
+    JudgeStep = _readable(protocol.JudgeSpec)
+
+
 @dataclass
 class ItemResults:
     """What a one-shot box did (the kernel's ``ItemOutcome``), as public results: its cells'
@@ -85,7 +92,7 @@ class ItemResults:
         return cls(
             session_id=outcome["session_id"],
             cells=[ExecResult.model_validate({**c, "worker": worker}) for c in outcome["cells"]],
-            command=CommandResult.from_kernel(dict(command), worker, timeout_s)
+            command=CommandResult.from_kernel(command, worker, timeout_s)
             if command is not None
             else None,
             file_error=outcome["file_error"],
@@ -93,4 +100,4 @@ class ItemResults:
         )
 
 
-__all__ = ["ItemResults", "adapter", "validate"]
+__all__ = ["ItemResults", "JudgeStep", "adapter", "validate"]

@@ -1,7 +1,7 @@
-"""The judge's shapes: a test case and limits as users give them, the judge step a worker sends
-its kernel (mirroring ``farm.kernel.wire.protocol.JudgeSpec``), and the verdicts it brings back
-(``JudgeResult``, also what a judge item's ``BatchRecord.judge`` holds). Verdicts are the
-kernel's (``protocol.Verdict``); ``IE`` is farm's own failure and is retried like ``infra``.
+"""The judge's shapes: a test case and limits as users give them, and the verdicts a judge
+step brings back (``JudgeResult``, also what a judge item's ``BatchRecord.judge`` holds); the
+step itself is the kernel's ``protocol.JudgeSpec``, checked by ``frames.JudgeStep``. Verdicts
+are the kernel's (``protocol.Verdict``); ``IE`` is farm's own failure, retried like ``infra``.
 """
 
 from __future__ import annotations
@@ -58,34 +58,6 @@ class JudgeLimits(Model):
     memory_mb: int = Field(default=256, ge=16, le=8192)
     output_mb: int = Field(default=16, ge=1, le=256)
     compile_time_s: float = Field(default=30.0, gt=0, le=600)
-
-
-class JudgeTest(Model):
-    """A test on the wire (``protocol.JudgeTest``): base64 ``stdin`` or a workspace path."""
-
-    __test__ = False
-
-    stdin: str | None = None
-    stdin_path: str | None = None
-    expected: str | None = None
-
-
-class JudgeSpec(Model):
-    """The judge step of a kernel ``item`` (``protocol.JudgeSpec``)."""
-
-    language: str
-    source: str
-    tests: list[JudgeTest]
-    checker: str
-    time_s: float
-    memory_mb: int
-    output_mb: int
-    all_tests: bool = False
-    wall_s: float | None = None
-    artifact: dict[str, str] | None = None
-    keep_outputs: bool = Field(default=False, description="each test's stdout, base64")
-    compile_time_s: float = 30.0
-    compile_memory_mb: int = 2048
 
 
 class TestResult(Model):

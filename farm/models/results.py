@@ -13,6 +13,7 @@ from pydantic import (
 )
 
 from farm import kernel
+from farm.kernel.wire.protocol import CommandOutcome
 from farm.models.base import Model
 
 
@@ -212,7 +213,7 @@ class CommandResult(Model):
         return self.error is None and self.returncode == 0
 
     @classmethod
-    def from_kernel(cls, raw: dict[str, Any], worker: str, timeout_s: float) -> CommandResult:
+    def from_kernel(cls, raw: CommandOutcome, worker: str, timeout_s: float) -> CommandResult:
         """The kernel's outcome, completed: a command the timeout killed is kind ``timeout``."""
         result = cls.model_validate({**raw, "worker": worker})
         if result.timed_out:

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from types import TracebackType
 
 from farm.kernel.wire.client import KernelClient, KernelError
-from farm.models import SandboxHealth, SandboxInfo
+from farm.models import SandboxHealth, SandboxInfo, frames
 from farm.settings import BoxSettings
 
 
@@ -45,8 +45,11 @@ class Sandbox(ABC):
     def token(self) -> str: ...
 
     def kernel(self, connect_timeout_s: float = 5.0) -> KernelClient:
-        """A new, connected client of this sandbox's kernel (the caller closes it)."""
-        client = KernelClient.at(self.address, self.token, connect_timeout_s=connect_timeout_s)
+        """A new, connected client of this sandbox's kernel (the caller closes it); every frame
+        it reads is checked against the kernel's protocol (``frames.validate``)."""
+        client = KernelClient.at(
+            self.address, self.token, connect_timeout_s=connect_timeout_s, check=frames.validate
+        )
         client.connect()
         return client
 

@@ -31,7 +31,7 @@ from farm.errors import SandboxStartError
 from farm.image_name import SANDBOX_REPOSITORY
 from farm.kernel.wire import auth
 from farm.kernel.wire.client import KernelClient, KernelError
-from farm.models import SandboxHealth, SandboxInfo
+from farm.models import SandboxHealth, SandboxInfo, frames
 from farm.processes import pid_alive
 from farm.sandbox.base import Sandbox, box_arguments
 from farm.sandbox.bundle import MOUNT as BUNDLE
@@ -253,7 +253,9 @@ class DockerSandbox(Sandbox):
         while time.monotonic() < deadline:
             if (self.dir / "kernel.sock").exists():
                 try:
-                    with KernelClient.at(self.address, self._token, connect_timeout_s=2) as c:
+                    with KernelClient.at(
+                        self.address, self._token, connect_timeout_s=2, check=frames.validate
+                    ) as c:
                         pong = c.ping()
                     self.kernel_version = pong["version"]
                     self.isolation = pong.get("isolation")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from farm.backoff import delays
 from farm.broker_errors import BROKER_DOWN
 from farm.kernel.wire.client import KernelError, KernelRequestError
-from farm.kernel.wire.protocol import INPUT_CODES
+from farm.kernel.wire.protocol import INPUT_CODES, CellEvent
 from farm.models import ErrorKind, ExecResult
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.frames import ItemResults
@@ -169,11 +169,11 @@ class BatchRunner:
             if chunk.journal  # the item's journal, for sweeps that keep it
         }
 
-        def on_event(exec_id: str, event: dict[str, Any]) -> None:
+        def on_event(exec_id: str, event: CellEvent) -> None:
             recorder = recorders.get(exec_id)
             if recorder is None:
                 return
-            if event.get("type") == "done":  # the cell ended: its record closes now, in order
+            if event["type"] == "done":  # the cell ended: its record closes now, in order
                 del recorders[exec_id]
                 recorder.finish({**event["result"], "worker": worker.id})
             else:
@@ -198,7 +198,7 @@ class BatchRunner:
                     limits=item.limits,
                     files={path: text.encode() for path, text in item.files.items()},
                     argv=item.argv,
-                    judge=item.judge.model_dump(mode="json") if item.judge else None,
+                    judge=item.judge,
                     grace_s=worker.settings.limits.grace_s,
                     on_event=on_event if recorders else None,  # cell events, each cell's end
                     egress=policy is not None,

@@ -166,7 +166,7 @@ class SessionCalls:
             why = f"its sandbox failed during a file operation ({exc})"
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
         held.last_used = time.monotonic()
-        return reply
+        return {"result": reply["result"], "error": reply["error"]}
 
     def _held(self, request: dict[str, Any]) -> tuple[HeldSession | None, str]:
         """The session a call names, if this worker generation still holds it live."""

@@ -19,6 +19,7 @@ import redis
 from farm.events import Event, HostCall
 from farm.journal import answer_key
 from farm.kernel.repl.calls import MAX_ANSWER_BYTES
+from farm.kernel.wire.protocol import CallEvent
 from farm.models import CallAnswer, SubCall
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class HostCalls:
 
     def answer(
         self,
-        event: dict[str, Any],
+        event: CallEvent,
         publish: Callable[[list[Event]], None],
         common: Callable[[], dict[str, Any]],
     ) -> dict[str, Any]:

@@ -94,7 +94,7 @@ class Judging:
         spec = item.judge
         assert spec is not None
         image = self.keeper.info().image_digest or self.settings.image
-        key = CompileCache.key(spec.language, spec.source, image)
+        key = CompileCache.key(spec["language"], spec["source"], image)
         cached = self.cache.get(key)
         if isinstance(cached, JudgeResult):  # a compile error, the same again
             result = cached.model_copy(deep=True)
@@ -102,7 +102,7 @@ class Judging:
                 result.compile.cached = True
             return ItemDone(key=item.key, exec_id=item.exec_id, worker=self.worker_id, judge=result)
         if cached is not None:
-            item = item.model_copy(update={"judge": spec.model_copy(update={"artifact": cached})})
+            item = item.model_copy(update={"judge": {**spec, "artifact": cached}})
         with self.slots:  # timing needs cores: a judge runs few items at once, unlike a map
             done = run_item(chunk, item)
         if done.judge is None:
@@ -115,7 +115,7 @@ class Judging:
         result.artifact = None
         if any(t.verdict == Verdict.PENDING for t in result.tests):
             done.judge = result = self._special(chunk, item, result, run_item)
-        if not spec.keep_outputs:  # a special judge's, not the caller's
+        if not spec.get("keep_outputs"):  # a special judge's, not the caller's
             for test in result.tests:
                 test.output = None
         return done
@@ -129,13 +129,13 @@ class Judging:
         pending = [t for t in result.tests if t.verdict == Verdict.PENDING]
         tests = []
         for test in pending:
-            given = spec.tests[test.index]
+            given = spec["tests"][test.index]
             stdin = (
-                base64.b64decode(given.stdin).decode(errors="replace")
-                if given.stdin is not None
-                else item.files.get(given.stdin_path or "", "")
+                base64.b64decode(given["stdin"]).decode(errors="replace")
+                if "stdin" in given
+                else item.files.get(given.get("stdin_path", ""), "")
             )
-            expected = base64.b64decode(given.expected or "").decode(errors="replace")
+            expected = base64.b64decode(given.get("expected", "")).decode(errors="replace")
             output = base64.b64decode(test.output or "").decode(errors="replace")
             tests.append({"input": stdin, "expected": expected, "output": output})
         checker = ChunkItem(
@@ -165,9 +165,9 @@ class Judging:
             kept.append(test)
             if test.verdict != Verdict.AC:
                 verdict = test.verdict
-                if not spec.all_tests:
+                if not spec.get("all_tests"):
                     break
-        if spec.all_tests:
+        if spec.get("all_tests"):
             verdict = next((t.verdict for t in result.tests if t.verdict != Verdict.AC), verdict)
         message = next((t.message for t in kept if t.verdict != Verdict.AC), "")
         return result.model_copy(update={"verdict": verdict, "tests": kept, "message": message})

@@ -16,6 +16,7 @@ from typing import Any
 
 from farm.events import Display, Egress, Event, ExecStart, Result, Stream, clip, closing_events
 from farm.journal import Journal
+from farm.kernel.wire.protocol import CellEvent
 from farm.models import Value
 from farm.worker.hostcalls import HostCalls
 
@@ -102,21 +103,21 @@ class ExecRecorder:
                 exc,
             )
 
-    def on_kernel_event(self, event: dict[str, Any]) -> dict[str, Any] | None:
+    def on_kernel_event(self, event: CellEvent) -> dict[str, Any] | None:
         """One kernel event of the running cell (called in order, on the worker's thread);
         for a host ``call``, the answer to send back."""
-        kind = event.get("type")
+        kind = event["type"]
         try:
-            if kind == "call":
+            if event["type"] == "call":
                 return self.calls.answer(event, self._publish, self._common)
-            if kind == "started":
+            if event["type"] == "started":
                 self.started = True
                 self.held = [self._start()]
-            elif kind == "running":
+            elif event["type"] == "running":
                 self._publish([])
-            elif kind == "stream":
+            elif event["type"] == "stream":
                 self._publish([Stream(**self._common(), name=event["name"], text=event["text"])])
-            elif kind == "display":
+            elif event["type"] == "display":
                 value = Value.model_validate(event["value"])
                 self._publish([Display(**self._common(), value=value)])
         except (KeyError, TypeError, ValueError) as exc:  # a malformed event is dropped

@@ -15,9 +15,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Union, cast
 
-from . import auth
+from . import auth, protocol
 from .errors import FarmError as FarmError
 from .errors import KernelAuthError as KernelAuthError
 from .errors import KernelConnectionError as KernelConnectionError
@@ -31,6 +31,18 @@ DEFAULT_TIMEOUT_S = 30.0
 INTERMEDIATE = {"event"}  # frame types a kernel may send before the final reply
 REQUEST_SLACK_S = 15.0
 FILE_TIMEOUT_S = 150.0
+
+Request = Union[  # what a host sends (an ``answer`` goes back through ``on_frame``)
+    protocol.Ping,
+    protocol.OpenSession,
+    protocol.EgressAttach,
+    protocol.Execute,
+    protocol.CloseSession,
+    protocol.Command,
+    protocol.FileRequest,
+    protocol.Item,
+]
+Check = Callable[[dict[str, Any]], object]  # raises ValueError on a frame it refuses
 
 
 def parse_address(address: str) -> tuple[int, Any]:
@@ -71,11 +83,13 @@ class KernelClient:
         address: str | None = None,
         connect_timeout_s: float = 5.0,
         max_frame: int = DEFAULT_MAX_FRAME,
+        check: Check | None = None,
     ) -> None:
         self.address = address or f"{host}:{port}"
         self._token = token
         self.connect_timeout_s = connect_timeout_s
         self.max_frame = max_frame
+        self.check = check  # the host's validator of every frame that comes back
         self.kernel_version: str | None = None
         self._sock: socket.socket | None = None
         self._lock = threading.Lock()
@@ -134,13 +148,14 @@ class KernelClient:
 
     def request(
         self,
-        message: dict[str, Any],
+        message: Request,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        on_frame: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+        on_frame: Callable[[dict[str, Any]], protocol.Answer | None] | None = None,
     ) -> dict[str, Any]:
         """Send one request and wait for its final reply (the whole exchange has
         ``timeout_s``); intermediate frames go to ``on_frame``, and a frame it returns is sent
-        back (an answer to a host call); raises on error frames."""
+        back (an answer to a host call); raises on error frames. Every frame that comes back
+        passes ``check`` first (``KernelProtocolError`` when it refuses one)."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self.connect()
@@ -150,6 +165,8 @@ class KernelClient:
                 send_frame(self._sock, message)
                 while True:
                     reply = recv_frame(self._sock, self.max_frame)
+                    if reply is not None and self.check is not None:
+                        self._checked(reply)
                     if reply is None or reply["type"] not in INTERMEDIATE:
                         break
                     answer = on_frame(reply) if on_frame is not None else None
@@ -169,8 +186,25 @@ class KernelClient:
             raise KernelRequestError(code, str(reply.get("message")))
         return reply
 
-    def ping(self, timeout_s: float = 5.0) -> dict[str, Any]:
-        return self.request({"type": "ping"}, timeout_s)
+    def _checked(self, frame: dict[str, Any]) -> None:
+        assert self.check is not None
+        try:
+            self.check(frame)
+        except ValueError as exc:
+            self.close()  # what follows on this connection cannot be trusted either
+            raise KernelProtocolError(
+                f"the kernel at {self.address} sent a {frame.get('type')!r} frame outside the "
+                f"protocol: {exc}"
+            ) from exc
+
+    def _reply(self, reply: dict[str, Any], kind: str, to: str) -> Any:
+        if reply.get("type") != kind:
+            raise KernelProtocolError(f"unexpected reply to {to}: {reply.get('type')!r}")
+        return reply
+
+    def ping(self, timeout_s: float = 5.0) -> protocol.Pong:
+        pong: protocol.Pong = self._reply(self.request({"type": "ping"}, timeout_s), "pong", "ping")
+        return pong
 
     def open_session(
         self,
@@ -179,21 +213,27 @@ class KernelClient:
         limits: dict[str, int] | None = None,
         session_id: str | None = None,
         egress: bool = False,
-    ) -> dict[str, Any]:
+    ) -> protocol.SessionOpened:
         """Open a session (``session_id``: the host's choice); with ``egress`` its box's proxy
         endpoint goes to the attached proxy (``attach_egress``) before this returns."""
-        message: dict[str, Any] = {"type": "open_session", "tools": tools}
-        optional = {"limits": limits, "session_id": session_id, "egress": egress}
-        message.update({k: v for k, v in optional.items() if v})
-        reply = self.request(message)
-        return {"session_id": reply["session_id"], "epoch": reply["epoch"]}
+        message: protocol.OpenSession = {"type": "open_session", "tools": tools}
+        if limits:
+            message["limits"] = cast(protocol.BoxLimits, limits)
+        if session_id:
+            message["session_id"] = session_id
+        if egress:
+            message["egress"] = egress
+        opened: protocol.SessionOpened = self._reply(
+            self.request(message), "session_opened", "open_session"
+        )
+        return opened
 
     def attach_egress(self) -> socket.socket:
         """Make this connection the one the kernel hands boxes' proxy endpoints to, and give
         it to the caller (read it with ``framing.recv_frame_fds``); this client is then closed."""
-        reply = self.request({"type": "egress_attach"})
-        if reply.get("type") != "egress_attached" or self._sock is None:
-            raise KernelProtocolError(f"unexpected reply to egress_attach: {reply.get('type')!r}")
+        self._reply(self.request({"type": "egress_attach"}), "egress_attached", "egress_attach")
+        if self._sock is None:
+            raise KernelProtocolError("the kernel closed the egress connection at once")
         sock, self._sock = self._sock, None
         sock.settimeout(None)
         return sock
@@ -208,15 +248,15 @@ class KernelClient:
         exec_id: str | None = None,
         max_output_bytes: int | None = None,
         grace_s: float = 2.0,
-        on_event: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
+        on_event: Callable[[protocol.CellEvent], dict[str, Any] | None] | None = None,
         calls: list[str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> protocol.CellResult:
         """Run ``code``; with ``on_event``, the cell's events (``started``, ``stream``,
         ``display``, ``call``) reach it while the code runs, in order, before this returns.
         ``calls`` names the host callbacks the cell may call; for a ``call`` event,
         ``on_event`` returns the answer (``{"ok": True, "value": ...}`` or ``{"ok": False,
         "error": {"ename": ..., "evalue": ...}}``)."""
-        message: dict[str, Any] = {
+        message: protocol.Execute = {
             "type": "execute",
             "session_id": session_id,
             "epoch": epoch,
@@ -232,18 +272,24 @@ class KernelClient:
         if on_event is not None:
             message["events"] = True
 
-            def on_frame(frame: dict[str, Any]) -> dict[str, Any] | None:
-                event = frame["event"]
+            def on_frame(frame: dict[str, Any]) -> protocol.Answer | None:
+                event: protocol.CellEvent = frame["event"]
                 answer = on_event(event)
-                if answer is None or event.get("type") != "call":
+                if answer is None or event["type"] != "call":
                     return None
-                return {"type": "answer", "session_id": session_id, "id": event["id"], **answer}
+                reply: protocol.Answer = {
+                    "type": "answer",
+                    "session_id": session_id,
+                    "id": event["id"],
+                    **answer,  # type: ignore[typeddict-item]  # ok, and value or error
+                }
+                return reply
 
-        reply = self.request(message, timeout_s + grace_s + REQUEST_SLACK_S, on_frame)
-        if reply.get("type") != "exec_result":
-            raise KernelProtocolError(f"unexpected reply to execute: {reply.get('type')!r}")
-        result: dict[str, Any] = reply["result"]
-        return result
+        budget = timeout_s + grace_s + REQUEST_SLACK_S
+        done: protocol.ExecReply = self._reply(
+            self.request(message, budget, on_frame), "exec_result", "execute"
+        )
+        return done["result"]
 
     def command(
         self,
@@ -258,9 +304,9 @@ class KernelClient:
         env: dict[str, str] | None = None,
         max_output_bytes: int | None = None,
         grace_s: float = 2.0,
-    ) -> dict[str, Any]:
+    ) -> protocol.CommandOutcome:
         """Run ``argv`` in the session's box (``farm.kernel.commands``); the result's fields."""
-        message: dict[str, Any] = {
+        message: protocol.Command = {
             "type": "command",
             "session_id": session_id,
             "exec_id": exec_id,
@@ -269,20 +315,33 @@ class KernelClient:
         }
         if stdin:
             message["stdin"] = base64.b64encode(stdin).decode("ascii")
-        optional = {"stdin_path": stdin_path, "cwd": cwd, "env": env}
-        message.update({k: v for k, v in optional.items() if v is not None})
+        if stdin_path is not None:
+            message["stdin_path"] = stdin_path
+        if cwd is not None:
+            message["cwd"] = cwd
+        if env is not None:
+            message["env"] = env
         if max_output_bytes is not None:
             message["max_output_bytes"] = max_output_bytes
-        reply = self.request(message, timeout_s + grace_s + REQUEST_SLACK_S)
-        result: dict[str, Any] = reply["result"]
-        return result
+        budget = timeout_s + grace_s + REQUEST_SLACK_S
+        done: protocol.CommandReply = self._reply(
+            self.request(message, budget), "command_result", "command"
+        )
+        return done["result"]
 
-    def file(self, session_id: str, op: str, path: str, **fields: Any) -> dict[str, Any]:
-        """One file operation (``farm.kernel.fileops``): ``{"result": ...}`` or
-        ``{"error": {"ename", "evalue", "errno", "path"}}``."""
-        message = {"type": "file", "session_id": session_id, "op": op, "path": path, **fields}
-        reply = self.request(message, FILE_TIMEOUT_S)
-        return {"result": reply.get("result"), "error": reply.get("error")}
+    def file(
+        self, session_id: str, op: protocol.FileOp, path: str, **fields: Any
+    ) -> protocol.FileReply:
+        """One file operation (``farm.kernel.tools.fileops``): ``result``, or ``error``
+        (``ename``, ``evalue``, ``errno``, ``path``); ``fields`` as ``protocol.FileRequest``."""
+        message = cast(
+            protocol.FileRequest,
+            {"type": "file", "session_id": session_id, "op": op, "path": path, **fields},
+        )
+        done: protocol.FileReply = self._reply(
+            self.request(message, FILE_TIMEOUT_S), "file_result", "file"
+        )
+        return done
 
     def item(
         self,
@@ -296,24 +355,31 @@ class KernelClient:
         argv: list[str] | None = None,
         max_output_bytes: int | None = None,
         grace_s: float = 2.0,
-        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_event: Callable[[str, protocol.CellEvent], None] | None = None,
         egress: bool = False,
-        judge: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        judge: protocol.JudgeSpec | None = None,
+    ) -> protocol.ItemOutcome:
         """A one-shot box in one round trip (``protocol.Item``): open, write ``files``, run
         ``cells`` (stopping at the first that fails), run ``argv`` or ``judge``, close. With
         ``on_event``, each cell's events reach it with the cell's exec id (``<exec_id>-<n>``).
         Returns the ``ItemOutcome`` dict (``cells``, ``command``, ``judge``, ``file_error``,
         ``session_id``)."""
-        message: dict[str, Any] = {
+        message: protocol.Item = {
             "type": "item",
             "exec_id": exec_id,
             "cells": cells,
             "timeout_s": timeout_s,
         }
-        optional: dict[str, Any] = {"session_id": session_id, "limits": limits, "argv": argv}
-        optional.update(judge=judge, egress=egress)
-        message.update({k: v for k, v in optional.items() if v})
+        if session_id:
+            message["session_id"] = session_id
+        if limits:
+            message["limits"] = cast(protocol.BoxLimits, limits)
+        if argv:
+            message["argv"] = argv
+        if judge:
+            message["judge"] = judge
+        if egress:
+            message["egress"] = egress
         if files:
             encoded = {path: base64.b64encode(data).decode("ascii") for path, data in files.items()}
             message["files"] = encoded
@@ -323,17 +389,17 @@ class KernelClient:
         if on_event is not None:
             message["events"] = True
 
-            def on_frame(frame: dict[str, Any]) -> dict[str, Any] | None:
+            def on_frame(frame: dict[str, Any]) -> protocol.Answer | None:
                 on_event(frame["exec_id"], frame["event"])
                 return None
 
         steps = len(cells) + (1 if argv or judge else 0)
         budget = steps * (timeout_s + grace_s) + REQUEST_SLACK_S + FILE_TIMEOUT_S * bool(files)
-        reply = self.request(message, budget, on_frame)
-        if reply.get("type") != "item_result":
-            raise KernelProtocolError(f"unexpected reply to item: {reply.get('type')!r}")
-        result: dict[str, Any] = reply["result"]
-        return result
+        done: protocol.ItemReply = self._reply(
+            self.request(message, budget, on_frame), "item_result", "item"
+        )
+        return done["result"]
 
     def close_session(self, session_id: str) -> None:
-        self.request({"type": "close_session", "session_id": session_id})
+        reply = self.request({"type": "close_session", "session_id": session_id})
+        self._reply(reply, "session_closed", "close_session")

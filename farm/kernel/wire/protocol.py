@@ -190,6 +190,10 @@ class EgressAttach(TypedDict):
     type: Literal["egress_attach"]
 
 
+class EgressAttached(TypedDict):
+    type: Literal["egress_attached"]
+
+
 class EgressBox(TypedDict):
     """A box's proxy endpoint (its listening socket travels as ``SCM_RIGHTS`` with the
     frame's first byte) for the session ``session_id``; ``port`` on the box's loopback."""
@@ -447,6 +451,8 @@ HOST_FRAMES: dict[str, type] = {
     "pong": Pong,
     "open_session": OpenSession,
     "session_opened": SessionOpened,
+    "egress_attach": EgressAttach,
+    "egress_attached": EgressAttached,
     "execute": Execute,
     "event": EventFrame,
     "answer": Answer,

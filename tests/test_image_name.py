@@ -13,7 +13,7 @@ from farm.client import Farm
 from farm.errors import InvalidRequest
 from farm.image_name import VARIANT_NAMES, ImageName
 from farm.models.batch import BatchItem
-from farm.sandbox.factory import docker_image
+from farm.sandbox.served import sandbox_ref
 from farm.sandbox.variants import VARIANTS
 from farm.settings import FarmSettings
 
@@ -54,9 +54,9 @@ def test_a_worker_with_a_bad_image_name_does_not_start() -> None:
 
 
 def test_a_worker_runs_the_tag_its_image_names() -> None:
-    assert docker_image(FarmSettings(image="ds")) == "farm-sandbox:ds"
-    assert docker_image(FarmSettings(image="python:3.12-slim")) == "python:3.12-slim"
-    assert docker_image(FarmSettings(image="ds", sandbox_image="x/y:1")) == "x/y:1"
+    assert sandbox_ref(ImageName("ds")) == "farm-sandbox:ds"
+    assert sandbox_ref(ImageName("python:3.12-slim")) == "python:3.12-slim"
+    assert sandbox_ref(ImageName("ds"), "x/y:1") == "x/y:1"  # FARM_SANDBOX_IMAGE
 
 
 def test_a_map_item_with_a_bad_image_is_an_input_error() -> None:

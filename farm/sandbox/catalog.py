@@ -42,6 +42,7 @@ from farm.sandbox.images import (
     kernel_source_hash,
     tagged_image,
 )
+from farm.sandbox.served import image_digest
 from farm.sandbox.variants import VARIANTS, ensure_variant_image
 
 RESERVED = frozenset({"default", *VARIANTS, *(f"{name}-egress" for name in VARIANTS)})
@@ -171,11 +172,6 @@ def list_images(
                 pins = sum(1 for n in names if _is_pin(n) and n.startswith(f"{name}{PIN}"))
                 found.append(_summary(image, name, pins, current))
         return sorted(found, key=lambda s: s.name)
-
-
-def image_digest(attrs: dict[str, Any], image_id: str) -> str:
-    """The digest a sandbox of this image reports: its registry digest, else its id."""
-    return str((attrs.get("RepoDigests") or [None])[0] or image_id)
 
 
 def _summary(image: Any, name: str, pins: int, current: dict[str, str]) -> ImageSummary:

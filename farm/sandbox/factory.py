@@ -40,20 +40,6 @@ def resolve_backend(backend: str) -> str:
     return "process"
 
 
-def docker_image(settings: FarmSettings) -> str:
-    """``FARM_SANDBOX_IMAGE``, else the tag ``FARM_IMAGE`` names (``ImageName.tag``); for the
-    default image, the build of this checkout's own kernel when Docker has it
-    (``images.own_sandbox_tag``)."""
-    if settings.sandbox_image:
-        return settings.sandbox_image
-    name = ImageName(settings.image)
-    if name.kind == "default":
-        from farm.sandbox.images import own_sandbox_tag
-
-        return own_sandbox_tag()
-    return name.tag
-
-
 def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
     backend = resolve_backend(settings.backend)
     if backend == "process":
@@ -66,9 +52,10 @@ def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
             extra_args=["--egress-ca", str(ca)] if ca else None,
         )
     from farm.sandbox.docker import DockerSandbox
+    from farm.sandbox.served import serve
 
     return DockerSandbox(
-        docker_image(settings),
+        serve(ImageName(settings.image), settings.sandbox_image),
         owner=owner,
         limits=settings.limits,
         box=settings.box,

@@ -9,8 +9,9 @@ Stdlib only, outside ``farm.sandbox``: clients import it. Why: docs/design/image
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from farm.errors import InvalidRequest
@@ -87,6 +88,15 @@ class ServedImage:
     digest: str
     kernel_built_in: bool = True
     spec: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        """One line for a worker's environment (``FARM_SERVED_IMAGE``)."""
+        return json.dumps({**asdict(self), "name": self.name.asked}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ServedImage:
+        fields = json.loads(text)
+        return cls(**{**fields, "name": ImageName(fields["name"])})
 
 
 def _is_reference(name: object) -> bool:

@@ -22,7 +22,7 @@ import docker.errors
 from pydantic import BaseModel, ValidationError
 
 from farm.errors import ImageBuildError, InvalidRequest, SandboxUnavailable
-from farm.image_name import SANDBOX_REPOSITORY, ImageName, sandbox_tag
+from farm.image_name import SANDBOX_REPOSITORY, ImageName, ServedImage, sandbox_tag
 from farm.sandbox.environments import (
     ENV_DOCKERFILE,
     LABEL_ENV_HASH,
@@ -42,7 +42,7 @@ from farm.sandbox.images import (
     kernel_source_hash,
     tagged_image,
 )
-from farm.sandbox.served import image_digest
+from farm.sandbox.served import image_digest, resolve
 from farm.sandbox.variants import VARIANTS, ensure_variant_image
 
 RESERVED = frozenset({"default", *VARIANTS, *(f"{name}-egress" for name in VARIANTS)})
@@ -115,28 +115,25 @@ def build_image(
         return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
 
 
-def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -> EnvSpec | None:
+def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -> ServedImage:
     """Make the image ``image`` names ready for a worker to serve, the one place a local farm
-    does so: ``default`` and the variants are built when missing or stale, a built environment
-    is rebuilt from its recorded spec when the kernel changed, a reference must be in Docker
-    (any image with python3, served as it is). Returns the spec (whose limits the worker
-    should get), or None.
+    does so, and resolve it once (``served.resolve``: the tag, build and spec the worker gets):
+    ``default`` and the variants are built when missing or stale, a built environment is
+    rebuilt from its recorded spec when the kernel changed, a reference must be in Docker (any
+    image with python3, served as it is).
 
     ``SandboxUnavailable`` when there is no such image: farm cannot guess its contents.
     """
     name = ImageName.parse(image)
-    if name.kind in ("default", "variant"):
-        build_image(name.asked, client=client)
-        return VARIANTS.get(name.asked)
     with docker_client(client) as client:
-        if tagged_image(client, name.tag) is None:
-            raise SandboxUnavailable(_missing(name))
-        if name.kind == "reference":
-            return None
-        spec = _recorded_spec(client, name.asked)
-        if spec is not None:
+        if name.kind in ("default", "variant"):
+            build_image(name.asked, client=client)
+        elif name.kind == "environment" and (spec := _recorded_spec(client, name.asked)):
             ensure_env_image(spec, client)
-        return spec
+        served = resolve(name, client=client)
+    if served is None:
+        raise SandboxUnavailable(_missing(name))
+    return served
 
 
 def _missing(name: ImageName) -> str:

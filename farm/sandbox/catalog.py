@@ -22,7 +22,7 @@ import docker.errors
 from pydantic import BaseModel, ValidationError
 
 from farm.errors import ImageBuildError, InvalidRequest, SandboxUnavailable
-from farm.image_name import SANDBOX_REPOSITORY, ImageName, ServedImage, sandbox_tag
+from farm.image_name import SANDBOX_REPOSITORY, ImageName, ServedImage
 from farm.sandbox.environments import (
     ENV_DOCKERFILE,
     LABEL_ENV_HASH,
@@ -69,7 +69,7 @@ class ImageSummary(BaseModel):
 
 
 def build_image(
-    name: str = "default",
+    name: str | ImageName = "default",
     spec: EnvSpec | None = None,
     *,
     client: docker.DockerClient | None = None,
@@ -83,7 +83,8 @@ def build_image(
     With a ``spec`` (whose requirements paths are relative to ``base_dir``): that environment;
     its name may not be one of farm's. Without one: ``default``, a variant, or an environment
     built before, from the spec its image recorded (after a kernel change, say); the judge
-    variant keeps the ``languages`` it was built with unless given others.
+    variant keeps the ``languages`` it was built with unless given others. A reference names
+    another image, not a farm one: ``InvalidRequest``.
     """
     if spec is not None:
         if spec.name in RESERVED:
@@ -93,23 +94,29 @@ def build_image(
             )
         resolved = spec.resolve(base_dir or Path.cwd())
         return ensure_env_image(resolved, client, force=force, repo_root=repo_root)
-    if name == "default":
+    image = ImageName.parse(name)
+    if image.kind == "reference":
+        raise InvalidRequest(
+            f"{image.asked!r} is an image reference, not a farm image: farm builds "
+            f"{SANDBOX_REPOSITORY}:NAME (`--from {image.asked}` starts one from it)"
+        )
+    if image.kind == "default":
         return ensure_sandbox_image(client, tag=DEFAULT_TAG, force=force, repo_root=repo_root)
-    if name == "judge" and not languages:  # keep the languages it was built with
+    if image.asked == "judge" and not languages:  # keep the languages it was built with
         with docker_client(client) as client:
-            recorded = _recorded_spec(client, name)
+            recorded = _recorded_spec(client, image)
             if recorded is not None:
                 return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
-    if name in VARIANTS:
+    if image.kind == "variant":
         return ensure_variant_image(
-            name, client, force=force, repo_root=repo_root, languages=languages
+            image.asked, client, force=force, repo_root=repo_root, languages=languages
         )
     with docker_client(client) as client:
-        recorded = _recorded_spec(client, name)
+        recorded = _recorded_spec(client, image)
         if recorded is None:
             raise InvalidRequest(
-                f"nothing to build for {name!r}: give packages (--pip, -r, --apt), a base (--from) "
-                f"or a spec file (-f {name}.toml); farm's own images are "
+                f"nothing to build for {image.asked!r}: give packages (--pip, -r, --apt), a base "
+                f"(--from) or a spec file (-f {image}.toml); farm's own images are "
                 f"{', '.join(['default', *sorted(VARIANTS)])}"
             )
         return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
@@ -127,8 +134,8 @@ def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -
     name = ImageName.parse(image)
     with docker_client(client) as client:
         if name.kind in ("default", "variant"):
-            build_image(name.asked, client=client)
-        elif name.kind == "environment" and (spec := _recorded_spec(client, name.asked)):
+            build_image(name, client=client)
+        elif name.kind == "environment" and (spec := _recorded_spec(client, name)):
             ensure_env_image(spec, client)
         served = resolve(name, client=client)
     if served is None:
@@ -167,22 +174,23 @@ def list_images(
             plain = [n for n in names if not _is_pin(n)]
             for name in plain:
                 pins = sum(1 for n in names if _is_pin(n) and n.startswith(f"{name}{PIN}"))
-                found.append(_summary(image, name, pins, current))
+                found.append(_summary(image, ImageName(name), pins, current))
         return sorted(found, key=lambda s: s.name)
 
 
-def _summary(image: Any, name: str, pins: int, current: dict[str, str]) -> ImageSummary:
+def _summary(image: Any, name: ImageName, pins: int, current: dict[str, str]) -> ImageSummary:
     labels: dict[str, str] = dict(image.labels or {})
     spec = _spec_of(labels)
-    if name == "default" or name in RESERVED:
-        kind = "default" if name == "default" else "variant"
-    else:
-        kind = "environment" if spec is not None else "image"
+    kind: str = name.kind  # or "image": tagged by hand, without a spec
+    if kind == "environment" and name.asked in RESERVED:
+        kind = "variant"  # an egress variant of an older farm
+    elif kind == "environment" and spec is None:
+        kind = "image"
     kernel = labels.get(LABEL_KERNEL_HASH)
     want = current["env" if LABEL_ENV_HASH in labels else "default"]
     return ImageSummary(
-        name=name,
-        tag=sandbox_tag(name),
+        name=name.asked,
+        tag=name.tag,
         image_id=str(image.id),
         digest=image_digest(image.attrs, str(image.id)),
         size_bytes=int(image.attrs.get("Size") or 0),
@@ -212,6 +220,6 @@ def _spec_of(labels: dict[str, str]) -> EnvSpec | None:
         return None  # recorded by another farm version: listed, not rebuilt from
 
 
-def _recorded_spec(client: docker.DockerClient, name: str) -> EnvSpec | None:
-    found = tagged_image(client, sandbox_tag(name))
+def _recorded_spec(client: docker.DockerClient, name: ImageName) -> EnvSpec | None:
+    found = tagged_image(client, name.tag)
     return _spec_of(found[1]) if found is not None else None

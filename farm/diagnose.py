@@ -8,6 +8,7 @@ who reaches it may use works, and lets them run code in every sandbox and read e
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from farm.errors import FarmError
-from farm.sandbox.factory import docker_image
+from farm.image_name import ImageName, ServedImage
 from farm.settings import FarmSettings
 
 if TYPE_CHECKING:
@@ -60,20 +61,20 @@ def run_checks(settings: FarmSettings) -> Iterator[Check]:
     yield egress_check(settings)
     if not docker_ok:
         return
-    image_ok = False
-    try:
-        image = client.images.get(docker_image(settings))
-        image_ok = True
-        yield Check("sandbox image", True, f"{docker_image(settings)} {str(image.id)[:19]}")
-    except Exception:
+    from farm.sandbox.served import resolve, sandbox_ref
+
+    name = ImageName(settings.image)
+    ref = sandbox_ref(name, settings.sandbox_image)
+    served = None
+    with contextlib.suppress(Exception):
+        served = resolve(name, ref, client)
+    if served is None:
         yield Check(
-            "sandbox image",
-            False,
-            f"{docker_image(settings)} is missing",
-            "run `farm image build` (or `make setup`)",
+            "sandbox image", False, f"{ref} is missing", "run `farm image build` (or `make setup`)"
         )
-    if image_ok:
-        yield _kernel_check(settings)
+        return
+    yield Check("sandbox image", True, f"{served.tag} {served.image_id[:19]}")
+    yield _kernel_check(settings, served)
 
 
 def egress_check(settings: FarmSettings) -> Check:
@@ -205,16 +206,17 @@ def exposure(rights: list[str]) -> str:
     return f"anyone who reaches it can {' and '.join(what)}"
 
 
-def _kernel_check(settings: FarmSettings) -> Check:
+def _kernel_check(settings: FarmSettings, image: ServedImage | None = None) -> Check:
     import tempfile
 
     from farm.sandbox.docker import DockerSandbox
+    from farm.sandbox.served import serve
 
     try:
         with (
             tempfile.TemporaryDirectory(prefix="farm-doctor-", ignore_cleanup_errors=True) as tmp,
             DockerSandbox(
-                docker_image(settings),
+                image or serve(ImageName(settings.image), settings.sandbox_image),
                 owner="doctor",
                 limits=settings.limits,
                 socket_dir=Path(tmp),

@@ -56,12 +56,14 @@ def image_build(
     """Build a farm image when missing or stale: the default one, a variant, or an
     environment (packages added to the sandbox base, or to --from IMAGE)."""
     from farm.errors import DockerUnavailable, ImageBuildError, InvalidRequest
+    from farm.image_name import ImageName
     from farm.sandbox.catalog import build_image
     from farm.sandbox.envspec import EnvSpec, load_spec, make_spec, save_spec
 
     spec: EnvSpec | None = None
     base_dir = Path.cwd()
     try:
+        image = ImageName(name) if name is not None else ImageName()
         if spec_file is not None:
             if pip or requirements or apt or from_image or egress:
                 fail("give packages either in the spec file or as options, not both", 2)
@@ -82,7 +84,7 @@ def image_build(
             save_spec(spec, save, base_dir=base_dir)
             err.print(f"spec written to {escape(str(save))}")
         built = build_image(
-            spec.name if spec else name or "default",
+            image,  # a spec names its own
             spec,
             force=force,
             base_dir=base_dir,

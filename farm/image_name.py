@@ -1,17 +1,18 @@
 """``ImageName``: the image a caller asked for, parsed once where it enters farm (``Farm``'s
-calls, the CLI, a worker's settings) and handed down as one value, so that no module below
-guesses again what a name means. A name with ``/`` or ``:`` is a reference to any image
-(served with farm's kernel mounted in); a bare one is a farm image, ``farm-sandbox:NAME``.
-Invariant: a name that parses has one queue and one Docker tag; one that does not is an
-``InvalidRequest`` before anything is sent or started. Stdlib only, and outside
-``farm.sandbox``: clients (``farm serve`` too) import it.
+calls, the CLI, a worker's settings); ``ServedImage``: that name resolved once where the image is
+made ready (which tag, which build, which spec), handed down to the sandbox that runs it. A name
+with ``/`` or ``:`` is a reference to any image (served with farm's kernel mounted in); a bare
+one is a farm image, ``farm-sandbox:NAME``. Invariant: a name that parses has one queue and one
+Docker tag; one that does not is an ``InvalidRequest`` before anything is sent or started.
+Stdlib only, outside ``farm.sandbox``: clients import it. Why: docs/design/images.md.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 from farm.errors import InvalidRequest
 
@@ -66,11 +67,36 @@ class ImageName:
     @property
     def tag(self) -> str:
         """The Docker image its sandboxes run: the reference itself, or ``farm-sandbox:NAME``
-        (for ``default``, a worker prefers the build of its own kernel: ``factory``)."""
+        (for ``default``, a worker prefers the build of its own kernel: ``served.sandbox_ref``)."""
         return self.asked if self.kind == "reference" else sandbox_tag(self.asked)
 
     def __str__(self) -> str:
         return self.asked
+
+
+@dataclass(frozen=True)
+class ServedImage:
+    """An image made ready to serve, resolved once (``farm.sandbox.served.resolve``): the
+    ``name`` asked, the ``tag`` its sandboxes report, the build that tag named then
+    (``image_id``; ``digest``, what sandboxes report: the registry digest, else the id), whether
+    farm's kernel is built in (else it is mounted) and the spec the image recorded, if any. A
+    sandbox runs ``image_id``, so what it reports is what runs."""
+
+    name: ImageName
+    tag: str
+    image_id: str
+    digest: str
+    kernel_built_in: bool = True
+    spec: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        """One line for a worker's environment (``FARM_SERVED_IMAGE``)."""
+        return json.dumps({**asdict(self), "name": self.name.asked}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ServedImage:
+        fields = json.loads(text)
+        return cls(**{**fields, "name": ImageName(fields["name"])})
 
 
 def _is_reference(name: object) -> bool:

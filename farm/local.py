@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from farm.errors import LocalFarmError, SandboxUnavailable
-from farm.image_name import ImageName
+from farm.image_name import ImageName, ServedImage
 from farm.processes import pid_alive, popen_tied
 from farm.redis_server import RedisServer, ServerTLS, write_private
 from farm.registry import Registry
@@ -110,9 +110,12 @@ class LocalFarm:
     def _start_redis(self) -> None:
         self.redis = RedisServer(self.dir, tls=self.tls).start()
 
-    def add_worker(self, image: str | ImageName = "default", **env: str) -> str:
-        """Start one more worker process; returns its worker id."""
-        name = ImageName.parse(image)
+    def add_worker(self, image: str | ImageName | ServedImage = "default", **env: str) -> str:
+        """Start one more worker process; returns its worker id. A ``ServedImage`` (what
+        ``serve_image`` prepared) is handed to it as it is, unless ``FARM_SANDBOX_IMAGE`` names
+        another image for it."""
+        served = image if isinstance(image, ServedImage) else None
+        name = image.name if isinstance(image, ServedImage) else ImageName.parse(image)
         self._count += 1
         worker_id = f"local-{self.tag}-{self._count}"
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
@@ -129,6 +132,8 @@ class LocalFarm:
             "FARM_SOCKET_DIR": str(self.dir / "sockets"),
             **env,
         }
+        if served is not None and not worker_env.get("FARM_SANDBOX_IMAGE"):
+            worker_env["FARM_SERVED_IMAGE"] = served.to_json()
         log_file = open(self.dir / f"{worker_id}.log", "wb")  # noqa: SIM115 - owned by Popen
         self.workers[worker_id] = popen_tied(
             [sys.executable, "-m", "farm.worker"],
@@ -168,15 +173,16 @@ class LocalFarm:
     def serve_image(self, image: str | ImageName) -> str:
         """Start a worker for ``image`` on demand; returns its id.
 
-        ``default`` and the variants farm defines (``docs``, ``browser``) are built when
-        missing or stale; an environment built with ``farm image build NAME`` is rebuilt from
-        the spec its image recorded when the kernel changed since, and its worker gets the
-        spec's sandbox limits (where no ``FARM_SANDBOX_*`` setting says otherwise). Any other
-        name must be an image already (``farm-sandbox:NAME``, or the reference itself): farm
-        cannot guess its contents, and says so (``SandboxUnavailable``); all of this is
-        ``catalog.prepare``. A live worker of ours that serves ``image`` but
-        is not registered (starting, or the broker lost its registration) is waited for
-        instead: concurrent callers and a broker restart must not multiply workers.
+        The image is made ready and resolved once (``catalog.prepare``): ``default`` and the
+        variants farm defines (``docs``, ``browser``) are built when missing or stale; an
+        environment built with ``farm image build NAME`` is rebuilt from the spec its image
+        recorded when the kernel changed since. Any other name must be an image already
+        (``farm-sandbox:NAME``, or the reference itself): farm cannot guess its contents, and
+        says so (``SandboxUnavailable``). The worker gets what was resolved (its build, and the
+        spec whose sandbox limits it takes where no ``FARM_SANDBOX_*`` setting says otherwise).
+        A live worker of ours that serves ``image`` but is not registered (starting, or the
+        broker lost its registration) is waited for instead: concurrent callers and a broker
+        restart must not multiply workers.
         """
         name = ImageName.parse(image)
         with self._serving:
@@ -188,26 +194,15 @@ class LocalFarm:
             if running:
                 self.wait_ready(running[:1])
                 return running[0]
-            return self._start_for(name)
+            if self.backend != "process":
+                from farm.sandbox.catalog import prepare
 
-    def _start_for(self, image: ImageName) -> str:
-        limits: dict[str, str] = {}
-        if self.backend != "process":
-            from farm.sandbox.catalog import prepare
-            from farm.settings import SandboxLimits
-
-            log.info("preparing %s for a worker (built if missing or stale)", image.tag)
-            spec = prepare(image)
-            if spec is not None:
-                explicit = {f"FARM_SANDBOX_{k.upper()}" for k in SandboxLimits().model_fields_set}
-                limits = {
-                    key: value
-                    for key, value in spec.limits.settings_env().items()
-                    if key not in explicit and key not in self.extra_env
-                }
-        worker_id = self.add_worker(image, **limits)
-        self.wait_ready([worker_id])
-        return worker_id
+                log.info("preparing %s for a worker (built if missing or stale)", name.tag)
+                worker_id = self.add_worker(prepare(name))
+            else:
+                worker_id = self.add_worker(name)
+            self.wait_ready([worker_id])
+            return worker_id
 
     def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> None:
         self.workers[worker_id].send_signal(sig)

@@ -17,7 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator, model_vali
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from farm.errors import InvalidRequest
-from farm.image_name import ImageName
+from farm.image_name import ImageName, ServedImage
 
 
 class SandboxLimits(BaseSettings):
@@ -186,6 +186,10 @@ class FarmSettings(BaseSettings):
     sandbox_image: str | None = Field(
         default=None, description="docker image (default farm-sandbox:IMAGE)"
     )
+    served_image: Annotated[ServedImage | None, NoDecode] = Field(
+        default=None,
+        description="the image a local farm prepared for this worker (JSON; the farm sets it)",
+    )
     socket_dir: Path = Field(
         default=Path("/tmp/farm-sockets"), description="host dir holding each sandbox's socket dir"
     )
@@ -317,14 +321,30 @@ class FarmSettings(BaseSettings):
         first sandbox."""
         return ImageName(image).asked
 
+    @field_validator("served_image", mode="before")
+    @classmethod
+    def _served_image(cls, served: Any) -> Any:
+        if isinstance(served, str):  # an empty variable (compose passes them on) is unset
+            return ServedImage.from_json(served) if served else None
+        return served
+
     @model_validator(mode="after")
     def _image_limits(self) -> FarmSettings:
-        """Give the served image its own limits (IMAGE_LIMITS, IMAGE_BOX_LIMITS) unless
-        explicitly set."""
-        wanted = IMAGE_LIMITS.get(self.image, {})
-        update = {k: v for k, v in wanted.items() if k not in self.limits.model_fields_set}
-        if update:
-            self.limits = self.limits.model_copy(update=update)
+        """Give the served image its own limits unless explicitly set: those its spec asks for
+        (an image a local farm prepared), then IMAGE_LIMITS (and IMAGE_BOX_LIMITS)."""
+        served = self.served_image
+        if served is not None and served.name.asked != self.image:
+            raise InvalidRequest(f"FARM_SERVED_IMAGE is {served.name}, FARM_IMAGE {self.image}")
+        spec_limits = ((served.spec if served else None) or {}).get("limits") or {}
+        for wanted in (spec_limits, IMAGE_LIMITS.get(self.image, {})):
+            update = {
+                k: v
+                for k, v in wanted.items()
+                if v is not None and k not in self.limits.model_fields_set
+            }
+            if update:  # checked as the FARM_SANDBOX_* variables would be
+                checked = SandboxLimits(**update).model_dump(include=set(update))
+                self.limits = self.limits.model_copy(update=checked)
         wanted = IMAGE_BOX_LIMITS.get(self.image, {})
         update = {k: v for k, v in wanted.items() if k not in self.box.model_fields_set}
         if update:

@@ -112,7 +112,7 @@ def env_image(docker_env: Any, project: Path) -> Iterator[EnvSpec]:
 
 
 def test_an_environment_runs_numpy_and_node_on_a_worker_started_on_demand(
-    env_image: EnvSpec,
+    docker_env: Any, env_image: EnvSpec
 ) -> None:
     with Farm.local(workers=0) as farm, farm.session(image=ENV) as session:
         numpy = session.run("import numpy as np\nint(np.arange(10).sum()), np.__version__")
@@ -127,6 +127,7 @@ def test_an_environment_runs_numpy_and_node_on_a_worker_started_on_demand(
         (worker,) = [w for w in farm.workers() if w["image"] == ENV]
         # the spec's limits reached the worker (the default image's memory is 512)
         assert worker["sandbox"]["limits"]["memory_mb"] == 768
+        assert worker["sandbox"]["image_digest"] == docker_env.images.get(env_image.tag).id
 
 
 COMPILE_AND_RUN = "gcc -o six six.c && ./six 6"
@@ -194,7 +195,9 @@ def test_a_built_environment_is_reused_and_served_as_it_is(
     started = time.monotonic()
     assert not ensure_env_image(env_image, docker_env).built
     assert time.monotonic() - started < 10
-    assert prepare(ENV, docker_env) == env_image  # what a local farm does first
+    served = prepare(ENV, docker_env)  # what a local farm does first: its worker gets this
+    assert EnvSpec.model_validate(served.spec) == env_image and served.kernel_built_in
+    assert served.image_id == served.digest == docker_env.images.get(env_image.tag).id
 
 
 def test_the_cli_builds_from_the_spec_file_and_lists_the_image_with_its_spec(

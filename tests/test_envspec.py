@@ -116,6 +116,13 @@ def test_an_environment_may_not_take_the_name_of_a_farm_image(name: str) -> None
         build_image(name, make_spec(name=name, pip=["numpy"]))
 
 
+def test_farm_builds_farm_images_only() -> None:
+    with pytest.raises(InvalidRequest, match=r"'python:3.12-slim' is an image reference"):
+        build_image("python:3.12-slim")  # before Docker is asked anything
+    with pytest.raises(InvalidRequest, match="bad image name"):
+        build_image("a b")
+
+
 def test_an_environments_egress_rules_are_checked_and_keep_old_digests() -> None:
     with pytest.raises(InvalidRequest, match="ports must be"):
         make_spec(name="net", egress=["pypi.org:https"])

@@ -4,6 +4,7 @@ one is an ``InvalidRequest`` before anything is sent or started."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,9 +12,10 @@ from pydantic import ValidationError
 
 from farm.client import Farm
 from farm.errors import InvalidRequest
-from farm.image_name import VARIANT_NAMES, ImageName
+from farm.image_name import VARIANT_NAMES, ImageName, ServedImage
 from farm.models.batch import BatchItem
-from farm.sandbox.factory import docker_image
+from farm.sandbox.factory import sandboxes
+from farm.sandbox.served import sandbox_ref
 from farm.sandbox.variants import VARIANTS
 from farm.settings import FarmSettings
 
@@ -54,9 +56,55 @@ def test_a_worker_with_a_bad_image_name_does_not_start() -> None:
 
 
 def test_a_worker_runs_the_tag_its_image_names() -> None:
-    assert docker_image(FarmSettings(image="ds")) == "farm-sandbox:ds"
-    assert docker_image(FarmSettings(image="python:3.12-slim")) == "python:3.12-slim"
-    assert docker_image(FarmSettings(image="ds", sandbox_image="x/y:1")) == "x/y:1"
+    assert sandbox_ref(ImageName("ds")) == "farm-sandbox:ds"
+    assert sandbox_ref(ImageName("python:3.12-slim")) == "python:3.12-slim"
+    assert sandbox_ref(ImageName("ds"), "x/y:1") == "x/y:1"  # FARM_SANDBOX_IMAGE
+
+
+SERVED = ServedImage(
+    ImageName("ds"),
+    "farm-sandbox:ds",
+    image_id="sha256:" + "1" * 64,
+    digest="sha256:" + "1" * 64,
+    spec={"name": "ds", "limits": {"memory_mb": 1024, "cpus": None}},
+)
+
+
+def test_a_served_image_reaches_a_worker_whole_and_gives_it_its_specs_limits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FARM_IMAGE", "ds")
+    monkeypatch.setenv("FARM_SERVED_IMAGE", SERVED.to_json())
+    settings = FarmSettings()
+    assert settings.served_image == SERVED and settings.limits.memory_mb == 1024
+    assert settings.limits.cpus == 1.0  # what the spec leaves unset keeps the default
+    monkeypatch.setenv("FARM_SANDBOX_MEMORY_MB", "640")
+    assert FarmSettings().limits.memory_mb == 640  # an explicit setting wins
+    monkeypatch.setenv("FARM_IMAGE", "docs")
+    with pytest.raises(ValidationError, match="FARM_SERVED_IMAGE is ds, FARM_IMAGE docs"):
+        FarmSettings()
+
+
+def test_a_workers_first_sandbox_runs_what_was_served_and_a_replacement_resolves_anew(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import farm.sandbox.served
+
+    resolved = replace(SERVED, image_id="sha256:" + "2" * 64, digest="sha256:" + "2" * 64)
+    asked: list[tuple[ImageName, str | None]] = []
+
+    def serve(name: ImageName, ref: str | None = None) -> ServedImage:
+        asked.append((name, ref))
+        return resolved
+
+    monkeypatch.setattr(farm.sandbox.served, "serve", serve)
+    make = sandboxes(FarmSettings(image="ds", served_image=SERVED, backend="docker"), "o")
+    first, second = make(), make()
+    assert (first.info().image_digest, second.info().image_digest) == (
+        SERVED.digest,
+        resolved.digest,
+    )
+    assert asked == [(ImageName("ds"), None)]
 
 
 def test_a_map_item_with_a_bad_image_is_an_input_error() -> None:

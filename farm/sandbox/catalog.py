@@ -22,7 +22,7 @@ import docker.errors
 from pydantic import BaseModel, ValidationError
 
 from farm.errors import ImageBuildError, InvalidRequest, SandboxUnavailable
-from farm.image_name import SANDBOX_REPOSITORY, ImageName, sandbox_tag
+from farm.image_name import SANDBOX_REPOSITORY, ImageName, ServedImage
 from farm.sandbox.environments import (
     ENV_DOCKERFILE,
     LABEL_ENV_HASH,
@@ -42,6 +42,7 @@ from farm.sandbox.images import (
     kernel_source_hash,
     tagged_image,
 )
+from farm.sandbox.served import image_digest, resolve
 from farm.sandbox.variants import VARIANTS, ensure_variant_image
 
 RESERVED = frozenset({"default", *VARIANTS, *(f"{name}-egress" for name in VARIANTS)})
@@ -68,7 +69,7 @@ class ImageSummary(BaseModel):
 
 
 def build_image(
-    name: str = "default",
+    name: str | ImageName = "default",
     spec: EnvSpec | None = None,
     *,
     client: docker.DockerClient | None = None,
@@ -82,7 +83,8 @@ def build_image(
     With a ``spec`` (whose requirements paths are relative to ``base_dir``): that environment;
     its name may not be one of farm's. Without one: ``default``, a variant, or an environment
     built before, from the spec its image recorded (after a kernel change, say); the judge
-    variant keeps the ``languages`` it was built with unless given others.
+    variant keeps the ``languages`` it was built with unless given others. A reference names
+    another image, not a farm one: ``InvalidRequest``.
     """
     if spec is not None:
         if spec.name in RESERVED:
@@ -92,50 +94,53 @@ def build_image(
             )
         resolved = spec.resolve(base_dir or Path.cwd())
         return ensure_env_image(resolved, client, force=force, repo_root=repo_root)
-    if name == "default":
+    image = ImageName.parse(name)
+    if image.kind == "reference":
+        raise InvalidRequest(
+            f"{image.asked!r} is an image reference, not a farm image: farm builds "
+            f"{SANDBOX_REPOSITORY}:NAME (`--from {image.asked}` starts one from it)"
+        )
+    if image.kind == "default":
         return ensure_sandbox_image(client, tag=DEFAULT_TAG, force=force, repo_root=repo_root)
-    if name == "judge" and not languages:  # keep the languages it was built with
+    if image.asked == "judge" and not languages:  # keep the languages it was built with
         with docker_client(client) as client:
-            recorded = _recorded_spec(client, name)
+            recorded = _recorded_spec(client, image)
             if recorded is not None:
                 return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
-    if name in VARIANTS:
+    if image.kind == "variant":
         return ensure_variant_image(
-            name, client, force=force, repo_root=repo_root, languages=languages
+            image.asked, client, force=force, repo_root=repo_root, languages=languages
         )
     with docker_client(client) as client:
-        recorded = _recorded_spec(client, name)
+        recorded = _recorded_spec(client, image)
         if recorded is None:
             raise InvalidRequest(
-                f"nothing to build for {name!r}: give packages (--pip, -r, --apt), a base (--from) "
-                f"or a spec file (-f {name}.toml); farm's own images are "
+                f"nothing to build for {image.asked!r}: give packages (--pip, -r, --apt), a base "
+                f"(--from) or a spec file (-f {image}.toml); farm's own images are "
                 f"{', '.join(['default', *sorted(VARIANTS)])}"
             )
         return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
 
 
-def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -> EnvSpec | None:
+def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -> ServedImage:
     """Make the image ``image`` names ready for a worker to serve, the one place a local farm
-    does so: ``default`` and the variants are built when missing or stale, a built environment
-    is rebuilt from its recorded spec when the kernel changed, a reference must be in Docker
-    (any image with python3, served as it is). Returns the spec (whose limits the worker
-    should get), or None.
+    does so, and resolve it once (``served.resolve``: the tag, build and spec the worker gets):
+    ``default`` and the variants are built when missing or stale, a built environment is
+    rebuilt from its recorded spec when the kernel changed, a reference must be in Docker (any
+    image with python3, served as it is).
 
     ``SandboxUnavailable`` when there is no such image: farm cannot guess its contents.
     """
     name = ImageName.parse(image)
-    if name.kind in ("default", "variant"):
-        build_image(name.asked, client=client)
-        return VARIANTS.get(name.asked)
     with docker_client(client) as client:
-        if tagged_image(client, name.tag) is None:
-            raise SandboxUnavailable(_missing(name))
-        if name.kind == "reference":
-            return None
-        spec = _recorded_spec(client, name.asked)
-        if spec is not None:
+        if name.kind in ("default", "variant"):
+            build_image(name, client=client)
+        elif name.kind == "environment" and (spec := _recorded_spec(client, name)):
             ensure_env_image(spec, client)
-        return spec
+        served = resolve(name, client=client)
+    if served is None:
+        raise SandboxUnavailable(_missing(name))
+    return served
 
 
 def _missing(name: ImageName) -> str:
@@ -169,27 +174,23 @@ def list_images(
             plain = [n for n in names if not _is_pin(n)]
             for name in plain:
                 pins = sum(1 for n in names if _is_pin(n) and n.startswith(f"{name}{PIN}"))
-                found.append(_summary(image, name, pins, current))
+                found.append(_summary(image, ImageName(name), pins, current))
         return sorted(found, key=lambda s: s.name)
 
 
-def image_digest(attrs: dict[str, Any], image_id: str) -> str:
-    """The digest a sandbox of this image reports: its registry digest, else its id."""
-    return str((attrs.get("RepoDigests") or [None])[0] or image_id)
-
-
-def _summary(image: Any, name: str, pins: int, current: dict[str, str]) -> ImageSummary:
+def _summary(image: Any, name: ImageName, pins: int, current: dict[str, str]) -> ImageSummary:
     labels: dict[str, str] = dict(image.labels or {})
     spec = _spec_of(labels)
-    if name == "default" or name in RESERVED:
-        kind = "default" if name == "default" else "variant"
-    else:
-        kind = "environment" if spec is not None else "image"
+    kind: str = name.kind  # or "image": tagged by hand, without a spec
+    if kind == "environment" and name.asked in RESERVED:
+        kind = "variant"  # an egress variant of an older farm
+    elif kind == "environment" and spec is None:
+        kind = "image"
     kernel = labels.get(LABEL_KERNEL_HASH)
     want = current["env" if LABEL_ENV_HASH in labels else "default"]
     return ImageSummary(
-        name=name,
-        tag=sandbox_tag(name),
+        name=name.asked,
+        tag=name.tag,
         image_id=str(image.id),
         digest=image_digest(image.attrs, str(image.id)),
         size_bytes=int(image.attrs.get("Size") or 0),
@@ -219,6 +220,6 @@ def _spec_of(labels: dict[str, str]) -> EnvSpec | None:
         return None  # recorded by another farm version: listed, not rebuilt from
 
 
-def _recorded_spec(client: docker.DockerClient, name: str) -> EnvSpec | None:
-    found = tagged_image(client, sandbox_tag(name))
+def _recorded_spec(client: docker.DockerClient, name: ImageName) -> EnvSpec | None:
+    found = tagged_image(client, name.tag)
     return _spec_of(found[1]) if found is not None else None

@@ -11,7 +11,6 @@ docs/design/docker-sandbox.md.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import random
@@ -28,7 +27,7 @@ from docker.models.containers import Container
 from docker.types import Ulimit
 
 from farm.errors import SandboxStartError
-from farm.image_name import SANDBOX_REPOSITORY
+from farm.image_name import ImageName, ServedImage
 from farm.kernel.wire import auth
 from farm.kernel.wire.client import KernelClient, KernelError
 from farm.models import SandboxHealth, SandboxInfo, frames
@@ -36,8 +35,7 @@ from farm.processes import pid_alive
 from farm.sandbox.base import Sandbox, box_arguments
 from farm.sandbox.bundle import MOUNT as BUNDLE
 from farm.sandbox.bundle import kernel_bundle
-from farm.sandbox.environments import LABEL_ENV_SPEC
-from farm.sandbox.images import LABEL_KERNEL_HASH, own_sandbox_tag
+from farm.sandbox.served import missing, serve
 from farm.settings import BoxSettings, SandboxLimits
 
 log = logging.getLogger(__name__)
@@ -63,7 +61,7 @@ UID_BLOCKS = 4000
 class DockerSandbox(Sandbox):
     def __init__(
         self,
-        image: str | None = None,
+        image: ServedImage | str | None = None,
         *,
         owner: str | None = None,
         limits: SandboxLimits | None = None,
@@ -73,8 +71,10 @@ class DockerSandbox(Sandbox):
         client: docker.DockerClient | None = None,
         ca_bundle: Path | None = None,
     ) -> None:
-        # default: the build of this checkout's kernel (``images.own_sandbox_tag``)
-        self.image = image or own_sandbox_tag()
+        # a resolved image runs as it is; a reference (default: the build of this checkout's
+        # kernel) is resolved at the start (``farm.sandbox.served``)
+        self.served = image if isinstance(image, ServedImage) else None
+        self.image = image.tag if isinstance(image, ServedImage) else image or ""
         self.owner = owner or f"local-{os.getpid()}"
         self.limits = limits or SandboxLimits()
         self.box = box
@@ -90,8 +90,6 @@ class DockerSandbox(Sandbox):
         self.kernel_version: str | None = None
         self.isolation: str | None = None  # the kernel's word, at its first answer
         self.isolation_fallback: str | None = None
-        self._digest: str | None = None  # of the image this container runs (info())
-        self._spec: dict[str, Any] | None = None  # the environment spec it was built from
 
     @property
     def token(self) -> str:
@@ -202,16 +200,15 @@ class DockerSandbox(Sandbox):
     def start(self) -> None:
         try:
             self._prepare_dir()
+            served = self._resolve()
             kwargs = self._run_kwargs(self._uid_base())
-            if LABEL_KERNEL_HASH not in (self.docker.images.get(self.image).labels or {}):
+            if not served.kernel_built_in:
                 self._mount_kernel(kwargs)  # any image with python3: bring the kernel
-            self.container = self.docker.containers.run(self.image, **kwargs)
+            self.container = self.docker.containers.run(served.image_id, **kwargs)
             self._wait_ready()
-        except docker.errors.ImageNotFound as exc:
+        except docker.errors.ImageNotFound as exc:  # removed since it was resolved
             self.stop()
-            ours = self.image.startswith(f"{SANDBOX_REPOSITORY}:")
-            how = "run `farm image build`" if ours else "pull or build it"
-            raise SandboxStartError(f"sandbox image {self.image!r} is missing: {how}") from exc
+            raise missing(self.image) from exc
         except docker.errors.DockerException as exc:
             self.stop()
             raise SandboxStartError(f"docker could not start the sandbox: {exc}") from exc
@@ -233,6 +230,15 @@ class DockerSandbox(Sandbox):
             self.container.short_id,
             self.owner,
         )
+
+    def _resolve(self) -> ServedImage:
+        """The build this sandbox runs: the one it was given, else what its reference names
+        now (once: a sandbox never changes its image)."""
+        if self.served is None:
+            name = ImageName(self.image) if self.image else ImageName()
+            self.served = serve(name, self.image or None, self.docker)
+            self.image = self.served.tag
+        return self.served
 
     def _mount_kernel(self, kwargs: dict[str, Any]) -> None:
         """Run an image without farm's kernel: the kernel bundle read-only at ``/opt/farm``,
@@ -308,25 +314,17 @@ class DockerSandbox(Sandbox):
         return SandboxHealth(ok=False, detail=detail)
 
     def info(self) -> SandboxInfo:
-        """What runs (cheap after the first call: the image of a container never changes, so
-        its digest is looked up once; heartbeats call this every second)."""
-        if self._digest is None:
-            try:
-                image = self.docker.images.get(self.image)
-                self._digest = (image.attrs.get("RepoDigests") or [None])[0] or image.id
-                spec = (image.labels or {}).get(LABEL_ENV_SPEC)
-                self._spec = json.loads(spec) if spec else None
-            except (docker.errors.DockerException, ValueError):
-                pass
-        digest = self._digest
+        """What runs: the build it was resolved to (no Docker call: heartbeats call this every
+        second)."""
+        served = self.served
         return SandboxInfo(
             backend="docker",
             isolated=True,
             address=self.address,
             container_id=self.container.id if self.container else None,
             image=self.image,
-            image_digest=digest,
-            image_spec=self._spec,
+            image_digest=served.digest if served else None,
+            image_spec=served.spec if served else None,
             limits=self.limits.model_dump(),
             kernel_version=self.kernel_version,
             isolation=self.isolation,

@@ -7,9 +7,10 @@ only then, loudly; production settings say ``docker`` and never fall back.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from farm.errors import InvalidRequest
-from farm.image_name import ImageName
+from farm.image_name import ImageName, ServedImage
 from farm.sandbox.base import Sandbox
 from farm.settings import FarmSettings
 
@@ -40,21 +41,15 @@ def resolve_backend(backend: str) -> str:
     return "process"
 
 
-def docker_image(settings: FarmSettings) -> str:
-    """``FARM_SANDBOX_IMAGE``, else the tag ``FARM_IMAGE`` names (``ImageName.tag``); for the
-    default image, the build of this checkout's own kernel when Docker has it
-    (``images.own_sandbox_tag``)."""
-    if settings.sandbox_image:
-        return settings.sandbox_image
-    name = ImageName(settings.image)
-    if name.kind == "default":
-        from farm.sandbox.images import own_sandbox_tag
-
-        return own_sandbox_tag()
-    return name.tag
+def sandboxes(settings: FarmSettings, owner: str) -> Callable[[], Sandbox]:
+    """A worker's sandbox factory (its keeper's). The first sandbox runs the image a local farm
+    prepared for the worker (``FARM_SERVED_IMAGE``), when one did; every other resolves the
+    worker's image when it starts: a replacement runs what the name names then."""
+    handed = [settings.served_image] if settings.served_image else []
+    return lambda: make_sandbox(settings, owner, handed.pop() if handed else None)
 
 
-def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
+def make_sandbox(settings: FarmSettings, owner: str, image: ServedImage | None = None) -> Sandbox:
     backend = resolve_backend(settings.backend)
     if backend == "process":
         from farm.sandbox.process import ProcessSandbox
@@ -66,9 +61,10 @@ def make_sandbox(settings: FarmSettings, owner: str) -> Sandbox:
             extra_args=["--egress-ca", str(ca)] if ca else None,
         )
     from farm.sandbox.docker import DockerSandbox
+    from farm.sandbox.served import serve
 
     return DockerSandbox(
-        docker_image(settings),
+        image or serve(ImageName(settings.image), settings.sandbox_image),
         owner=owner,
         limits=settings.limits,
         box=settings.box,

@@ -31,7 +31,7 @@ from farm.journal import Journal
 from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
 from farm.models import Refused, SandboxHealth
 from farm.registry import Registry
-from farm.sandbox.factory import make_sandbox
+from farm.sandbox.factory import sandboxes
 from farm.sandbox.keeper import SandboxKeeper
 from farm.settings import FarmSettings
 from farm.worker import metrics
@@ -65,7 +65,7 @@ class Worker:
         self.registry = Registry.connect(settings)
         self.journal = Journal(self.registry.redis, settings)
         self.keeper = SandboxKeeper(
-            lambda: make_sandbox(settings, owner=self.id),
+            sandboxes(settings, owner=self.id),
             interval_s=settings.watchdog_interval_s,
             on_lost=self._on_sandbox_lost,
         )

@@ -13,8 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from farm import kernel, models
-from farm.kernel.wire import protocol
-from farm.kernel.wire import auth
+from farm.kernel.wire import auth, protocol
 from farm.kernel.wire.client import KernelClient, KernelProtocolError, KernelRequestError
 from farm.kernel.wire.framing import recv_frame, send_frame
 from farm.models import frames

@@ -99,8 +99,9 @@ class LocalFarm:
         try:
             self._start_redis()
             for image, count in self.images.items():
+                prepared = self._prepare(ImageName.parse(image))
                 for _ in range(count):
-                    self.add_worker(image)
+                    self.add_worker(prepared)
             self.wait_ready()
         except BaseException:
             self.close()
@@ -194,15 +195,19 @@ class LocalFarm:
             if running:
                 self.wait_ready(running[:1])
                 return running[0]
-            if self.backend != "process":
-                from farm.sandbox.catalog import prepare
-
-                log.info("preparing %s for a worker (built if missing or stale)", name.tag)
-                worker_id = self.add_worker(prepare(name))
-            else:
-                worker_id = self.add_worker(name)
+            worker_id = self.add_worker(self._prepare(name))
             self.wait_ready([worker_id])
             return worker_id
+
+    def _prepare(self, name: ImageName) -> ImageName | ServedImage:
+        """``name`` made ready and resolved for workers of the docker backend (``prepare``),
+        for the farm's first workers as for those started on demand."""
+        if self.backend == "process":
+            return name
+        from farm.sandbox.catalog import prepare
+
+        log.info("preparing %s for a worker (built if missing or stale)", name.tag)
+        return prepare(name)
 
     def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> None:
         self.workers[worker_id].send_signal(sig)

@@ -130,6 +130,17 @@ def test_an_environment_runs_numpy_and_node_on_a_worker_started_on_demand(
         assert worker["sandbox"]["image_digest"] == docker_env.images.get(env_image.tag).id
 
 
+def test_a_local_farms_first_workers_are_prepared_like_those_on_demand(
+    docker_env: Any, env_image: EnvSpec
+) -> None:
+    """Workers a local farm starts with (``images={NAME: n}``) get the prepared build and the
+    spec's limits too, not only those it starts for a session."""
+    with Farm.local(images={ENV: 1}) as farm:
+        (worker,) = farm.workers()
+        assert worker["image"] == ENV and worker["sandbox"]["limits"]["memory_mb"] == 768
+        assert worker["sandbox"]["image_digest"] == docker_env.images.get(env_image.tag).id
+
+
 COMPILE_AND_RUN = "gcc -o six six.c && ./six 6"
 C_SOURCE = """#include <stdio.h>
 #include <stdlib.h>

@@ -21,7 +21,7 @@ from farm.sandbox.envspec import (
 )
 from farm.sandbox.images import _build_log
 from farm.sandbox.variants import VARIANTS
-from farm.settings import FarmSettings
+from farm.settings import FarmSettings, SandboxLimits
 
 SPEC_TEXT = """\
 name = "ds"
@@ -189,3 +189,14 @@ def test_a_builds_coloured_stderr_in_pieces_is_read_as_whole_lines() -> None:
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path
+
+
+def test_every_limit_a_spec_accepts_is_one_a_sandbox_accepts() -> None:
+    """A spec's limits become a worker's FARM_SANDBOX_* settings: the smallest value a spec may
+    name must start a worker (else the image builds and its worker refuses to start)."""
+    for name, field in EnvLimits.model_fields.items():
+        bounds = {k: getattr(m, k) for m in field.metadata for k in ("ge", "gt") if hasattr(m, k)}
+        smallest = bounds["ge"] if "ge" in bounds else bounds["gt"] + 0.5
+        limits = EnvLimits(**{name: smallest})
+        SandboxLimits(**{name: smallest})  # raises when the sandbox's floor is higher
+        assert limits.settings_env()

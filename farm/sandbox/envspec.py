@@ -43,7 +43,7 @@ class EnvLimits(BaseModel):
 
     memory_mb: int | None = Field(None, ge=64)
     cpus: float | None = Field(None, gt=0)
-    pids: int | None = Field(None, ge=16)
+    pids: int | None = Field(None, ge=64)  # the sandbox's own floor (SandboxLimits.pids)
     nofile: int | None = Field(None, ge=64)
     fsize_mb: int | None = Field(None, ge=1)
     tmp_mb: int | None = Field(None, ge=1)

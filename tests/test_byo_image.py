@@ -145,5 +145,7 @@ def test_an_environment_from_an_image_whose_python3_is_too_old_is_refused(
 
 
 def test_an_image_that_does_not_exist_fails_fast_saying_so(farm: Farm) -> None:
-    with pytest.raises(SandboxUnavailable, match="no such image"):
+    """Docker has no such image and pulls it first, as ``docker run`` would; no registry here
+    has it (this machine reaches none), which fails at once."""
+    with pytest.raises(SandboxUnavailable, match="no such image and could not pull it"):
         farm.session(image="pytest-byo/never-built:1")

@@ -42,7 +42,7 @@ from farm.sandbox.images import (
     kernel_source_hash,
     tagged_image,
 )
-from farm.sandbox.served import image_digest, resolve
+from farm.sandbox.served import image_digest, resolve_or_pull
 from farm.sandbox.variants import VARIANTS, ensure_variant_image
 
 RESERVED = frozenset({"default", *VARIANTS, *(f"{name}-egress" for name in VARIANTS)})
@@ -126,8 +126,8 @@ def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -
     """Make the image ``image`` names ready for a worker to serve, the one place a local farm
     does so, and resolve it once (``served.resolve``: the tag, build and spec the worker gets):
     ``default`` and the variants are built when missing or stale, a built environment is
-    rebuilt from its recorded spec when the kernel changed, a reference must be in Docker (any
-    image with python3, served as it is).
+    rebuilt from its recorded spec when the kernel changed, a reference is pulled when Docker
+    lacks it (any image with python3, served as it is).
 
     ``SandboxUnavailable`` when there is no such image: farm cannot guess its contents.
     """
@@ -137,7 +137,7 @@ def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -
             build_image(name, client=client)
         elif name.kind == "environment" and (spec := _recorded_spec(client, name)):
             ensure_env_image(spec, client)
-        served = resolve(name, client=client)
+        served = resolve_or_pull(name, client=client)
     if served is None:
         raise SandboxUnavailable(_missing(name))
     return served
@@ -145,7 +145,7 @@ def prepare(image: str | ImageName, client: docker.DockerClient | None = None) -
 
 def _missing(name: ImageName) -> str:
     if name.kind == "reference":
-        how = "Docker has no such image; pull or build it"
+        how = "Docker has no such image and could not pull it; pull or build it"
         return f"no worker serves image {name.asked!r} and {how}"
     return (
         f"no worker serves image {name.asked!r} and there is no image {name.tag}; "

@@ -156,12 +156,11 @@ def try_pull(client: docker.DockerClient, ref: str, timeout_s: float = PULL_TIME
     The SDK's pull has no timeout of its own, so it runs in a daemon thread that is abandoned
     on timeout (the daemon may finish the pull later; that is harmless).
     """
-    repository, _, tag = ref.partition(":")
     outcome: list[BaseException | None] = []
 
     def pull() -> None:
         try:
-            client.images.pull(repository, tag=tag or "latest")
+            client.images.pull(ref)  # the SDK parses registry:port/repo:tag and @digest
             outcome.append(None)
         except BaseException as exc:  # reported to the caller below
             outcome.append(exc)

@@ -10,6 +10,7 @@ docs/design/images.md.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import docker
@@ -18,7 +19,11 @@ import docker.errors
 from farm.errors import SandboxStartError
 from farm.image_name import SANDBOX_REPOSITORY, ImageName, ServedImage
 from farm.sandbox.environments import LABEL_ENV_SPEC
-from farm.sandbox.images import LABEL_KERNEL_HASH, docker_client, own_sandbox_tag
+from farm.sandbox.images import LABEL_KERNEL_HASH, docker_client, own_sandbox_tag, try_pull
+
+logger = logging.getLogger(__name__)
+
+SANDBOX_PULL_TIMEOUT_S = 900.0  # a sandbox image of a few GB from a registry
 
 
 def sandbox_ref(name: ImageName, chosen: str | None = None) -> str:
@@ -56,14 +61,29 @@ def resolve(
     )
 
 
+def resolve_or_pull(
+    name: ImageName, ref: str | None = None, client: docker.DockerClient | None = None
+) -> ServedImage | None:
+    """``resolve``, pulling first an image that is not farm's when Docker has none (a
+    registry's ``FARM_SANDBOX_IMAGE``, a bring-your-own reference), as ``docker run`` would."""
+    ref = ref or sandbox_ref(name)
+    with docker_client(client) as client:
+        served = resolve(name, ref, client)
+        if served is None and not ref.startswith(f"{SANDBOX_REPOSITORY}:"):
+            logger.info("sandbox image %s is not here: pulling it", ref)
+            if try_pull(client, ref, SANDBOX_PULL_TIMEOUT_S):
+                served = resolve(name, ref, client)
+    return served
+
+
 def serve(
     name: ImageName, ref: str | None = None, client: docker.DockerClient | None = None
 ) -> ServedImage:
-    """``resolve``, or ``SandboxStartError`` saying how to get the image when Docker has none."""
+    """``resolve_or_pull``, or ``SandboxStartError`` saying how to get the image."""
     ref = ref or sandbox_ref(name)
-    served = resolve(name, ref, client)
+    served = resolve_or_pull(name, ref, client)
     if served is None:
-        raise missing(ref)
+        raise missing(ref, pulled=not ref.startswith(f"{SANDBOX_REPOSITORY}:"))
     return served
 
 
@@ -72,8 +92,9 @@ def image_digest(attrs: dict[str, Any], image_id: str) -> str:
     return str((attrs.get("RepoDigests") or [None])[0] or image_id)
 
 
-def missing(ref: str) -> SandboxStartError:
-    """What a sandbox says when Docker has no image ``ref``."""
+def missing(ref: str, pulled: bool = False) -> SandboxStartError:
+    """What a sandbox says when Docker has no image ``ref`` (``pulled``: not after a pull)."""
     ours = ref.startswith(f"{SANDBOX_REPOSITORY}:")
     how = "run `farm image build`" if ours else "pull or build it"
-    return SandboxStartError(f"sandbox image {ref!r} is missing: {how}")
+    tried = " and its pull failed" if pulled else ""
+    return SandboxStartError(f"sandbox image {ref!r} is missing{tried}: {how}")

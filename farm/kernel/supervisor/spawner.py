@@ -15,15 +15,16 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from itertools import count
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from ..boxes import leftovers, procs
 from ..boxes.box_protocol import send_request
 from ..boxes.pool import DEFAULT_DISK_MB, Box, BoxPool, Caps
 from ..wire.framing import FrameError, read_frame
 from ..wire.protocol import BoxLimits
+from .coalesce import Coalesce
 from .commands import CommandRun
 from .links import BoxInit, Link, RequestError
 from .process import SessionProcess
@@ -35,48 +36,7 @@ SPAWN_TIMEOUT_S = 10.0
 SPARES = 2  # session processes kept ready for the next opens
 RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
 QUARANTINE_RETRY_S = 5.0  # a box that would not reset is tried again after this, doubling
-COALESCE_S = 0.002  # boxes that end this close together share one look at /proc and the files
 KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
-
-
-K = TypeVar("K")
-A = TypeVar("A")
-R = TypeVar("R")
-
-
-class Coalesce(Generic[K, A, R]):
-    """``await ask(key, arg)``: the answer for ``key`` of one ``work({key: arg, ...})`` call made
-    for every ask within ``COALESCE_S``. For work whose cost is the same for one key as for
-    many (a pass over ``/proc``, a listing of the shared directories): what a box's end costs
-    then no longer grows with the number of boxes that end at once."""
-
-    def __init__(self, work: Callable[[dict[K, A]], dict[K, R]]) -> None:
-        self.work = work
-        self.loop = asyncio.get_running_loop()
-        self.asked: dict[K, A] = {}
-        self.waiting: list[tuple[K, asyncio.Future[R]]] = []
-
-    async def ask(self, key: K, arg: A) -> R:
-        future: asyncio.Future[R] = self.loop.create_future()
-        if not self.waiting:
-            self.loop.call_later(COALESCE_S, self._run)
-        self.asked[key] = arg
-        self.waiting.append((key, future))
-        return await future
-
-    def _run(self) -> None:
-        asked, waiting = self.asked, self.waiting
-        self.asked, self.waiting = {}, []
-        try:
-            answers = self.work(asked)
-        except Exception as exc:  # each asker hears of it, none waits forever
-            for _, future in waiting:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for key, future in waiting:
-            if not future.done():
-                future.set_result(answers[key])
 
 
 class Spawner:

@@ -1,10 +1,11 @@
 """The supervisor's connections to the zygotes: the sandbox's own, and each box's pid 1.
 
 A ``Link`` is one conversation (JSON datagrams, fds for spawned processes; ``zygote.py`` is the
-other side): the requests waiting for their answer, in order, and the processes it started,
-by the pid it reports them by, until it reports their exit. A box's pid 1 knows its processes
-by their pids in the box, so it sends a pidfd with each, from which the supervisor learns the
-pid it signals them by. When a box's pid 1 goes, every process of the box went with it.
+other side): the requests it sent, each waiting for its answer within a deadline, and the
+processes it started, by the pid it reports them by, until it reports their exit. A box's pid 1
+knows its processes by their pids in the box, so it sends a pidfd with each, from which the
+supervisor learns the pid it signals them by. When a box's pid 1 goes, every process of the box
+went with it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,16 @@ import json
 import os
 import signal
 import socket
+from itertools import count
 from typing import Any, Union
 
+from ..boxes.box_protocol import send_request
 from .commands import CommandRun
 from .process import SessionProcess
+
+SPAWN_TIMEOUT_S = 10.0  # a process (or a box) started, a proxy endpoint made
+RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
+request_ids = count(1)  # of the requests answered by id: reset, recycle, listen
 
 # The pid a process that ended before it was known is held by: above the kernel's limit on
 # pids (PID_MAX_LIMIT, 2**22), so no signal to it, its group or its tree reaches anything.
@@ -72,6 +79,7 @@ class Link:
         # once: "spawned" and "exited" arrive in one read), kept for ``register``.
         self.starting: set[int] = set()
         self.early_exits: dict[int, dict[str, Any]] = {}
+        self.loop = asyncio.get_running_loop()
         sock.setblocking(False)
 
     def register(self, key: int, proc: Process) -> None:
@@ -83,6 +91,42 @@ class Link:
         else:
             proc.exit = early
             proc.exited.set()
+
+    async def fork(self, message: dict[str, Any]) -> tuple[int, int, list[int]]:
+        """Ask this zygote to fork (a box, a session process or a command): the pid it reports
+        the process by, its pid here, and its fds."""
+        if not self.alive:
+            raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
+        future: asyncio.Future[tuple[int, int, list[int]]] = self.loop.create_future()
+        self.pending.append(future)
+        try:
+            send_request(self.sock, message)
+        except OSError as exc:  # not sent (its queue is full): no answer will come for it
+            self.pending.remove(future)
+            raise RequestError("unavailable", f"the zygote took no request: {exc}") from None
+        return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+
+    async def reset(self, message: dict[str, Any]) -> bool:
+        """Send a ``reset`` or ``recycle`` (its ``id`` from ``request_ids``) and wait for its
+        ``reset_done``: whether the box is as it should be."""
+        future: asyncio.Future[bool] = self.loop.create_future()
+        self.resets[message["id"]] = future
+        try:
+            send_request(self.sock, message)
+            return await asyncio.wait_for(future, RESET_TIMEOUT_S)
+        finally:
+            self.resets.pop(message["id"], None)
+
+    async def listen(self) -> tuple[int, socket.socket]:
+        """A proxy endpoint made by this box's pid 1: its port and listening socket."""
+        future: asyncio.Future[tuple[int, socket.socket]] = self.loop.create_future()
+        request_id = next(request_ids)
+        self.endpoints[request_id] = future
+        try:
+            send_request(self.sock, {"op": "listen", "id": request_id})
+            return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+        finally:
+            self.endpoints.pop(request_id, None)
 
     def receive(self) -> bool:
         """Handle what arrived; ``False`` once the other side is gone (every waiter then

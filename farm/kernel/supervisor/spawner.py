@@ -16,25 +16,20 @@ import os
 import signal
 import socket
 from collections.abc import Coroutine, Iterator
-from itertools import count
 from typing import Any
 
 from ..boxes import leftovers, procs
-from ..boxes.box_protocol import send_request
 from ..boxes.pool import DEFAULT_DISK_MB, Box, BoxPool, Caps
 from ..wire.framing import FrameError, read_frame
 from ..wire.protocol import BoxLimits
 from .coalesce import Coalesce
 from .commands import CommandRun
-from .links import BoxInit, Link, RequestError
+from .links import RESET_TIMEOUT_S, SPAWN_TIMEOUT_S, BoxInit, Link, RequestError, request_ids
 from .process import SessionProcess
 
 log = logging.getLogger("farm.kernel")
-_ids = count(1)
 
-SPAWN_TIMEOUT_S = 10.0
 SPARES = 2  # session processes kept ready for the next opens
-RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
 QUARANTINE_RETRY_S = 5.0  # a box that would not reset is tried again after this, doubling
 KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
 
@@ -113,7 +108,7 @@ class Spawner:
         return self.making.setdefault(box.number, asyncio.Lock())
 
     async def _make(self, box: Box) -> Link:
-        key, pid, fds = await self._forked({"op": "box", "box": box.describe()}, self.zygote)
+        key, pid, fds = await self.zygote.fork({"op": "box", "box": box.describe()})
         try:
             init = BoxInit(pid)
         except OSError as exc:  # gone already: its connection closes, nothing of it is left
@@ -137,16 +132,10 @@ class Spawner:
                 "boxes (farm doctor says why)",
             )
         link = await self._link(box)
-        future: asyncio.Future[tuple[int, socket.socket]] = self.loop.create_future()
-        request_id = next(_ids)
-        link.endpoints[request_id] = future
         try:
-            send_request(link.sock, {"op": "listen", "id": request_id})
-            return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+            return await link.listen()
         except (asyncio.TimeoutError, OSError) as exc:
             raise RequestError("unavailable", f"no proxy endpoint for the box: {exc!r}") from None
-        finally:
-            link.endpoints.pop(request_id, None)
 
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
         """A new session process in ``box``, once it said it is ready (in its box)."""
@@ -166,7 +155,7 @@ class Spawner:
     async def _spawn(self, box: Box, tools: bool) -> SessionProcess:
         config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
         link = await self._link(box)
-        key, pid, fds = await self._forked({"op": "spawn", "session": config}, link)
+        key, pid, fds = await link.fork({"op": "spawn", "session": config})
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
         link.register(key, proc)
         await proc.attach(self.loop)
@@ -189,25 +178,11 @@ class Spawner:
         message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
         with self._starting(box):  # until its group is known: a reset kills it by its group
             link = await self._link(box)
-            key, pid, fds = await self._forked(message, link)
+            key, pid, fds = await link.fork(message)
             run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
             link.register(key, run)
             self.groups.setdefault(box.number, set()).add(pid)  # its own group (setsid)
         return run
-
-    async def _forked(self, message: dict[str, Any], link: Link) -> tuple[int, int, list[int]]:
-        """Ask a zygote to fork (a box, a session process or a command): the pid it reports
-        the process by, its pid here, and its fds."""
-        if not link.alive:
-            raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
-        future: asyncio.Future[tuple[int, int, list[int]]] = self.loop.create_future()
-        link.pending.append(future)
-        try:
-            send_request(link.sock, message)
-        except OSError as exc:  # not sent (its queue is full): no answer will come for it
-            link.pending.remove(future)
-            raise RequestError("unavailable", f"the zygote took no request: {exc}") from None
-        return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
 
     async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
         """Kill every process of ``box`` (and, with ``remove``, all of the box); ``True``
@@ -240,17 +215,10 @@ class Spawner:
         held = self.boxes.get(box.number)
         if held is None:
             return True
-        link = held[0]
-        future: asyncio.Future[bool] = self.loop.create_future()
-        request_id = next(_ids)
-        link.resets[request_id] = future
         try:
-            send_request(link.sock, {"op": "reset", "id": request_id})
-            return await asyncio.wait_for(future, RESET_TIMEOUT_S)
+            return await held[0].reset({"op": "reset", "id": next(request_ids)})
         except (asyncio.TimeoutError, RequestError, OSError):
             return False
-        finally:
-            link.resets.pop(request_id, None)
 
     async def _recycle(self, box: Box) -> bool:
         """A box's end that keeps its init and namespaces for the number's next box: every
@@ -262,17 +230,11 @@ class Spawner:
                 return True
             link = held[0]
             if link.alive:
-                future: asyncio.Future[bool] = self.loop.create_future()
-                request_id = next(_ids)
-                link.resets[request_id] = future
-                message = {"op": "recycle", "id": request_id, "box": box.describe()}
+                message = {"op": "recycle", "id": next(request_ids), "box": box.describe()}
                 try:
-                    send_request(link.sock, message)
-                    emptied = await asyncio.wait_for(future, RESET_TIMEOUT_S)
+                    emptied = await link.reset(message)
                 except (asyncio.TimeoutError, RequestError, OSError):
                     emptied = False
-                finally:
-                    link.resets.pop(request_id, None)
                 if emptied and link.alive:
                     self.groups.pop(box.number, None)
                     if box.number not in self.kept:
@@ -322,15 +284,11 @@ class Spawner:
         return left == 0
 
     async def _reset_by_helper(self, box: Box, pgid: int | None, *, remove: bool) -> bool:
-        request_id = next(_ids)
-        future: asyncio.Future[bool] = self.loop.create_future()
-        message = {"op": "reset", "id": request_id, "box": box.describe(), "remove": remove}
+        message = {"op": "reset", "id": next(request_ids), "box": box.describe(), "remove": remove}
         try:
             if not self.zygote.alive:
                 raise RequestError("unavailable", "the zygote is gone")
-            self.zygote.resets[request_id] = future
-            send_request(self.zygote.sock, {**message, "pgid": pgid})
-            ok = await asyncio.wait_for(future, RESET_TIMEOUT_S)
+            ok = await self.zygote.reset({**message, "pgid": pgid})
         except (asyncio.TimeoutError, RequestError):
             ok = False
         if not ok:

@@ -135,7 +135,7 @@ class SessionManager:
     async def _endpoint(self, session: Session) -> None:
         """Make the box's proxy endpoint and hand it to the host's proxy; the session keeps
         its own copy, to revoke it when the session ends (``_revoke``)."""
-        port, session.endpoint = await self.spawner.endpoint(session.box)
+        port, session.endpoint = await self.spawner.inits.endpoint(session.box)
         session.box.env = egress.proxy_env(port, self.egress_ca)
         assert self.hand_over is not None
         self.hand_over(session.id, port, session.endpoint)

@@ -1,10 +1,9 @@
-"""``Spawner``: the supervisor's side of the zygotes — boxes, processes in them, resets.
+"""``Spawner``: the supervisor's side of the zygotes — processes in boxes, resets, spares.
 
-The supervisor never forks: it asks the zygote to make boxes and, through each box's pid 1 (the
-zygote itself with ``uids``), to start processes in them, over a ``Link``. ``spawn`` returns
-only once the process is ready; a box's number goes back only once nothing of the box is left;
-``SPARES`` ready processes make opening a session usually cost no fork. Design:
-docs/design/boxes.md.
+The supervisor never forks: it asks each box's pid 1 (``box_inits``; the zygote itself with
+``uids``) to start processes in the box, over a ``Link``. ``spawn`` returns only once the
+process is ready; a box's number goes back only once nothing of the box is left; ``SPARES``
+ready processes make opening a session usually cost no fork. Design: docs/design/boxes.md.
 """
 
 from __future__ import annotations
@@ -19,12 +18,13 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from ..boxes import leftovers, procs
-from ..boxes.pool import DEFAULT_DISK_MB, Box, BoxPool, Caps
+from ..boxes.pool import Box, BoxPool, Caps
 from ..wire.framing import FrameError, read_frame
 from ..wire.protocol import BoxLimits
+from .box_inits import BoxInits
 from .coalesce import Coalesce
 from .commands import CommandRun
-from .links import RESET_TIMEOUT_S, SPAWN_TIMEOUT_S, BoxInit, Link, RequestError, request_ids
+from .links import SPAWN_TIMEOUT_S, Link, RequestError, request_ids
 from .process import SessionProcess
 
 log = logging.getLogger("farm.kernel")
@@ -40,10 +40,8 @@ class Spawner:
         self.pool = pool
         self.caps = caps
         self.tool_limit = tool_limit
-        self.boxes: dict[int, tuple[Link, BoxInit]] = {}  # box number -> its pid 1 (namespaces)
-        self.making: dict[int, asyncio.Lock] = {}  # box number -> held while made or ended
-        self.kept: set[int] = set()  # numbers whose emptied box waits for their next box
         self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
+        self.inits = BoxInits(self.zygote, pool, self.groups)  # boxes with namespaces
         # box number -> processes being started for it, not yet in its uid (or its groups): a
         # reset waits for them, so its kill finds them and no box is given back with one
         self.forking: dict[int, int] = {}
@@ -76,67 +74,6 @@ class Spawner:
             log.error("the zygote exited; no new sessions can start")
             self.zygote_lost.set()
 
-    def _on_box(self, link: Link) -> None:
-        if not link.receive():
-            self.loop.remove_reader(link.sock)
-
-    async def _link(self, box: Box) -> Link:
-        """The connection to ``box``'s pid 1 (``namespaces``), the box made on first use; the
-        zygote's own with other isolation."""
-        if self.pool.isolation != "namespaces":
-            return self.zygote
-        async with self._making(box):  # one box at a time per number
-            held = self.boxes.get(box.number)
-            disk_mb = box.limits.get("disk_mb", DEFAULT_DISK_MB)
-            if held is not None:
-                if held[0].alive and held[1].disk_mb == disk_mb:
-                    self._unkeep(box.number)
-                    return held[0]
-                # its init died under it, or it is kept with a disk of another size: a new box
-                if not await self._end_now(box):
-                    raise RequestError("unavailable", f"box {box.number} did not end")
-            link = await self._make(box)
-            self.boxes[box.number][1].disk_mb = disk_mb
-            return link
-
-    def _unkeep(self, number: int) -> None:
-        if number in self.kept:
-            self.kept.discard(number)
-            self.pool.kept -= 1
-
-    def _making(self, box: Box) -> asyncio.Lock:
-        return self.making.setdefault(box.number, asyncio.Lock())
-
-    async def _make(self, box: Box) -> Link:
-        key, pid, fds = await self.zygote.fork({"op": "box", "box": box.describe()})
-        try:
-            init = BoxInit(pid)
-        except OSError as exc:  # gone already: its connection closes, nothing of it is left
-            for fd in fds:
-                os.close(fd)
-            raise RequestError("unavailable", f"the box's init is gone: {exc}") from None
-        self.zygote.register(key, init)
-        link = Link(socket.socket(fileno=fds[0]), in_box=True)
-        self.boxes[box.number] = (link, init)
-        self.loop.add_reader(link.sock, self._on_box, link)
-        return link
-
-    async def endpoint(self, box: Box) -> tuple[int, socket.socket]:
-        """``box``'s proxy endpoint, made by its pid 1 in its network namespace: the port and
-        the listening socket (``egress.py``). Boxes without a network of their own have none:
-        a port on a shared loopback would be every box's way out."""
-        if self.pool.isolation != "namespaces":
-            raise RequestError(
-                "bad_request",
-                f"egress needs boxes with namespaces; this sandbox has {self.pool.isolation} "
-                "boxes (farm doctor says why)",
-            )
-        link = await self._link(box)
-        try:
-            return await link.listen()
-        except (asyncio.TimeoutError, OSError) as exc:
-            raise RequestError("unavailable", f"no proxy endpoint for the box: {exc!r}") from None
-
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
         """A new session process in ``box``, once it said it is ready (in its box)."""
         with self._starting(box):
@@ -154,7 +91,7 @@ class Spawner:
 
     async def _spawn(self, box: Box, tools: bool) -> SessionProcess:
         config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
-        link = await self._link(box)
+        link = await self.inits.link(box)
         key, pid, fds = await link.fork({"op": "spawn", "session": config})
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
         link.register(key, proc)
@@ -177,7 +114,7 @@ class Spawner:
         fields = ("argv", "cwd", "env", "stdin_path", "judge")
         message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
         with self._starting(box):  # until its group is known: a reset kills it by its group
-            link = await self._link(box)
+            link = await self.inits.link(box)
             key, pid, fds = await link.fork(message)
             run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
             link.register(key, run)
@@ -196,7 +133,7 @@ class Spawner:
         while self.forking.get(box.number) and self.loop.time() < deadline:
             await asyncio.sleep(0.002)  # a process entering the box: poll of a deadline
         if self.pool.isolation == "namespaces":
-            return await (self._recycle(box) if remove else self._empty(box))
+            return await (self.inits.recycle(box) if remove else self.inits.empty(box))
         killed = await self._kill(box, proc)
         if killed and not remove:
             return True
@@ -209,61 +146,6 @@ class Spawner:
             except OSError:
                 pass  # something appeared after all: the helper removes it
         return await self._reset_by_helper(box, proc.pid if proc else None, remove=remove)
-
-    async def _empty(self, box: Box) -> bool:
-        """Every process of the box but its pid 1 gone (reaped); its files stay."""
-        held = self.boxes.get(box.number)
-        if held is None:
-            return True
-        try:
-            return await held[0].reset({"op": "reset", "id": next(request_ids)})
-        except (asyncio.TimeoutError, RequestError, OSError):
-            return False
-
-    async def _recycle(self, box: Box) -> bool:
-        """A box's end that keeps its init and namespaces for the number's next box: every
-        process killed and what the box left removed by its init (``namespaces.empty_box``).
-        A box that cannot be emptied so is ended instead (``_end_now``)."""
-        async with self._making(box):
-            held = self.boxes.get(box.number)
-            if held is None:
-                return True
-            link = held[0]
-            if link.alive:
-                message = {"op": "recycle", "id": next(request_ids), "box": box.describe()}
-                try:
-                    emptied = await link.reset(message)
-                except (asyncio.TimeoutError, RequestError, OSError):
-                    emptied = False
-                if emptied and link.alive:
-                    self.groups.pop(box.number, None)
-                    if box.number not in self.kept:
-                        self.kept.add(box.number)
-                        self.pool.kept += 1
-                    return True
-            return await self._end_now(box)
-
-    async def _end_now(self, box: Box) -> bool:
-        """The box's pid 1 killed and reaped (the caller holds the number's lock): the kernel
-        has then ended every process of its pid namespace, and its mounts went with its mount
-        namespace."""
-        self._unkeep(box.number)
-        held = self.boxes.pop(box.number, None)
-        self.groups.pop(box.number, None)
-        if held is None:
-            return True
-        link, init = held
-        init.kill()
-        self.loop.remove_reader(link.sock)
-        link.close()
-        try:
-            await asyncio.wait_for(init.exited.wait(), RESET_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            self.boxes[box.number] = held  # tried again (``_retry``) until it has ended
-            log.error("box %d did not end in %.0f s; it is not reused", box.number, RESET_TIMEOUT_S)
-            return False
-        init.close()
-        return True
 
     async def _kill(self, box: Box, proc: SessionProcess | None) -> bool:
         """Every process of the box gone (reaped) within ``KILL_S``; ``False``: not yet. The

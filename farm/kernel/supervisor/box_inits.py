@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 
+from ..boxes.box_protocol import Recycle
 from ..boxes.pool import DEFAULT_DISK_MB, Box, BoxPool
 from .links import RESET_TIMEOUT_S, BoxInit, Link, RequestError, request_ids
 
@@ -87,7 +88,7 @@ class BoxInits:
                 return True
             link = held[0]
             if link.alive:
-                message = {"op": "recycle", "id": next(request_ids), "box": box.describe()}
+                message: Recycle = {"op": "recycle", "id": next(request_ids), "box": box.describe()}
                 try:
                     emptied = await link.reset(message)
                 except (asyncio.TimeoutError, RequestError, OSError):

@@ -295,7 +295,7 @@ class SessionManager:
                 await proc.writer.drain()
             except (ConnectionError, OSError):  # it died before its exit was reported
                 await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
-                proc.exit = proc.exit or {"code": None}
+                proc.exit = proc.exit or {"op": "exited", "pid": proc.pid, "code": None}
                 proc.events = None
         if proc.exit is not None:
             death = proc.describe_exit()

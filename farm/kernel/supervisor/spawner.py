@@ -18,6 +18,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from ..boxes import leftovers, procs
+from ..boxes.box_protocol import BoxInfo, Reset, SessionConfig, StartCommand
 from ..boxes.pool import Box, BoxPool, Caps
 from ..wire.framing import FrameError, read_frame
 from ..wire.protocol import BoxLimits
@@ -53,7 +54,7 @@ class Spawner:
         # Boxes end in bursts (a chunk's items end together): one look at /proc, and one search
         # of the shared directories, serves every box that ends within a few milliseconds.
         self.kills: Coalesce[int, None, int] = Coalesce(procs.kill_uids)
-        self.checks: Coalesce[int, dict[str, Any], bool] = Coalesce(
+        self.checks: Coalesce[int, BoxInfo, bool] = Coalesce(
             lambda boxes: dict(
                 zip(boxes, leftovers.nothing_left_all(list(boxes.values()), pool.isolation))
             )
@@ -90,7 +91,11 @@ class Spawner:
                 del self.forking[box.number]
 
     async def _spawn(self, box: Box, tools: bool) -> SessionProcess:
-        config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
+        config: SessionConfig = {
+            "tools": tools,
+            "tool_limit": self.tool_limit,
+            "box": box.describe(),
+        }
         link = await self.inits.link(box)
         key, pid, fds = await link.fork({"op": "spawn", "session": config})
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
@@ -111,8 +116,15 @@ class Spawner:
 
     async def command(self, box: Box, request: dict[str, Any], cap: int) -> CommandRun:
         """Start a command in ``box`` (``commands.py``); it runs as soon as this returns."""
-        fields = ("argv", "cwd", "env", "stdin_path", "judge")
-        message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
+        message: StartCommand = {
+            "op": "command",
+            "box": box.describe(),
+            "argv": request["argv"],
+            "cwd": request.get("cwd"),
+            "env": request.get("env"),
+            "stdin_path": request.get("stdin_path"),
+            "judge": request.get("judge"),
+        }
         with self._starting(box):  # until its group is known: a reset kills it by its group
             link = await self.inits.link(box)
             key, pid, fds = await link.fork(message)
@@ -166,11 +178,17 @@ class Spawner:
         return left == 0
 
     async def _reset_by_helper(self, box: Box, pgid: int | None, *, remove: bool) -> bool:
-        message = {"op": "reset", "id": next(request_ids), "box": box.describe(), "remove": remove}
+        message: Reset = {
+            "op": "reset",
+            "id": next(request_ids),
+            "box": box.describe(),
+            "remove": remove,
+            "pgid": pgid,
+        }
         try:
             if not self.zygote.alive:
                 raise RequestError("unavailable", "the zygote is gone")
-            ok = await self.zygote.reset({**message, "pgid": pgid})
+            ok = await self.zygote.reset(message)
         except (asyncio.TimeoutError, RequestError):
             ok = False
         if not ok:

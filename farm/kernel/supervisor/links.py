@@ -17,7 +17,7 @@ import os
 import signal
 import socket
 from itertools import count
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 from ..boxes.box_protocol import (
     Exited,
@@ -38,6 +38,7 @@ from .process import SessionProcess
 SPAWN_TIMEOUT_S = 10.0  # a process (or a box) started, a proxy endpoint made
 RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
 request_ids = count(1)  # of the requests answered by id: reset, recycle, listen
+T = TypeVar("T")
 
 # The pid a process that ended before it was known is held by: above the kernel's limit on
 # pids (PID_MAX_LIMIT, 2**22), so no signal to it, its group or its tree reaches anything.
@@ -121,24 +122,24 @@ class Link:
     async def reset(self, request: Reset | Recycle) -> bool:
         """Send a ``reset`` or ``recycle`` (its ``id`` from ``request_ids``) and wait for its
         ``reset_done``: whether the box is as it should be."""
-        future: asyncio.Future[bool] = self.loop.create_future()
-        self.resets[request["id"]] = future
-        try:
-            send_request(self.sock, request)
-            return await asyncio.wait_for(future, RESET_TIMEOUT_S)
-        finally:
-            self.resets.pop(request["id"], None)
+        return await self._answer(request, self.resets, RESET_TIMEOUT_S)
 
     async def listen(self) -> tuple[int, socket.socket]:
         """A proxy endpoint made by this box's pid 1: its port and listening socket."""
-        future: asyncio.Future[tuple[int, socket.socket]] = self.loop.create_future()
         request: Listen = {"op": "listen", "id": next(request_ids)}
-        self.endpoints[request["id"]] = future
+        return await self._answer(request, self.endpoints, SPAWN_TIMEOUT_S)
+
+    async def _answer(
+        self, request: Reset | Recycle | Listen, by_id: dict[int, asyncio.Future[T]], wait_s: float
+    ) -> T:
+        """Send ``request`` and wait for the answer ``receive`` gives its id in ``by_id``."""
+        future: asyncio.Future[T] = self.loop.create_future()
+        by_id[request["id"]] = future
         try:
             send_request(self.sock, request)
-            return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+            return await asyncio.wait_for(future, wait_s)
         finally:
-            self.endpoints.pop(request["id"], None)
+            by_id.pop(request["id"], None)
 
     def receive(self) -> bool:
         """Handle what arrived; ``False`` once the other side is gone (every waiter then

@@ -2,7 +2,7 @@
 imports nothing of farm's outside this package). Grouped by the process that runs the code,
 imports running one way, down this list (``tests/test_layering.py``):
 
-- ``supervisor/``  the kernel's main process: server, requests, sessions, boxes' spawner, judges
+- ``supervisor/``  the kernel's main process: server, requests, sessions, items, spawner, judges
 - ``boxes/``       the zygote, each box's init, a command's keeper, a judge's runner
 - ``repl/``        a session process: its loop, cells, values
 - ``tools/``       what a session's code calls: files, patches, documents, the browser

@@ -3,11 +3,11 @@
 - supervisor <-> session process (``SESSION_FRAMES``, on the session's control socket): the
   session's ``ready``, then ``cell`` in, ``cell_done`` out, and on the way ``display`` (acked
   with ``ack``), ``call`` (answered with ``answer``) and ``file`` (``file_done``);
-- supervisor <-> zygote (and each box's pid 1, a zygote too): JSON datagrams
-  (``ZygoteRequest``, ``ZygoteReport``), sent and read here (``send_request``, ``read_request``).
+- supervisor <-> zygote (and each box's pid 1, a zygote too): JSON datagrams, a request per
+  ``op`` (``ZygoteRequest``) and a report per ``op`` (``ZygoteReport``), sent and read here.
 
 The host never sees them, so no pydantic model mirrors them; the frames the host does see are
-in ``farm.kernel.protocol``.
+in ``wire.protocol``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,17 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, Union
 
-from ..wire.protocol import BoxLimits, CallError, CellError, FileError, FileRequest, ValueBundle
+from ..wire.protocol import (
+    BoxLimits,
+    CallError,
+    CellError,
+    FileError,
+    FileRequest,
+    JudgeSpec,
+    ValueBundle,
+)
 
 # --- supervisor <-> session process -----------------------------------------------------------
 
@@ -101,7 +109,7 @@ SESSION_FRAMES: dict[str, type] = {
 
 
 class BoxInfo(TypedDict):
-    """A box as the zygote's children need it (``boxes.Box``)."""
+    """A box as the zygote's children need it (``pool.Box.describe``)."""
 
     number: int
     uid: int
@@ -109,6 +117,7 @@ class BoxInfo(TypedDict):
     workspace: str
     tmp: str
     limits: BoxLimits
+    env: dict[str, str]  # variables of its own for its processes (its proxy's, with egress)
 
 
 class SessionConfig(TypedDict):
@@ -119,49 +128,146 @@ class SessionConfig(TypedDict):
     box: BoxInfo
 
 
-class _ZygoteRequestRequired(TypedDict):
-    op: Literal["box", "spawn", "command", "reset"]
+class MakeBox(TypedDict):
+    """To the sandbox's zygote (``namespaces``): make a box; ``spawned`` says its pid 1."""
 
-
-class ZygoteRequest(_ZygoteRequestRequired, total=False):
-    """``box`` (make one: ``box``), ``spawn`` (``session``), ``command`` (``box``, argv...) or
-    ``reset`` (``id``; to the zygote with uid boxes also ``box``, ``remove``: its files too,
-    ``pgid``)."""
-
-    session: SessionConfig
+    op: Literal["box"]
     box: BoxInfo
+
+
+class Spawn(TypedDict):
+    """Start a session process; ``spawned`` carries its control socket and output pipes."""
+
+    op: Literal["spawn"]
+    session: SessionConfig
+
+
+class StartCommand(TypedDict):
+    """Start a command under its keeper, or with ``judge`` a judge's runner; ``spawned``
+    carries its stdin and output pipes."""
+
+    op: Literal["command"]
+    box: BoxInfo
+    argv: list[str]
+    cwd: str | None
+    env: dict[str, str] | None
+    stdin_path: str | None
+    judge: JudgeSpec | None
+
+
+class _ResetRequired(TypedDict):
+    op: Literal["reset"]
     id: int
+
+
+class Reset(_ResetRequired, total=False):
+    """Kill every process of a box; ``reset_done`` answers. To a box's pid 1 nothing more; to
+    the zygote with uid boxes the ``box``, whether to ``remove`` its files, and the session
+    process's ``pgid`` (a helper does it, as the box's uid)."""
+
+    box: BoxInfo
     remove: bool
     pgid: int | None
 
 
-class _ZygoteReportRequired(TypedDict):
-    op: Literal["spawned", "exited", "reset_done"]
+class Recycle(TypedDict):
+    """To a box's pid 1 as the box ends: empty it for its number's next box (``reset_done``)."""
+
+    op: Literal["recycle"]
+    id: int
+    box: BoxInfo
 
 
-class ZygoteReport(_ZygoteReportRequired, total=False):
-    """``spawned`` (its fds travel with it), ``exited`` (``code`` or ``signal``) or
-    ``reset_done`` (``id``, ``ok``)."""
+class Listen(TypedDict):
+    """To a box's pid 1: a proxy endpoint in the box's network (``listening``)."""
 
+    op: Literal["listen"]
+    id: int
+
+
+ZygoteRequest = Union[MakeBox, Spawn, StartCommand, Reset, Recycle, Listen]
+
+
+class _SpawnedRequired(TypedDict):
+    op: Literal["spawned"]
+    pid: int  # -1: nothing was started (``error`` says why)
+
+
+class Spawned(_SpawnedRequired, total=False):
+    """A process started (its fds travel with it; from a box's pid 1, its pidfd last)."""
+
+    error: str
+
+
+class _ExitedRequired(TypedDict):
+    op: Literal["exited"]
     pid: int
+
+
+class Exited(_ExitedRequired, total=False):
+    """A child reaped: its exit ``code`` (``None``: not known), or the ``signal`` that
+    killed it."""
+
     code: int | None
     signal: int
+
+
+class ResetDone(TypedDict):
+    """The answer to a ``reset`` or ``recycle``: whether the box is as it should be."""
+
+    op: Literal["reset_done"]
     id: int
     ok: bool
 
 
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    socket.send_fds(sock, [json.dumps(message).encode()], fds or [])
+class _ListeningRequired(TypedDict):
+    op: Literal["listening"]
+    id: int
+
+
+class Listening(_ListeningRequired, total=False):
+    """A box's proxy endpoint (its listening socket travels with it), or why there is none."""
+
+    port: int
+    error: str
+
+
+ZygoteReport = Union[Spawned, Exited, ResetDone, Listening]
+
+
+class _InFd(TypedDict):
+    """The datagram that stands for a request too large for one: the request is in its fd."""
+
+    op: str
+    in_fd: Literal[True]
+
+
+class UnreadableRequest(Exception):
+    """A datagram the zygote cannot read (the supervisor never sends one)."""
+
+
+def refusal(request: ZygoteRequest, why: str) -> ZygoteReport:
+    """The report that answers ``request`` when it could start nothing (a fork refused)."""
+    if request["op"] == "reset" or request["op"] == "recycle":
+        return {"op": "reset_done", "id": request["id"], "ok": False}
+    if request["op"] == "listen":
+        return {"op": "listening", "id": request["id"], "error": why}
+    return {"op": "spawned", "pid": -1, "error": why}
+
+
+def send(sock: socket.socket, report: ZygoteReport, fds: list[int] | None = None) -> None:
+    """The zygote's side: one report, with the fds it carries."""
+    socket.send_fds(sock, [json.dumps(report).encode()], fds or [])
 
 
 INLINE_MAX = 32 * 1024  # a request larger than this travels in a memfd (argv, env of a command)
 _RECV_MAX = 64 * 1024
 
 
-def send_request(sock: socket.socket, message: dict[str, Any]) -> None:
+def send_request(sock: socket.socket, request: ZygoteRequest) -> None:
     """The supervisor's side: one datagram, or, for a request too large for one (a command's
     argv or env may be megabytes), a small datagram carrying a memfd that holds it."""
-    data = json.dumps(message).encode()
+    data = json.dumps(request).encode()
     if len(data) <= INLINE_MAX:
         sock.send(data)
         return
@@ -170,20 +276,22 @@ def send_request(sock: socket.socket, message: dict[str, Any]) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        socket.send_fds(sock, [json.dumps({"op": message["op"], "in_fd": True}).encode()], [fd])
+        in_fd: _InFd = {"op": request["op"], "in_fd": True}
+        socket.send_fds(sock, [json.dumps(in_fd).encode()], [fd])
     finally:
         os.close(fd)
 
 
-def read_request(sock: socket.socket) -> dict[str, Any] | None:
-    """The zygote's side: the next request, ``{}`` for one it cannot read (the supervisor
-    never sends those; the zygote must never die of one), ``None`` at the supervisor's end."""
+def read_request(sock: socket.socket) -> ZygoteRequest | None:
+    """The zygote's side: the next request, ``None`` at the supervisor's end; one it cannot
+    read raises ``UnreadableRequest`` (the supervisor never sends those; the zygote must never
+    die of one)."""
     data, fds, flags, _ = socket.recv_fds(sock, _RECV_MAX, 1)
     if not data and not fds:
         return None
     try:
         if flags & socket.MSG_TRUNC:
-            return {}
+            raise UnreadableRequest("a datagram too large")
         message = json.loads(data)
         if message.get("in_fd") and fds:
             os.lseek(fds[0], 0, os.SEEK_SET)
@@ -194,9 +302,12 @@ def read_request(sock: socket.socket) -> dict[str, Any] | None:
                     break
                 chunks.append(chunk)
             message = json.loads(b"".join(chunks))
-        return message if isinstance(message, dict) else {}
-    except (ValueError, OSError):
-        return {}
+        request: ZygoteRequest = message  # the supervisor's, its only peer
+        if isinstance(message, dict):
+            return request
+        raise UnreadableRequest("not a JSON object")
+    except (ValueError, OSError) as exc:
+        raise UnreadableRequest(str(exc)) from None
     finally:
         for fd in fds:
             os.close(fd)

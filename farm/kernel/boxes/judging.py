@@ -18,7 +18,9 @@ import stat
 from typing import Any
 
 from ..judge import checkers, languages
+from ..wire.protocol import JudgeSpec, JudgeTest
 from . import testrun
+from .box_protocol import BoxInfo
 
 BUILD_DIR = ".judge"
 COMPILE_FILE_BYTES = 512 << 20  # RLIMIT_FSIZE of a compile: a linker writes the binary
@@ -34,7 +36,7 @@ def outcome(verdict: str, message: str = "", **fields: Any) -> dict[str, Any]:
     return result
 
 
-def judge(spec: dict[str, Any], box: dict[str, Any], isolation: str) -> dict[str, Any]:
+def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> dict[str, Any]:
     """Judge ``spec`` (``protocol.JudgeSpec``) in ``box``: the outcome to send back."""
     table = languages.load()
     language = table.get(spec["language"])
@@ -78,7 +80,7 @@ def judge(spec: dict[str, Any], box: dict[str, Any], isolation: str) -> dict[str
 
 
 def _compile(
-    spec: dict[str, Any], language: dict[str, Any], box: dict[str, Any], isolation: str, build: str
+    spec: JudgeSpec, language: dict[str, Any], box: BoxInfo, isolation: str, build: str
 ) -> tuple[dict[str, Any], dict[str, str] | None]:
     """Write the source (and a cached build) with the box's rights, compile unless cached:
     what the compile did, and its artifact (the build's files, for the worker's cache) when
@@ -162,10 +164,10 @@ def _artifact(build: str, source_name: str) -> dict[str, str] | None:
 
 def _test(
     index: int,
-    test: dict[str, Any],
-    spec: dict[str, Any],
+    test: JudgeTest,
+    spec: JudgeSpec,
     argv: list[str],
-    box: dict[str, Any],
+    box: BoxInfo,
     isolation: str,
     limits: testrun.Limits,
 ) -> dict[str, Any]:
@@ -228,12 +230,12 @@ def _verdict(done: testrun.Measured, limits: testrun.Limits) -> tuple[str, str]:
     return "AC", ""
 
 
-def serve(request: dict[str, Any], isolation: str) -> int:
+def serve(spec: JudgeSpec, box: BoxInfo, isolation: str) -> int:
     """In the runner process (root, in the box, stdout a pipe to the supervisor): judge, write
     the outcome as one JSON object, and return the exit code."""
     os.umask(0o077)
     try:
-        result = judge(request["judge"], request["box"], isolation)
+        result = judge(spec, box, isolation)
     except Exception as exc:  # a failure of farm's own: IE, which the host retries
         result = outcome("IE", f"the judge's runner failed: {exc!r}")
     data = json.dumps(result).encode()

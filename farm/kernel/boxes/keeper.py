@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Any, NoReturn
+from typing import NoReturn
 
+from .box_protocol import StartCommand
 from .uids import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
 
-def exec_in_box(request: dict[str, Any]) -> None:
+def exec_in_box(request: StartCommand) -> None:
     """In the zygote's child, already in the box: become the command's keeper and start the
     command below it (returns only in the command's process, when the command could not be
     run, having written why to stderr; the caller exits with ``os._exit(code)``)."""
@@ -52,7 +53,7 @@ def _keep(command: int) -> NoReturn:
     os._exit(os.waitstatus_to_exitcode(status))
 
 
-def _become(request: dict[str, Any]) -> None:
+def _become(request: StartCommand) -> None:
     """Become the command: stdin, cwd, env, ``execve`` (returns only on failure)."""
     argv: list[str] = request["argv"]
     staged = request.get("stdin_path")

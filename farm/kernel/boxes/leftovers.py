@@ -15,6 +15,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
+from .box_protocol import BoxInfo
 from .uids import acting_as, libc
 
 IPC_RMID = 0
@@ -25,14 +26,14 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SYSVIPC = {"shm": ("shmctl", 7), "msg": ("msgctl", 7), "sem": ("semctl", 4)}  # table: uid column
 
 
-def box_roots(box: dict[str, Any]) -> tuple[str, ...]:
+def box_roots(box: BoxInfo) -> tuple[str, ...]:
     """Where a box may have left files: the shared directories and the roots of the boxes'
     workspaces and temporary directories (another box may have opened its own to others)."""
     roots = [*SHARED_DIRS, os.path.dirname(box["workspace"]), os.path.dirname(box["tmp"])]
     return tuple(dict.fromkeys(roots))
 
 
-def nothing_left(box: dict[str, Any], isolation: str, roots: Iterable[str] | None = None) -> bool:
+def nothing_left(box: BoxInfo, isolation: str, roots: Iterable[str] | None = None) -> bool:
     """Whether a box whose processes are all gone left nothing to remove but its two empty
     directories (which root may remove itself): the common case, which needs no helper. Its
     cost is bounded (``FAST_SEARCH_MAX``): "don't know" is ``False``, and a helper looks."""
@@ -40,7 +41,7 @@ def nothing_left(box: dict[str, Any], isolation: str, roots: Iterable[str] | Non
 
 
 def nothing_left_all(
-    boxes: list[dict[str, Any]], isolation: str, roots: Iterable[str] | None = None
+    boxes: list[BoxInfo], isolation: str, roots: Iterable[str] | None = None
 ) -> list[bool]:
     """``nothing_left`` for each of ``boxes``, with one search of the shared directories and
     one read of the IPC tables for all of them: boxes end in bursts (a chunk's items end
@@ -65,7 +66,7 @@ def nothing_left_all(
     return clean
 
 
-def _own_dirs_empty(box: dict[str, Any]) -> bool:
+def _own_dirs_empty(box: BoxInfo) -> bool:
     for path in (box["workspace"], box["tmp"]):
         try:
             if os.listdir(path):  # the box's own uid, or dirs isolation

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..wire.protocol import BoxLimits
+from .box_protocol import BoxInfo
 
 Isolation = Literal["namespaces", "uids", "dirs"]
 MB = 1024 * 1024
@@ -141,7 +142,7 @@ class Box:
     limits: BoxLimits = field(default_factory=dict)  # type: ignore[assignment]
     env: dict[str, str] = field(default_factory=dict)  # for its processes (its proxy's, say)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> BoxInfo:
         """The box as the zygote's children need it (a JSON datagram field)."""
         return {
             "number": self.number,
@@ -149,7 +150,7 @@ class Box:
             "gid": self.gid,
             "workspace": self.workspace,
             "tmp": self.tmp,
-            "limits": dict(self.limits),
+            "limits": self.limits.copy(),
             "env": dict(self.env),
         }
 

@@ -16,9 +16,10 @@ import select
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from . import uids
+from .box_protocol import BoxInfo
 from .trees import kill_tree, tree
 
 POLL_S = 0.005
@@ -51,7 +52,7 @@ class Measured:
     output_bytes: int
 
 
-def confine(box: dict[str, Any], limits: Limits) -> None:
+def confine(box: BoxInfo, limits: Limits) -> None:
     """Lower the runner's own limits to a test's, for good (it has no ``CAP_SYS_RESOURCE``
     to raise them again: neither can the tests it starts), and its priority to a box's; and
     ``no_new_privs``, so that no test gains privileges from a set-uid program. The runner
@@ -59,7 +60,11 @@ def confine(box: dict[str, Any], limits: Limits) -> None:
     _limit(resource.RLIMIT_STACK, limits.stack_bytes, limits.stack_bytes)
     _limit(resource.RLIMIT_FSIZE, limits.output_bytes, limits.output_bytes)
     _limit(resource.RLIMIT_CORE, 0, 0)
-    for name, which in (("nofile", resource.RLIMIT_NOFILE), ("pids", resource.RLIMIT_NPROC)):
+    box_rlimits: dict[Literal["nofile", "pids"], int] = {
+        "nofile": resource.RLIMIT_NOFILE,
+        "pids": resource.RLIMIT_NPROC,
+    }
+    for name, which in box_rlimits.items():
         value = box["limits"].get(name)
         if value and (name != "pids" or box.get("uid") is not None):
             _limit(which, value, value)
@@ -67,7 +72,7 @@ def confine(box: dict[str, Any], limits: Limits) -> None:
     uids.prctl(uids.PR_SET_NO_NEW_PRIVS, 1)
 
 
-def as_box(box: dict[str, Any], isolation: str) -> contextlib.AbstractContextManager[None]:
+def as_box(box: BoxInfo, isolation: str) -> contextlib.AbstractContextManager[None]:
     """For a block: this process reaches files with the box's rights (root here has no
     ``CAP_DAC_OVERRIDE``, and must not follow what the box planted as if it had)."""
     if isolation == "dirs":
@@ -77,7 +82,7 @@ def as_box(box: dict[str, Any], isolation: str) -> contextlib.AbstractContextMan
 
 def spawn(
     argv: list[str],
-    box: dict[str, Any],
+    box: BoxInfo,
     isolation: str,
     *,
     stdin_fd: int | None,
@@ -190,7 +195,7 @@ def read_all(fd: int, limit: int) -> tuple[bytes, int]:
 
 def run(
     argv: list[str],
-    box: dict[str, Any],
+    box: BoxInfo,
     isolation: str,
     limits: Limits,
     *,

@@ -16,9 +16,10 @@ import signal
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any
 
+from ..wire.protocol import BoxLimits
 from . import procs
+from .box_protocol import BoxInfo
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -45,7 +46,7 @@ def _last_cap() -> int:
         return 63
 
 
-def prepare(box: dict[str, Any], isolation: str) -> None:
+def prepare(box: BoxInfo, isolation: str) -> None:
     """Make the box's private directories (as root: mode 0700, owned by its uid); directories
     that exist already (a replaced process of a live box) are kept with what they hold."""
     if isolation == "namespaces":  # its own disk, made with the box (``namespaces``)
@@ -77,7 +78,7 @@ def become(uid: int, gid: int) -> None:
     prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
-def set_limits(limits: dict[str, int], *, per_uid: bool) -> None:
+def set_limits(limits: BoxLimits, *, per_uid: bool) -> None:
     """The box's rlimits; ``pids`` (RLIMIT_NPROC counts every process and thread of a uid)
     only where the box has a uid of its own."""
     mb = 1024 * 1024
@@ -93,7 +94,7 @@ def set_limits(limits: dict[str, int], *, per_uid: bool) -> None:
             resource.setrlimit(limit, (value, value))
 
 
-def enter(box: dict[str, Any], isolation: str) -> None:
+def enter(box: BoxInfo, isolation: str) -> None:
     """Turn this freshly forked process into the box's: limits, identity, directories, env,
     and a lower CPU priority than the kernel's (``BOX_NICE``: boxes that spin, a fork bomb's
     sixty processes, still leave the supervisor the CPU to answer; no box can raise it back)."""
@@ -109,7 +110,7 @@ def enter(box: dict[str, Any], isolation: str) -> None:
     tempfile.tempdir = None  # the zygote may have cached the shared /tmp
 
 
-def box_env(box: dict[str, Any]) -> dict[str, str]:
+def box_env(box: BoxInfo) -> dict[str, str]:
     """The variables that make a process's home, temporary files and caches its box's, and
     the box's own (``Box.env``)."""
     name = f"box-{box['number']}"

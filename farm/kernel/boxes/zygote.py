@@ -18,10 +18,11 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from ..repl import session
-from . import egress, judging, keeper, leftovers, namespaces, seccomp, uids
+from . import box_protocol, egress, judging, keeper, leftovers, namespaces, seccomp, uids
 from .box_protocol import read_request
 from .box_protocol import send as _send
 from .pool import DEFAULT_DISK_MB
@@ -44,10 +45,11 @@ def _close_other_fds(keep: set[int]) -> None:
 
 
 def _session_child(
-    ctl: socket.socket, out_w: int, err_w: int, config: dict[str, Any], isolation: str
+    ctl: socket.socket, out_w: int, err_w: int, request: box_protocol.Spawn, isolation: str
 ) -> NoReturn:
     code = 0
     try:
+        config = request["session"]
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -70,7 +72,7 @@ def _session_child(
 
 
 def _command_child(
-    request: dict[str, Any], stdin: int, out_w: int, err_w: int, isolation: str
+    request: box_protocol.StartCommand, stdin: int, out_w: int, err_w: int, isolation: str
 ) -> NoReturn:
     """Become the command: stdin is the pipe the supervisor feeds, or a staged file of the box
     opened *as the box* (so it can name only what the box may read)."""
@@ -85,9 +87,9 @@ def _command_child(
             signal.signal(sig, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
         _filter(isolation)  # before the box's uid: never a moment without it
-        if request.get("judge") is not None:  # the judge's runner: root in the box (judging)
+        if (judge := request.get("judge")) is not None:  # the judge's runner: root in the box
             prctl(PR_SET_CHILD_SUBREAPER, 1)
-            code = judging.serve(request, isolation)
+            code = judging.serve(judge, request["box"], isolation)
         else:
             uids.enter(request["box"], isolation)
             keeper.exec_in_box(request)  # returns only when the command could not be run
@@ -122,7 +124,7 @@ def _fork(run: Any) -> int:
     return pid
 
 
-def _reset(box: dict[str, Any], isolation: str, pgid: int | None, remove: bool) -> bool:
+def _reset(box: box_protocol.BoxInfo, isolation: str, pgid: int | None, remove: bool) -> bool:
     """A helper's work: kill what the box runs; for a box that ends, remove what it left,
     then look again: ``False`` (the box is never reused) while a file of its uid remains."""
     if isolation == "uids":
@@ -160,7 +162,7 @@ class Zygote:
         self.sock = sock
         self.isolation = isolation
         self.in_box = in_box  # a box's pid 1: each process it spawns is sent with a pidfd
-        self.helpers: dict[int, dict[str, Any]] = {}  # helper pid -> the request it serves
+        self.helpers: dict[int, box_protocol.Reset] = {}  # helper pid -> the request it serves
         self.networks: dict[int, int] = {}  # box number -> its network namespace (an fd)
         self.own_pids = -1  # the sandbox's pid namespace (an fd), where children go back to
 
@@ -172,7 +174,7 @@ class Zygote:
             if pidfd is not None:
                 os.close(pidfd)
 
-    def box(self, request: dict[str, Any]) -> None:
+    def box(self, request: box_protocol.MakeBox) -> None:
         """Make a box: its pid 1 is forked straight into a new pid namespace (the zygote's own
         children land in the sandbox's again right after), makes the rest of the box
         (``namespaces.make_box``) and becomes the box's zygote; the answer carries its pid and
@@ -221,21 +223,23 @@ class Zygote:
         finally:
             theirs.close()
 
-    def listen(self, request: dict[str, Any]) -> None:
+    def listen(self, request: box_protocol.Listen) -> None:
         """In a box's pid 1: the box's proxy endpoint (``egress.listen``), sent with its port
         (the supervisor hands it to the host's proxy; no copy stays here)."""
-        answer: dict[str, Any] = {"op": "listening", "id": request["id"]}
+        answer: box_protocol.Listening = {"op": "listening", "id": request["id"]}
         try:
             endpoint = egress.listen()
         except OSError as exc:
-            _send(self.sock, {**answer, "error": str(exc)})
+            answer["error"] = str(exc)
+            _send(self.sock, answer)
             return
+        answer["port"] = endpoint.getsockname()[1]
         try:
-            _send(self.sock, {**answer, "port": endpoint.getsockname()[1]}, [endpoint.fileno()])
+            _send(self.sock, answer, [endpoint.fileno()])
         finally:
             endpoint.close()
 
-    def recycle(self, request: dict[str, Any]) -> None:
+    def recycle(self, request: box_protocol.Recycle) -> None:
         """In a box's pid 1, as the box ends: every other process killed and reaped, then what
         the box left removed (``namespaces.empty_box``); ``reset_done`` says whether the box is
         as fresh as a new one (else the supervisor ends it)."""
@@ -253,7 +257,7 @@ class Zygote:
                 ok = False
         _send(self.sock, {"op": "reset_done", "id": request["id"], "ok": ok})
 
-    def empty(self, request: dict[str, Any]) -> None:
+    def empty(self, request: box_protocol.Reset) -> None:
         """In a box's pid 1: kill every other process of the box and reap them all (their
         exits reported), then ``reset_done``; not ok when one would not go in time."""
         deadline = time.monotonic() + uids.KILL_DEADLINE_S
@@ -263,7 +267,7 @@ class Zygote:
             time.sleep(0.001)  # poll interval of the deadline: they are dying
         _send(self.sock, {"op": "reset_done", "id": request["id"], "ok": not self.reap()})
 
-    def spawn(self, config: dict[str, Any]) -> None:
+    def spawn(self, request: box_protocol.Spawn) -> None:
         ctl_parent, ctl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -273,7 +277,7 @@ class Zygote:
             ctl_parent.close()
             os.close(out_r)
             os.close(err_r)
-            _session_child(ctl_child, out_w, err_w, config, self.isolation)
+            _session_child(ctl_child, out_w, err_w, request, self.isolation)
         ctl_child.close()
         os.close(out_w)
         os.close(err_w)
@@ -284,7 +288,7 @@ class Zygote:
             os.close(out_r)
             os.close(err_r)
 
-    def command(self, request: dict[str, Any]) -> None:
+    def command(self, request: box_protocol.StartCommand) -> None:
         """A command in a box (``commands.py``): its own process group, the box's identity,
         stdin from a file of the box (or nothing), stdout/stderr to pipes sent back as fds."""
         out_r, out_w = os.pipe()
@@ -304,7 +308,7 @@ class Zygote:
             for fd in (in_w, out_r, err_r):
                 os.close(fd)
 
-    def reset(self, request: dict[str, Any]) -> None:
+    def reset(self, request: box_protocol.Reset) -> None:
         box, remove = request["box"], bool(request.get("remove"))
         pgid = request.get("pgid")
         pid = _fork(lambda: _reset(box, self.isolation, pgid, remove))
@@ -328,7 +332,7 @@ class Zygote:
                 code = os.waitstatus_to_exitcode(status)
                 _send(self.sock, {"op": "exited", "pid": pid, "code": code})
 
-    def _reset_done(self, request: dict[str, Any], ok: bool) -> None:
+    def _reset_done(self, request: box_protocol.Reset, ok: bool) -> None:
         box = request["box"]
         if ok and request.get("remove"):
             for path in (box["workspace"], box["tmp"]):  # emptied by the helper, as the box
@@ -369,7 +373,8 @@ def _serve(zygote: Zygote) -> NoReturn:
     selector = selectors.DefaultSelector()
     selector.register(sock, selectors.EVENT_READ, "request")
     selector.register(wake_r, selectors.EVENT_READ, "child")
-    handlers: dict[str, Any] = {"spawn": zygote.spawn, "command": zygote.command}
+    # Each handler takes the request of its op (``box_protocol``); others are not this zygote's.
+    handlers: dict[str, Callable[[Any], None]] = {"spawn": zygote.spawn, "command": zygote.command}
     if zygote.in_box:
         handlers.update(reset=zygote.empty, recycle=zygote.recycle, listen=zygote.listen)
     else:
@@ -381,21 +386,19 @@ def _serve(zygote: Zygote) -> NoReturn:
                     os.read(wake_r, 4096)
                 zygote.reap()
                 continue
-            message = read_request(sock)
+            try:
+                message = read_request(sock)
+            except box_protocol.UnreadableRequest:
+                continue
             if message is None:
                 os._exit(0)
             handler = handlers.get(str(message.get("op")))
             if handler is None:
                 continue
             try:
-                handler(message.get("session", {}) if message["op"] == "spawn" else message)
+                handler(message)
             except OSError as exc:  # fork failed (no pids left): the supervisor must hear it
-                if message["op"] in ("reset", "recycle"):
-                    _send(sock, {"op": "reset_done", "id": message["id"], "ok": False})
-                elif message["op"] == "listen":
-                    _send(sock, {"op": "listening", "id": message["id"], "error": str(exc)})
-                else:
-                    _send(sock, {"op": "spawned", "pid": -1, "error": str(exc)})
+                _send(sock, box_protocol.refusal(message, str(exc)))
         sys.stdout.flush()
 
 

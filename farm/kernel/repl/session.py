@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..tools import fileops
@@ -146,9 +147,9 @@ def _usage() -> tuple[float, int]:
     return cpu, own.ru_maxrss
 
 
-def serve(ctl: socket.socket, config: dict[str, Any]) -> None:
+def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
     """Answer exec requests until the supervisor closes the control socket; the first frame
-    says the process is in its box and ready."""
+    says the process is in its box and ready. ``config``: ``box_protocol.SessionConfig``."""
     workspace = Workspace(config["box"]["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
     extra = workspace.globals() if config.get("tools", True) else {}
     repl = Repl(extra)

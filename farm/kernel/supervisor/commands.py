@@ -16,6 +16,7 @@ import signal
 import time
 from typing import Any
 
+from ..boxes.box_protocol import Exited
 from ..boxes.trees import kill_tree
 from .output import CappedBuffer, drain_into
 
@@ -32,7 +33,7 @@ class CommandRun:
         self.stdin_fd = stdin_fd
         self.fds = {out_fd: CappedBuffer(cap), err_fd: CappedBuffer(cap)}
         self.out, self.err = self.fds[out_fd], self.fds[err_fd]
-        self.exit: dict[str, Any] | None = None
+        self.exit: Exited | None = None
         self.exited = asyncio.Event()
         self.open = set(self.fds)
 
@@ -61,8 +62,8 @@ class CommandRun:
         while self.open and loop.time() < deadline:
             await asyncio.sleep(0.01)  # pipes still open: children may hold them; bounded
         self.close()
-        died = (self.exit or {}).get("signal")
-        code = (self.exit or {}).get("code")
+        died = self.exit.get("signal") if self.exit else None
+        code = self.exit.get("code") if self.exit else None
         return {
             "returncode": 128 + died if died else code,
             "signal": died,

@@ -1,10 +1,11 @@
 """The supervisor's connections to the zygotes: the sandbox's own, and each box's pid 1.
 
 A ``Link`` is one conversation (JSON datagrams, fds for spawned processes; ``zygote.py`` is the
-other side): the requests waiting for their answer, in order, and the processes it started,
-by the pid it reports them by, until it reports their exit. A box's pid 1 knows its processes
-by their pids in the box, so it sends a pidfd with each, from which the supervisor learns the
-pid it signals them by. When a box's pid 1 goes, every process of the box went with it.
+other side): the requests it sent, each waiting for its answer within a deadline, and the
+processes it started, by the pid it reports them by, until it reports their exit. A box's pid 1
+knows its processes by their pids in the box, so it sends a pidfd with each, from which the
+supervisor learns the pid it signals them by. When a box's pid 1 goes, every process of the box
+went with it.
 """
 
 from __future__ import annotations
@@ -15,10 +16,29 @@ import json
 import os
 import signal
 import socket
-from typing import Any, Union
+from itertools import count
+from typing import Any, TypeVar, Union
 
+from ..boxes.box_protocol import (
+    Exited,
+    Listen,
+    Listening,
+    MakeBox,
+    Recycle,
+    Reset,
+    Spawn,
+    Spawned,
+    StartCommand,
+    ZygoteReport,
+    send_request,
+)
 from .commands import CommandRun
 from .process import SessionProcess
+
+SPAWN_TIMEOUT_S = 10.0  # a process (or a box) started, a proxy endpoint made
+RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
+request_ids = count(1)  # of the requests answered by id: reset, recycle, listen
+T = TypeVar("T")
 
 # The pid a process that ended before it was known is held by: above the kernel's limit on
 # pids (PID_MAX_LIMIT, 2**22), so no signal to it, its group or its tree reaches anything.
@@ -40,7 +60,7 @@ class BoxInit:
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)  # never a pid reused by another process
         self.disk_mb = 0  # the size of the box's disk (a kept box serves boxes of that size)
-        self.exit: dict[str, Any] | None = None
+        self.exit: Exited | None = None
         self.exited = asyncio.Event()
 
     def kill(self) -> None:
@@ -71,7 +91,8 @@ class Link:
         # Exits reported for a process forked but not registered yet (a command that ends at
         # once: "spawned" and "exited" arrive in one read), kept for ``register``.
         self.starting: set[int] = set()
-        self.early_exits: dict[int, dict[str, Any]] = {}
+        self.early_exits: dict[int, Exited] = {}
+        self.loop = asyncio.get_running_loop()
         sock.setblocking(False)
 
     def register(self, key: int, proc: Process) -> None:
@@ -83,6 +104,42 @@ class Link:
         else:
             proc.exit = early
             proc.exited.set()
+
+    async def fork(self, request: MakeBox | Spawn | StartCommand) -> tuple[int, int, list[int]]:
+        """Ask this zygote to fork (a box, a session process or a command): the pid it reports
+        the process by, its pid here, and its fds."""
+        if not self.alive:
+            raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
+        future: asyncio.Future[tuple[int, int, list[int]]] = self.loop.create_future()
+        self.pending.append(future)
+        try:
+            send_request(self.sock, request)
+        except OSError as exc:  # not sent (its queue is full): no answer will come for it
+            self.pending.remove(future)
+            raise RequestError("unavailable", f"the zygote took no request: {exc}") from None
+        return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
+
+    async def reset(self, request: Reset | Recycle) -> bool:
+        """Send a ``reset`` or ``recycle`` (its ``id`` from ``request_ids``) and wait for its
+        ``reset_done``: whether the box is as it should be."""
+        return await self._answer(request, self.resets, RESET_TIMEOUT_S)
+
+    async def listen(self) -> tuple[int, socket.socket]:
+        """A proxy endpoint made by this box's pid 1: its port and listening socket."""
+        request: Listen = {"op": "listen", "id": next(request_ids)}
+        return await self._answer(request, self.endpoints, SPAWN_TIMEOUT_S)
+
+    async def _answer(
+        self, request: Reset | Recycle | Listen, by_id: dict[int, asyncio.Future[T]], wait_s: float
+    ) -> T:
+        """Send ``request`` and wait for the answer ``receive`` gives its id in ``by_id``."""
+        future: asyncio.Future[T] = self.loop.create_future()
+        by_id[request["id"]] = future
+        try:
+            send_request(self.sock, request)
+            return await asyncio.wait_for(future, wait_s)
+        finally:
+            by_id.pop(request["id"], None)
 
     def receive(self) -> bool:
         """Handle what arrived; ``False`` once the other side is gone (every waiter then
@@ -113,56 +170,61 @@ class Link:
                 for fd in fds:
                     os.close(fd)
                 return False
-            message = json.loads(data)
-            if message["op"] == "spawned":
-                future = self.pending.pop(0)  # answers come in the order of the requests
-                pid = key = message["pid"]
-                if self.in_box and key > 0:  # the last fd is the process's pidfd
-                    pidfd = fds.pop()
-                    try:  # None: it ran and ended before this read (its exit comes too)
-                        pid = pidfd_pid(pidfd) or GONE
-                    except OSError as exc:
-                        key, message = -1, {"error": str(exc)}  # its other fds close below
-                    finally:
-                        os.close(pidfd)
-                if future.done() or key < 0:  # an asker that gave up (a timeout), or a failure:
-                    for fd in fds:  # the fds are nobody's, and closing them ends what they
-                        os.close(fd)  # belonged to (EOF, no reader)
-                    if not future.done():
-                        why = message.get("error") or "out of processes?"
-                        future.set_exception(
-                            RequestError("unavailable", f"the kernel could not fork: {why}")
-                        )
-                else:
-                    self.starting.add(key)
-                    future.set_result((key, pid, fds))
-            elif message["op"] == "exited":
-                proc = self.by_pid.pop(message["pid"], None)
+            report: ZygoteReport = json.loads(data)
+            if report["op"] == "spawned":
+                self._spawned(report, fds)
+            elif report["op"] == "exited":
+                proc = self.by_pid.pop(report["pid"], None)
                 if proc is not None:
-                    proc.exit = message
+                    proc.exit = report
                     proc.exited.set()
-                elif message["pid"] in self.starting:
-                    self.early_exits[message["pid"]] = message
-            elif message["op"] == "listening":
-                self._endpoint(message, fds)
-            elif message["op"] == "reset_done":
-                done = self.resets.pop(message["id"], None)
+                elif report["pid"] in self.starting:
+                    self.early_exits[report["pid"]] = report
+            elif report["op"] == "listening":
+                self._endpoint(report, fds)
+            elif report["op"] == "reset_done":
+                done = self.resets.pop(report["id"], None)
                 if done is not None and not done.done():
-                    done.set_result(bool(message["ok"]))
+                    done.set_result(bool(report["ok"]))
 
-    def _endpoint(self, message: dict[str, Any], fds: list[int]) -> None:
+    def _spawned(self, report: Spawned, fds: list[int]) -> None:
+        """A process started (its fds), or why not: the answer to the oldest ``fork``."""
+        future = self.pending.pop(0)  # answers come in the order of the requests
+        pid = key = report["pid"]
+        error = report.get("error")
+        if self.in_box and key > 0:  # the last fd is the process's pidfd
+            pidfd = fds.pop()
+            try:  # None: it ran and ended before this read (its exit comes too)
+                pid = pidfd_pid(pidfd) or GONE
+            except OSError as exc:
+                key, error = -1, str(exc)  # its other fds close below
+            finally:
+                os.close(pidfd)
+        if future.done() or key < 0:  # an asker that gave up (a timeout), or a failure:
+            for fd in fds:  # the fds are nobody's, and closing them ends what they
+                os.close(fd)  # belonged to (EOF, no reader)
+            if not future.done():
+                why = error or "out of processes?"
+                future.set_exception(
+                    RequestError("unavailable", f"the kernel could not fork: {why}")
+                )
+        else:
+            self.starting.add(key)
+            future.set_result((key, pid, fds))
+
+    def _endpoint(self, report: Listening, fds: list[int]) -> None:
         """A box's proxy endpoint (a listening socket, ``egress.listen``), or why not."""
-        endpoint = self.endpoints.pop(message["id"], None)
+        endpoint = self.endpoints.pop(report["id"], None)
         if endpoint is None or endpoint.done() or not fds:
             for fd in fds:  # nobody waits for it (a timeout): closing it ends the endpoint
                 os.close(fd)
             if endpoint is not None and not endpoint.done():
-                why = message.get("error") or "no socket came"
+                why = report.get("error") or "no socket came"
                 endpoint.set_exception(RequestError("unavailable", f"no proxy endpoint: {why}"))
             return
         for extra in fds[1:]:  # one socket is all a box's pid 1 sends
             os.close(extra)
-        endpoint.set_result((int(message["port"]), socket.socket(fileno=fds[0])))
+        endpoint.set_result((int(report["port"]), socket.socket(fileno=fds[0])))
 
     def close(self) -> None:
         self.alive = False

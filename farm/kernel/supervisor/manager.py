@@ -24,17 +24,17 @@ from ..boxes.pool import BoxPool, Caps, LimitsError
 from ..boxes.trees import kill_tree
 from ..wire.framing import FrameError, encode
 from ..wire.protocol import (
+    BoxLimits,
     CellResult,
     CommandOutcome,
     CommandReply,
     Execute,
     FileReply,
-    ItemOutcome,
     Kind,
     SessionClosed,
     SessionOpened,
 )
-from .cell import Cell, fit, kill_notes, over_budget
+from .cell import Cell, kill_notes, over_budget
 from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
@@ -45,7 +45,6 @@ from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
 FILE_TIMEOUT_S = 120.0  # one chunk of a file operation (a listing of a big tree may be slow)
-FILE_CHUNK_CHARS = 4 << 20  # base64 of 3 MiB: an item's files are written in chunks this size
 CLOSED_EARLY_KEPT = 4096  # ids of boxes closed before they opened, remembered
 
 
@@ -97,13 +96,7 @@ class SessionManager:
             )
         if session_id is not None and session_id in self.sessions:
             raise RequestError("bad_request", f"session {session_id!r} exists already")
-        if session_id is not None and session_id in self.closed_early:
-            del self.closed_early[session_id]
-            raise RequestError("no_such_session", f"session {session_id!r} was closed already")
-        try:
-            checked = self.caps.check(limits)
-        except LimitsError as exc:
-            raise RequestError("bad_limits", str(exc)) from None
+        checked = self.check_open(session_id, limits)
         if egress and self.hand_over is None:
             raise RequestError("unavailable", "no egress proxy is attached to this kernel")
         fits = tools and not egress and checked == self.caps.defaults()
@@ -132,10 +125,21 @@ class SessionManager:
         )
         return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
 
+    def check_open(self, session_id: str | None, limits: dict[str, Any] | None) -> BoxLimits:
+        """The limits of a box about to open as ``session_id``, checked against the caps; an
+        id the host closed before it opened is refused (once), and nothing runs for it."""
+        if session_id is not None and session_id in self.closed_early:
+            del self.closed_early[session_id]
+            raise RequestError("no_such_session", f"session {session_id!r} was closed already")
+        try:
+            return self.caps.check(limits)
+        except LimitsError as exc:
+            raise RequestError("bad_limits", str(exc)) from None
+
     async def _endpoint(self, session: Session) -> None:
         """Make the box's proxy endpoint and hand it to the host's proxy; the session keeps
-        its own copy, to revoke it when the session ends (``_revoke``)."""
-        port, session.endpoint = await self.spawner.endpoint(session.box)
+        its own copy, to revoke it when the session ends (``sessions.revoke``)."""
+        port, session.endpoint = await self.spawner.inits.endpoint(session.box)
         session.box.env = egress.proxy_env(port, self.egress_ca)
         assert self.hand_over is not None
         self.hand_over(session.id, port, session.endpoint)
@@ -210,7 +214,7 @@ class SessionManager:
     async def file(self, request: dict[str, Any]) -> FileReply:
         """A file operation (``fileops``), done by the session process between its cells; a
         process found dead is replaced first (its next cell then reports the loss)."""
-        session = self._session(request["session_id"])
+        session = self.session(request["session_id"])
         async with session.lock:
             if session.proc.exit is not None:
                 await self._replace(session)
@@ -230,7 +234,7 @@ class SessionManager:
     async def command(self, request: dict[str, Any]) -> CommandReply:
         """Run a command in the session's box (``commands``): no lock, so commands of one
         session run at once, beside its cells."""
-        session = self._session(request["session_id"])
+        session = self.session(request["session_id"])
         run = await self.spawner.command(session.box, request, request["max_output_bytes"])
         if session.closed:  # closed while it started: it goes with the box, unrun
             kill_tree(run.pid)
@@ -254,97 +258,14 @@ class SessionManager:
         }
         return {"type": "command_result", "result": result}
 
-    async def item(
-        self, request: dict[str, Any], emit_for: Callable[[str], Emit | None]
-    ) -> ItemOutcome:
-        """A one-shot box (``protocol.Item``): open, write its files, run its cells (stopping
-        at the first that fails: a later cell would run on a broken premise), run its command,
-        close. The same steps as the host taking them one request at a time, with the same
-        rules (each cell's timeout, caps, kinds), for one round trip instead of four or more:
-        a batch item's cost is its box, not its messages."""
-        alone = not request["files"] and not request["cells"] and not request["egress"]
-        if request["judge"] is not None and alone:  # a box with no session process
-            item_id = request["session_id"] or uuid.uuid4().hex
-            if item_id in self.closed_early:
-                del self.closed_early[item_id]
-                raise RequestError("no_such_session", f"session {item_id!r} was closed already")
-            try:
-                limits = self.caps.check(request["limits"])
-            except LimitsError as exc:
-                raise RequestError("bad_limits", str(exc)) from None
-            return await self.judges.alone(request, limits, item_id)
-        opened = await self.open(
-            request["tools"], request["limits"], request["session_id"], request["egress"]
-        )
-        session_id, epoch = opened["session_id"], opened["epoch"]
-        self.sessions[session_id].one_shot = True
-        outcome: ItemOutcome = {
-            "session_id": session_id,
-            "cells": [],
-            "command": None,
-            "file_error": None,
-            "judge": None,
-        }
-        cell = {k: request[k] for k in ("timeout_s", "max_output_bytes")}
-        room = request["room"]
-        try:
-            for path, data in request["files"].items():
-                for start in range(0, max(len(data), 1), FILE_CHUNK_CHARS):  # a file of any size
-                    part = data[start : start + FILE_CHUNK_CHARS]
-                    write = {"session_id": session_id, "op": "write", "path": path, "data": part}
-                    reply = await self.file({**write, "offset": start // 4 * 3})
-                    if reply["error"] is not None:
-                        outcome["file_error"] = reply["error"]
-                        return outcome
-            for number, code in enumerate(request["cells"]):
-                run: Execute = {
-                    "type": "execute",
-                    "session_id": session_id,
-                    "epoch": epoch,
-                    "code": code,
-                    "timeout_s": request["timeout_s"],
-                    "exec_id": f"{request['exec_id']}-{number}",
-                    "max_output_bytes": request["max_output_bytes"],
-                }
-                emit = emit_for(run["exec_id"])
-                result = fit(await self.execute(run, emit), room)
-                if emit is not None:
-                    emit({"type": "done", "result": result})
-                outcome["cells"].append(result)
-                epoch = result["epoch"]
-                if result["status"] != "ok":
-                    return outcome
-            if request["judge"] is not None:
-                box = self._session(session_id).box
-                outcome["judge"] = await self.judges.run(box, request, session_id)
-                return outcome
-            if request["argv"] is not None:
-                command = {
-                    **cell,
-                    "session_id": session_id,
-                    "exec_id": f"{request['exec_id']}-cmd",
-                    "argv": request["argv"],
-                    "env": {},
-                    "cwd": None,
-                    "stdin": b"",
-                    "stdin_path": None,
-                }
-                outcome["command"] = fit((await self.command(command))["result"], room)
-            return outcome
-        finally:
-            if session_id in self.sessions:  # a host's close_session may have ended it
-                self.close(session_id)
-
-    def _session(self, session_id: str) -> Session:
+    def session(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None:
             raise RequestError("no_such_session", f"no session {session_id!r} here")
         return session
 
     async def execute(self, request: Execute, emit: Emit | None = None) -> CellResult:
-        session = self.sessions.get(request["session_id"])
-        if session is None:
-            raise RequestError("no_such_session", f"no session {request['session_id']!r} here")
+        session = self.session(request["session_id"])
         async with session.lock:
             session.last_used = time.monotonic()
             kills = len(session.memory_kills)
@@ -374,7 +295,7 @@ class SessionManager:
                 await proc.writer.drain()
             except (ConnectionError, OSError):  # it died before its exit was reported
                 await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
-                proc.exit = proc.exit or {"code": None}
+                proc.exit = proc.exit or {"op": "exited", "pid": proc.pid, "code": None}
                 proc.events = None
         if proc.exit is not None:
             death = proc.describe_exit()

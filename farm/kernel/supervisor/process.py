@@ -16,6 +16,7 @@ import signal
 import socket
 from typing import Any
 
+from ..boxes.box_protocol import Exited
 from ..wire.framing import encode, read_frame
 from .output import CappedBuffer, drain_into
 from .streaming import CellEvents, Emit
@@ -37,7 +38,7 @@ class SessionProcess:
         self.err = self.fds[err_fd]
         self.flood_limit = DEFAULT_OUTPUT_BYTES * FLOOD_FACTOR
         self.flood = asyncio.Event()
-        self.exit: dict[str, Any] | None = None
+        self.exit: Exited | None = None
         self.exited = asyncio.Event()
         self.events: CellEvents | None = None
         self.calls = 0  # host calls of this process so far (their ids)

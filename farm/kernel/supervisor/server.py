@@ -25,6 +25,7 @@ from ..wire import auth
 from ..wire.framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
 from ..wire.protocol import RECOVERABLE_CODES, CellEvent, EventFrame, ExecReply, ItemReply, Pong
 from .cell import fit
+from .items import run_item
 from .links import RequestError
 from .manager import SessionManager
 from .proxy_channel import ProxyChannel
@@ -248,7 +249,7 @@ class KernelServer:
             def emit_for(exec_id: str) -> Emit | None:
                 return _emitter(writer, exec_id) if emitters else None
 
-            outcome = await self.manager.item(item, emit_for)  # fitted to the frame there
+            outcome = await run_item(self.manager, item, emit_for)  # fitted to the frame there
             done: ItemReply = {"type": "item_result", "result": outcome}
             return done
         raise RequestError("unknown_type", f"unknown message type {kind!r}")

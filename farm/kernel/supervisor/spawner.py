@@ -1,10 +1,9 @@
-"""``Spawner``: the supervisor's side of the zygotes — boxes, processes in them, resets.
+"""``Spawner``: the supervisor's side of the zygotes — processes in boxes, resets, spares.
 
-The supervisor never forks: it asks the zygote to make boxes and, through each box's pid 1 (the
-zygote itself with ``uids``), to start processes in them, over a ``Link``. ``spawn`` returns
-only once the process is ready; a box's number goes back only once nothing of the box is left;
-``SPARES`` ready processes make opening a session usually cost no fork. Design:
-docs/design/boxes.md.
+The supervisor never forks: it asks each box's pid 1 (``box_inits``; the zygote itself with
+``uids``) to start processes in the box, over a ``Link``. ``spawn`` returns only once the
+process is ready; a box's number goes back only once nothing of the box is left; ``SPARES``
+ready processes make opening a session usually cost no fork. Design: docs/design/boxes.md.
 """
 
 from __future__ import annotations
@@ -15,68 +14,25 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable, Coroutine, Iterator
-from itertools import count
-from typing import Any, Generic, TypeVar
+from collections.abc import Coroutine, Iterator
+from typing import Any
 
 from ..boxes import leftovers, procs
-from ..boxes.box_protocol import send_request
-from ..boxes.pool import DEFAULT_DISK_MB, Box, BoxPool, Caps
+from ..boxes.box_protocol import BoxInfo, Reset, SessionConfig, StartCommand
+from ..boxes.pool import Box, BoxPool, Caps
 from ..wire.framing import FrameError, read_frame
 from ..wire.protocol import BoxLimits
+from .box_inits import BoxInits
+from .coalesce import Coalesce
 from .commands import CommandRun
-from .links import BoxInit, Link, RequestError
+from .links import SPAWN_TIMEOUT_S, Link, RequestError, request_ids
 from .process import SessionProcess
 
 log = logging.getLogger("farm.kernel")
-_ids = count(1)
 
-SPAWN_TIMEOUT_S = 10.0
 SPARES = 2  # session processes kept ready for the next opens
-RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die
 QUARANTINE_RETRY_S = 5.0  # a box that would not reset is tried again after this, doubling
-COALESCE_S = 0.002  # boxes that end this close together share one look at /proc and the files
 KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
-
-
-K = TypeVar("K")
-A = TypeVar("A")
-R = TypeVar("R")
-
-
-class Coalesce(Generic[K, A, R]):
-    """``await ask(key, arg)``: the answer for ``key`` of one ``work({key: arg, ...})`` call made
-    for every ask within ``COALESCE_S``. For work whose cost is the same for one key as for
-    many (a pass over ``/proc``, a listing of the shared directories): what a box's end costs
-    then no longer grows with the number of boxes that end at once."""
-
-    def __init__(self, work: Callable[[dict[K, A]], dict[K, R]]) -> None:
-        self.work = work
-        self.loop = asyncio.get_running_loop()
-        self.asked: dict[K, A] = {}
-        self.waiting: list[tuple[K, asyncio.Future[R]]] = []
-
-    async def ask(self, key: K, arg: A) -> R:
-        future: asyncio.Future[R] = self.loop.create_future()
-        if not self.waiting:
-            self.loop.call_later(COALESCE_S, self._run)
-        self.asked[key] = arg
-        self.waiting.append((key, future))
-        return await future
-
-    def _run(self) -> None:
-        asked, waiting = self.asked, self.waiting
-        self.asked, self.waiting = {}, []
-        try:
-            answers = self.work(asked)
-        except Exception as exc:  # each asker hears of it, none waits forever
-            for _, future in waiting:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for key, future in waiting:
-            if not future.done():
-                future.set_result(answers[key])
 
 
 class Spawner:
@@ -85,10 +41,8 @@ class Spawner:
         self.pool = pool
         self.caps = caps
         self.tool_limit = tool_limit
-        self.boxes: dict[int, tuple[Link, BoxInit]] = {}  # box number -> its pid 1 (namespaces)
-        self.making: dict[int, asyncio.Lock] = {}  # box number -> held while made or ended
-        self.kept: set[int] = set()  # numbers whose emptied box waits for their next box
         self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
+        self.inits = BoxInits(self.zygote, pool, self.groups)  # boxes with namespaces
         # box number -> processes being started for it, not yet in its uid (or its groups): a
         # reset waits for them, so its kill finds them and no box is given back with one
         self.forking: dict[int, int] = {}
@@ -100,7 +54,7 @@ class Spawner:
         # Boxes end in bursts (a chunk's items end together): one look at /proc, and one search
         # of the shared directories, serves every box that ends within a few milliseconds.
         self.kills: Coalesce[int, None, int] = Coalesce(procs.kill_uids)
-        self.checks: Coalesce[int, dict[str, Any], bool] = Coalesce(
+        self.checks: Coalesce[int, BoxInfo, bool] = Coalesce(
             lambda boxes: dict(
                 zip(boxes, leftovers.nothing_left_all(list(boxes.values()), pool.isolation))
             )
@@ -121,73 +75,6 @@ class Spawner:
             log.error("the zygote exited; no new sessions can start")
             self.zygote_lost.set()
 
-    def _on_box(self, link: Link) -> None:
-        if not link.receive():
-            self.loop.remove_reader(link.sock)
-
-    async def _link(self, box: Box) -> Link:
-        """The connection to ``box``'s pid 1 (``namespaces``), the box made on first use; the
-        zygote's own with other isolation."""
-        if self.pool.isolation != "namespaces":
-            return self.zygote
-        async with self._making(box):  # one box at a time per number
-            held = self.boxes.get(box.number)
-            disk_mb = box.limits.get("disk_mb", DEFAULT_DISK_MB)
-            if held is not None:
-                if held[0].alive and held[1].disk_mb == disk_mb:
-                    self._unkeep(box.number)
-                    return held[0]
-                # its init died under it, or it is kept with a disk of another size: a new box
-                if not await self._end_now(box):
-                    raise RequestError("unavailable", f"box {box.number} did not end")
-            link = await self._make(box)
-            self.boxes[box.number][1].disk_mb = disk_mb
-            return link
-
-    def _unkeep(self, number: int) -> None:
-        if number in self.kept:
-            self.kept.discard(number)
-            self.pool.kept -= 1
-
-    def _making(self, box: Box) -> asyncio.Lock:
-        return self.making.setdefault(box.number, asyncio.Lock())
-
-    async def _make(self, box: Box) -> Link:
-        key, pid, fds = await self._forked({"op": "box", "box": box.describe()}, self.zygote)
-        try:
-            init = BoxInit(pid)
-        except OSError as exc:  # gone already: its connection closes, nothing of it is left
-            for fd in fds:
-                os.close(fd)
-            raise RequestError("unavailable", f"the box's init is gone: {exc}") from None
-        self.zygote.register(key, init)
-        link = Link(socket.socket(fileno=fds[0]), in_box=True)
-        self.boxes[box.number] = (link, init)
-        self.loop.add_reader(link.sock, self._on_box, link)
-        return link
-
-    async def endpoint(self, box: Box) -> tuple[int, socket.socket]:
-        """``box``'s proxy endpoint, made by its pid 1 in its network namespace: the port and
-        the listening socket (``egress.py``). Boxes without a network of their own have none:
-        a port on a shared loopback would be every box's way out."""
-        if self.pool.isolation != "namespaces":
-            raise RequestError(
-                "bad_request",
-                f"egress needs boxes with namespaces; this sandbox has {self.pool.isolation} "
-                "boxes (farm doctor says why)",
-            )
-        link = await self._link(box)
-        future: asyncio.Future[tuple[int, socket.socket]] = self.loop.create_future()
-        request_id = next(_ids)
-        link.endpoints[request_id] = future
-        try:
-            send_request(link.sock, {"op": "listen", "id": request_id})
-            return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
-        except (asyncio.TimeoutError, OSError) as exc:
-            raise RequestError("unavailable", f"no proxy endpoint for the box: {exc!r}") from None
-        finally:
-            link.endpoints.pop(request_id, None)
-
     async def spawn(self, box: Box, tools: bool) -> SessionProcess:
         """A new session process in ``box``, once it said it is ready (in its box)."""
         with self._starting(box):
@@ -204,9 +91,13 @@ class Spawner:
                 del self.forking[box.number]
 
     async def _spawn(self, box: Box, tools: bool) -> SessionProcess:
-        config = {"tools": tools, "tool_limit": self.tool_limit, "box": box.describe()}
-        link = await self._link(box)
-        key, pid, fds = await self._forked({"op": "spawn", "session": config}, link)
+        config: SessionConfig = {
+            "tools": tools,
+            "tool_limit": self.tool_limit,
+            "box": box.describe(),
+        }
+        link = await self.inits.link(box)
+        key, pid, fds = await link.fork({"op": "spawn", "session": config})
         proc = SessionProcess(pid, socket.socket(fileno=fds[0]), fds[1], fds[2])
         link.register(key, proc)
         await proc.attach(self.loop)
@@ -225,29 +116,22 @@ class Spawner:
 
     async def command(self, box: Box, request: dict[str, Any], cap: int) -> CommandRun:
         """Start a command in ``box`` (``commands.py``); it runs as soon as this returns."""
-        fields = ("argv", "cwd", "env", "stdin_path", "judge")
-        message = {"op": "command", "box": box.describe(), **{k: request.get(k) for k in fields}}
+        message: StartCommand = {
+            "op": "command",
+            "box": box.describe(),
+            "argv": request["argv"],
+            "cwd": request.get("cwd"),
+            "env": request.get("env"),
+            "stdin_path": request.get("stdin_path"),
+            "judge": request.get("judge"),
+        }
         with self._starting(box):  # until its group is known: a reset kills it by its group
-            link = await self._link(box)
-            key, pid, fds = await self._forked(message, link)
+            link = await self.inits.link(box)
+            key, pid, fds = await link.fork(message)
             run = CommandRun(pid, fds[0], fds[1], fds[2], cap)
             link.register(key, run)
             self.groups.setdefault(box.number, set()).add(pid)  # its own group (setsid)
         return run
-
-    async def _forked(self, message: dict[str, Any], link: Link) -> tuple[int, int, list[int]]:
-        """Ask a zygote to fork (a box, a session process or a command): the pid it reports
-        the process by, its pid here, and its fds."""
-        if not link.alive:
-            raise RequestError("unavailable", "the kernel cannot start processes (zygote gone)")
-        future: asyncio.Future[tuple[int, int, list[int]]] = self.loop.create_future()
-        link.pending.append(future)
-        try:
-            send_request(link.sock, message)
-        except OSError as exc:  # not sent (its queue is full): no answer will come for it
-            link.pending.remove(future)
-            raise RequestError("unavailable", f"the zygote took no request: {exc}") from None
-        return await asyncio.wait_for(future, SPAWN_TIMEOUT_S)
 
     async def reset(self, box: Box, proc: SessionProcess | None, *, remove: bool) -> bool:
         """Kill every process of ``box`` (and, with ``remove``, all of the box); ``True``
@@ -261,7 +145,7 @@ class Spawner:
         while self.forking.get(box.number) and self.loop.time() < deadline:
             await asyncio.sleep(0.002)  # a process entering the box: poll of a deadline
         if self.pool.isolation == "namespaces":
-            return await (self._recycle(box) if remove else self._empty(box))
+            return await (self.inits.recycle(box) if remove else self.inits.empty(box))
         killed = await self._kill(box, proc)
         if killed and not remove:
             return True
@@ -274,74 +158,6 @@ class Spawner:
             except OSError:
                 pass  # something appeared after all: the helper removes it
         return await self._reset_by_helper(box, proc.pid if proc else None, remove=remove)
-
-    async def _empty(self, box: Box) -> bool:
-        """Every process of the box but its pid 1 gone (reaped); its files stay."""
-        held = self.boxes.get(box.number)
-        if held is None:
-            return True
-        link = held[0]
-        future: asyncio.Future[bool] = self.loop.create_future()
-        request_id = next(_ids)
-        link.resets[request_id] = future
-        try:
-            send_request(link.sock, {"op": "reset", "id": request_id})
-            return await asyncio.wait_for(future, RESET_TIMEOUT_S)
-        except (asyncio.TimeoutError, RequestError, OSError):
-            return False
-        finally:
-            link.resets.pop(request_id, None)
-
-    async def _recycle(self, box: Box) -> bool:
-        """A box's end that keeps its init and namespaces for the number's next box: every
-        process killed and what the box left removed by its init (``namespaces.empty_box``).
-        A box that cannot be emptied so is ended instead (``_end_now``)."""
-        async with self._making(box):
-            held = self.boxes.get(box.number)
-            if held is None:
-                return True
-            link = held[0]
-            if link.alive:
-                future: asyncio.Future[bool] = self.loop.create_future()
-                request_id = next(_ids)
-                link.resets[request_id] = future
-                message = {"op": "recycle", "id": request_id, "box": box.describe()}
-                try:
-                    send_request(link.sock, message)
-                    emptied = await asyncio.wait_for(future, RESET_TIMEOUT_S)
-                except (asyncio.TimeoutError, RequestError, OSError):
-                    emptied = False
-                finally:
-                    link.resets.pop(request_id, None)
-                if emptied and link.alive:
-                    self.groups.pop(box.number, None)
-                    if box.number not in self.kept:
-                        self.kept.add(box.number)
-                        self.pool.kept += 1
-                    return True
-            return await self._end_now(box)
-
-    async def _end_now(self, box: Box) -> bool:
-        """The box's pid 1 killed and reaped (the caller holds the number's lock): the kernel
-        has then ended every process of its pid namespace, and its mounts went with its mount
-        namespace."""
-        self._unkeep(box.number)
-        held = self.boxes.pop(box.number, None)
-        self.groups.pop(box.number, None)
-        if held is None:
-            return True
-        link, init = held
-        init.kill()
-        self.loop.remove_reader(link.sock)
-        link.close()
-        try:
-            await asyncio.wait_for(init.exited.wait(), RESET_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            self.boxes[box.number] = held  # tried again (``_retry``) until it has ended
-            log.error("box %d did not end in %.0f s; it is not reused", box.number, RESET_TIMEOUT_S)
-            return False
-        init.close()
-        return True
 
     async def _kill(self, box: Box, proc: SessionProcess | None) -> bool:
         """Every process of the box gone (reaped) within ``KILL_S``; ``False``: not yet. The
@@ -362,15 +178,17 @@ class Spawner:
         return left == 0
 
     async def _reset_by_helper(self, box: Box, pgid: int | None, *, remove: bool) -> bool:
-        request_id = next(_ids)
-        future: asyncio.Future[bool] = self.loop.create_future()
-        message = {"op": "reset", "id": request_id, "box": box.describe(), "remove": remove}
+        message: Reset = {
+            "op": "reset",
+            "id": next(request_ids),
+            "box": box.describe(),
+            "remove": remove,
+            "pgid": pgid,
+        }
         try:
             if not self.zygote.alive:
                 raise RequestError("unavailable", "the zygote is gone")
-            self.zygote.resets[request_id] = future
-            send_request(self.zygote.sock, {**message, "pgid": pgid})
-            ok = await asyncio.wait_for(future, RESET_TIMEOUT_S)
+            ok = await self.zygote.reset(message)
         except (asyncio.TimeoutError, RequestError):
             ok = False
         if not ok:

@@ -62,7 +62,7 @@ def test_the_supervisors_end_reads_as_none() -> None:
         assert read_request(zygote) is None
 
 
-@pytest.mark.parametrize("data", [b"not json", b"x" * (INLINE_MAX * 4)])
+@pytest.mark.parametrize("data", [b"not json", b"[1, 2]", b"x" * (INLINE_MAX * 4)])
 def test_a_datagram_the_zygote_cannot_read_is_refused(data: bytes) -> None:
     supervisor, zygote = pair()
     with supervisor, zygote:

@@ -293,6 +293,8 @@ def read_request(sock: socket.socket) -> ZygoteRequest | None:
         if flags & socket.MSG_TRUNC:
             raise UnreadableRequest("a datagram too large")
         message = json.loads(data)
+        if not isinstance(message, dict):
+            raise UnreadableRequest("not a JSON object")
         if message.get("in_fd") and fds:
             os.lseek(fds[0], 0, os.SEEK_SET)
             chunks = []

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
 
-from ..wire.protocol import Execute, ItemOutcome, SessionOpened
+from ..wire.protocol import Execute, FileRequest, ItemOutcome, SessionOpened
 from .cell import fit
 from .manager import SessionManager
+from .requests import CommandCall, ItemCall
 from .streaming import Emit
 
 FILE_CHUNK_CHARS = 4 << 20  # base64 of 3 MiB: an item's files are written in chunks this size
 
 
 async def run_item(
-    manager: SessionManager, request: dict[str, Any], emit_for: Callable[[str], Emit | None]
+    manager: SessionManager, request: ItemCall, emit_for: Callable[[str], Emit | None]
 ) -> ItemOutcome:
     """Take the steps of ``request`` (a parsed ``protocol.Item``) in a box of its own; a judge
     step with nothing before it gets a box and no session process (``judges``)."""
@@ -52,7 +52,7 @@ async def run_item(
             box = manager.session(session_id).box
             outcome["judge"] = await manager.judges.run(box, request, session_id)
         elif request["argv"] is not None:
-            command = _command(request, session_id)
+            command = _command(request, request["argv"], session_id)
             outcome["command"] = fit((await manager.command(command))["result"], request["room"])
         return outcome
     finally:
@@ -61,15 +61,22 @@ async def run_item(
 
 
 async def _write_files(
-    manager: SessionManager, request: dict[str, Any], session_id: str, outcome: ItemOutcome
+    manager: SessionManager, request: ItemCall, session_id: str, outcome: ItemOutcome
 ) -> bool:
     """Write the item's files, each in chunks (a file of any size); ``False`` at the first
     that fails (``file_error`` says why)."""
     for path, data in request["files"].items():
         for start in range(0, max(len(data), 1), FILE_CHUNK_CHARS):
             part = data[start : start + FILE_CHUNK_CHARS]
-            write = {"session_id": session_id, "op": "write", "path": path, "data": part}
-            reply = await manager.file({**write, "offset": start // 4 * 3})
+            write: FileRequest = {
+                "type": "file",
+                "session_id": session_id,
+                "op": "write",
+                "path": path,
+                "data": part,
+                "offset": start // 4 * 3,
+            }
+            reply = await manager.file(write)
             if reply["error"] is not None:
                 outcome["file_error"] = reply["error"]
                 return False
@@ -78,7 +85,7 @@ async def _write_files(
 
 async def _run_cells(
     manager: SessionManager,
-    request: dict[str, Any],
+    request: ItemCall,
     opened: SessionOpened,
     emit_for: Callable[[str], Emit | None],
     outcome: ItemOutcome,
@@ -107,14 +114,14 @@ async def _run_cells(
     return True
 
 
-def _command(request: dict[str, Any], session_id: str) -> dict[str, Any]:
+def _command(request: ItemCall, argv: list[str], session_id: str) -> CommandCall:
     """The item's command as a ``command`` request (parsed): no env, cwd or stdin of its own."""
     return {
         "timeout_s": request["timeout_s"],
         "max_output_bytes": request["max_output_bytes"],
         "session_id": session_id,
         "exec_id": f"{request['exec_id']}-cmd",
-        "argv": request["argv"],
+        "argv": argv,
         "env": {},
         "cwd": None,
         "stdin": b"",

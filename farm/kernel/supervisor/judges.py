@@ -9,12 +9,12 @@ runner that answers nothing parsable is ``IE``: farm's failure, which the host r
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ..boxes.pool import Box
 from ..boxes.trees import kill_tree
 from ..wire.protocol import BoxLimits, ItemOutcome, JudgeOutcome
 from .commands import CommandRun
+from .requests import ItemCall
 from .spawner import Spawner
 
 
@@ -25,7 +25,7 @@ class Judges:
         self.spawner = spawner
         self.running: dict[str, CommandRun] = {}
 
-    async def alone(self, request: dict[str, Any], limits: BoxLimits, item_id: str) -> ItemOutcome:
+    async def alone(self, request: ItemCall, limits: BoxLimits, item_id: str) -> ItemOutcome:
         """An item that is a judge step only: a box of ``limits``, the runner, the box ended."""
         box = self.spawner.take_box(limits)
         try:
@@ -40,10 +40,11 @@ class Judges:
             "judge": judged,
         }
 
-    async def run(self, box: Box, request: dict[str, Any], item_id: str) -> JudgeOutcome:
+    async def run(self, box: Box, request: ItemCall, item_id: str) -> JudgeOutcome:
         """The judge step of ``request`` in ``box``: the runner's outcome (``JudgeOutcome``)."""
-        judge = {"argv": ["farm-judge"], "judge": request["judge"]}
-        run = await self.spawner.command(box, judge, request["room"] // 2)
+        judge = request["judge"]
+        assert judge is not None
+        run = await self.spawner.command(box, ["farm-judge"], request["room"] // 2, judge=judge)
         self.running[item_id] = run
         try:
             done = await run.run(b"", request["timeout_s"])

@@ -30,6 +30,7 @@ from ..wire.protocol import (
     CommandReply,
     Execute,
     FileReply,
+    FileRequest,
     Kind,
     SessionClosed,
     SessionOpened,
@@ -39,6 +40,7 @@ from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .process import SessionProcess
+from .requests import CommandCall
 from .sessions import Session, oom_kills, revoke
 from .spawner import Spawner
 from .streaming import Emit
@@ -211,7 +213,7 @@ class SessionManager:
         session.proc = proc
         log.warning("session %s replaced, now at epoch %d", session.id, session.epoch)
 
-    async def file(self, request: dict[str, Any]) -> FileReply:
+    async def file(self, request: FileRequest) -> FileReply:
         """A file operation (``fileops``), done by the session process between its cells; a
         process found dead is replaced first (its next cell then reports the loss)."""
         session = self.session(request["session_id"])
@@ -220,7 +222,7 @@ class SessionManager:
                 await self._replace(session)
             if session.closed:
                 raise RequestError("no_such_session", f"session {session.id!r} was closed")
-            frame = {"type": "file", **{k: v for k, v in request.items() if k != "type"}}
+            frame: dict[str, Any] = {**request}
             try:
                 reply = await session.proc.exchange(frame, FILE_TIMEOUT_S)
             except (asyncio.TimeoutError, FrameError, ConnectionError, OSError):
@@ -231,11 +233,18 @@ class SessionManager:
                 )
         return {"type": "file_result", "result": reply.get("result"), "error": reply.get("error")}
 
-    async def command(self, request: dict[str, Any]) -> CommandReply:
+    async def command(self, request: CommandCall) -> CommandReply:
         """Run a command in the session's box (``commands``): no lock, so commands of one
         session run at once, beside its cells."""
         session = self.session(request["session_id"])
-        run = await self.spawner.command(session.box, request, request["max_output_bytes"])
+        run = await self.spawner.command(
+            session.box,
+            request["argv"],
+            request["max_output_bytes"],
+            cwd=request["cwd"],
+            env=request["env"],
+            stdin_path=request["stdin_path"],
+        )
         if session.closed:  # closed while it started: it goes with the box, unrun
             kill_tree(run.pid)
             run.close()

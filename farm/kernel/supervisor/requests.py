@@ -10,14 +10,47 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from ..judge import checkers
-from ..wire.protocol import Execute
+from ..wire.protocol import Execute, FileRequest, JudgeSpec
 from .links import RequestError
 from .process import DEFAULT_OUTPUT_BYTES
 
 MAX_TIMEOUT_S = 24 * 3600.0
+
+
+class CommandCall(TypedDict):
+    """A ``command`` request as the manager takes it: stdin decoded, the output cap decided."""
+
+    session_id: str
+    exec_id: str
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str | None
+    stdin: bytes
+    stdin_path: str | None
+    timeout_s: float
+    max_output_bytes: int
+
+
+class ItemCall(TypedDict):
+    """An ``item`` request as ``items.run_item`` takes it: every optional field decided, and
+    ``room``, the share of the reply frame each result may take."""
+
+    exec_id: str
+    session_id: str | None
+    cells: list[str]
+    files: dict[str, str]  # workspace path -> base64
+    argv: list[str] | None
+    judge: JudgeSpec | None
+    limits: dict[str, Any]  # checked against the caps when the box opens (check_open)
+    tools: bool
+    events: bool
+    egress: bool
+    timeout_s: float
+    max_output_bytes: int
+    room: int
 
 
 class Requests:
@@ -26,7 +59,7 @@ class Requests:
     def __init__(self, max_frame: int) -> None:
         self.max_frame = max_frame
 
-    def command(self, message: dict[str, Any]) -> dict[str, Any]:
+    def command(self, message: dict[str, Any]) -> CommandCall:
         argv = _argv(message)
         env = message.get("env") or {}
         if not isinstance(env, dict) or not all(
@@ -51,7 +84,7 @@ class Requests:
             "max_output_bytes": self.max_output(message),
         }
 
-    def item(self, message: dict[str, Any]) -> dict[str, Any]:
+    def item(self, message: dict[str, Any]) -> ItemCall:
         cells = message.get("cells")
         if not isinstance(cells, list) or not all(isinstance(c, str) for c in cells):
             raise RequestError("bad_request", "field 'cells' must be a list of strings")
@@ -120,17 +153,17 @@ class Requests:
             "max_output_bytes": max_output,
         }
 
-    def file(self, message: dict[str, Any]) -> dict[str, Any]:
-        request = {k: v for k, v in message.items() if k != "type"}
+    def file(self, message: dict[str, Any]) -> FileRequest:
+        """The frame as it came (the session process's ``fileops`` checks the rest)."""
         field(message, "session_id", str)
         if not isinstance(message.get("op"), str) or not isinstance(message.get("path", "."), str):
             raise RequestError("bad_request", "a file request needs 'op' and 'path' strings")
         if message.get("scope", "workspace") not in ("workspace", "box"):
             raise RequestError("bad_request", "field 'scope' must be 'workspace' or 'box'")
-        return request
+        return cast(FileRequest, {**message, "type": "file"})
 
 
-def _judge(spec: Any) -> dict[str, Any] | None:
+def _judge(spec: Any) -> JudgeSpec | None:
     """An item's judge step (``protocol.JudgeSpec``), checked enough that the runner can
     trust its shape: names and numbers of the right types, tests as objects."""
     if spec is None:
@@ -151,7 +184,7 @@ def _judge(spec: Any) -> dict[str, Any] | None:
             checkers.parse(spec["checker"])
     except checkers.CheckerError as exc:
         raise RequestError("bad_request", str(exc)) from None
-    return spec
+    return cast(JudgeSpec, spec)
 
 
 def _calls(message: dict[str, Any]) -> list[str]:

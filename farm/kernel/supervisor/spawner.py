@@ -21,7 +21,7 @@ from ..boxes import leftovers, procs
 from ..boxes.box_protocol import BoxInfo, Reset, SessionConfig, StartCommand
 from ..boxes.pool import Box, BoxPool, Caps
 from ..wire.framing import FrameError, read_frame
-from ..wire.protocol import BoxLimits
+from ..wire.protocol import BoxLimits, JudgeSpec
 from .box_inits import BoxInits
 from .coalesce import Coalesce
 from .commands import CommandRun
@@ -114,16 +114,27 @@ class Spawner:
             raise RequestError("unavailable", f"the session process could not start: {why}")
         return proc
 
-    async def command(self, box: Box, request: dict[str, Any], cap: int) -> CommandRun:
-        """Start a command in ``box`` (``commands.py``); it runs as soon as this returns."""
+    async def command(
+        self,
+        box: Box,
+        argv: list[str],
+        cap: int,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        stdin_path: str | None = None,
+        judge: JudgeSpec | None = None,
+    ) -> CommandRun:
+        """Start ``argv`` in ``box`` under its keeper (or, with ``judge``, the judge's runner),
+        each output stream capped at ``cap``; it runs as soon as this returns."""
         message: StartCommand = {
             "op": "command",
             "box": box.describe(),
-            "argv": request["argv"],
-            "cwd": request.get("cwd"),
-            "env": request.get("env"),
-            "stdin_path": request.get("stdin_path"),
-            "judge": request.get("judge"),
+            "argv": argv,
+            "cwd": cwd,
+            "env": env,
+            "stdin_path": stdin_path,
+            "judge": judge,
         }
         with self._starting(box):  # until its group is known: a reset kills it by its group
             link = await self.inits.link(box)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .. import KIND_USER
 from ..tools import fileops
 from ..tools.tools import DEFAULT_LIMIT, Workspace
 from ..wire.framing import recv_frame, send_frame
@@ -176,7 +177,13 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
         try:
             value, error = repl.run_cell(request["code"])
         except KeyboardInterrupt:  # arrived between user code and the return
-            value, error = None, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+            interrupted = {
+                "ename": "KeyboardInterrupt",
+                "evalue": "",
+                "traceback": [],
+                "kind": KIND_USER,  # the supervisor's interrupt says timeout or output_limit
+            }
+            value, error = None, interrupted
         finally:
             interrupts.running = False
         if os.getpid() != me:

@@ -1,13 +1,10 @@
-"""The frames that never leave the sandbox, defined once (stdlib ``TypedDict``s):
+"""The supervisor <-> zygote datagrams, defined once (stdlib ``TypedDict``s).
 
-- supervisor <-> session process (``SESSION_FRAMES``, on the session's control socket): the
-  session's ``ready``, then ``cell`` in, ``cell_done`` out, and on the way ``display`` (acked
-  with ``ack``), ``call`` (answered with ``answer``) and ``file`` (``file_done``);
-- supervisor <-> zygote (and each box's pid 1, a zygote too): JSON datagrams, a request per
-  ``op`` (``ZygoteRequest``) and a report per ``op`` (``ZygoteReport``), sent and read here.
-
-The host never sees them, so no pydantic model mirrors them; the frames the host does see are
-in ``wire.protocol``.
+The supervisor talks to the zygote (and each box's pid 1, a zygote too) in JSON datagrams: a
+request per ``op`` (``ZygoteRequest``) and a report per ``op`` (``ZygoteReport``), sent and read
+here. The host never sees them, so no pydantic model mirrors them; the frames the host does see
+are in ``wire.protocol``, and those between the supervisor and a session process (which the
+session side types too, below ``boxes``) in ``wire.session_frames``.
 """
 
 from __future__ import annotations
@@ -15,95 +12,9 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Any, Literal, TypedDict, Union
+from typing import Literal, TypedDict, Union
 
-from ..wire.protocol import (
-    BoxLimits,
-    CallError,
-    CellError,
-    FileError,
-    FileRequest,
-    JudgeSpec,
-    ValueBundle,
-)
-
-# --- supervisor <-> session process -----------------------------------------------------------
-
-
-class Ready(TypedDict):
-    """The session process's first frame: it entered its box and waits for cells."""
-
-    type: Literal["ready"]
-
-
-class CellFrame(TypedDict):
-    type: Literal["cell"]
-    code: str
-    calls: list[str]
-
-
-class CellDone(TypedDict):
-    type: Literal["cell_done"]
-    value: ValueBundle | None
-    error: CellError | None
-    duration_s: float
-    cpu_s: float
-    max_rss_kb: int
-
-
-class DisplayFrame(TypedDict):
-    type: Literal["display"]
-    value: ValueBundle
-
-
-class Ack(TypedDict):
-    type: Literal["ack"]
-
-
-class _CallFrameRequired(TypedDict):
-    type: Literal["call"]
-    name: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-
-
-class CallFrame(_CallFrameRequired, total=False):
-    batch: bool
-
-
-class _CallAnswerRequired(TypedDict):
-    type: Literal["answer"]
-    ok: bool
-
-
-class CallAnswer(_CallAnswerRequired, total=False):
-    """The supervisor's answer to a ``call``; ``interrupt``: the cell timed out meanwhile."""
-
-    value: Any
-    error: CallError
-    interrupt: bool
-
-
-class _FileDoneRequired(TypedDict):
-    type: Literal["file_done"]
-
-
-class FileDone(_FileDoneRequired, total=False):
-    result: Any
-    error: FileError
-
-
-SESSION_FRAMES: dict[str, type] = {
-    "ready": Ready,
-    "cell": CellFrame,
-    "cell_done": CellDone,
-    "display": DisplayFrame,
-    "ack": Ack,
-    "call": CallFrame,
-    "answer": CallAnswer,
-    "file": FileRequest,
-    "file_done": FileDone,
-}
+from ..wire.protocol import BoxLimits, JudgeSpec
 
 # --- supervisor <-> zygote (datagrams) ---------------------------------------------------------
 

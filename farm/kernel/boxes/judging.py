@@ -18,7 +18,14 @@ import stat
 from typing import Any
 
 from ..judge import checkers, languages
-from ..wire.protocol import JudgeSpec, JudgeTest
+from ..wire.protocol import (
+    CompileOutcome,
+    JudgeOutcome,
+    JudgeSpec,
+    JudgeTest,
+    JudgeTestOutcome,
+    Verdict,
+)
 from . import testrun
 from .box_protocol import BoxInfo
 
@@ -30,26 +37,38 @@ OUTPUTS_BYTES = 8 << 20  # the outputs returned (special judge, keep_outputs), a
 STACK_BYTES = 256 << 20
 
 
-def outcome(verdict: str, message: str = "", **fields: Any) -> dict[str, Any]:
-    result: dict[str, Any] = {"verdict": verdict, "message": message, "tests": [], "compile": None}
-    result.update(fields)
+def outcome(
+    verdict: Verdict,
+    message: str = "",
+    *,
+    tests: list[JudgeTestOutcome] | None = None,
+    compile: CompileOutcome | None = None,
+) -> JudgeOutcome:
+    return {"verdict": verdict, "message": message, "tests": tests or [], "compile": compile}
+
+
+def _named(result: JudgeOutcome, language: tuple[str, str]) -> JudgeOutcome:
+    """``result`` with the language it was judged in: its name and the toolchain's words."""
+    result["language"], result["version"] = language
     return result
 
 
-def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> dict[str, Any]:
+def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     """Judge ``spec`` (``protocol.JudgeSpec``) in ``box``: the outcome to send back."""
     table = languages.load()
     language = table.get(spec["language"])
     if language is None:
         known = ", ".join(sorted(table)) or "none: build a judge image"
         why = f"this image judges no {spec['language']!r} (it judges: {known})"
-        return outcome("IE", why, kind="input")
-    named = {"language": spec["language"], "version": language.get("version_text", "")}
+        refused = outcome("IE", why)
+        refused["kind"] = "input"
+        return refused
+    named = (spec["language"], language.get("version_text", ""))
     workspace = box["workspace"]
     build = os.path.join(workspace, BUILD_DIR)
     compiled, artifact = _compile(spec, language, box, isolation, build)
     if compiled["status"] == "error":
-        return outcome("CE", compiled["output"], compile=compiled, **named)
+        return _named(outcome("CE", compiled["output"], compile=compiled), named)
     memory_mb = int(spec["memory_mb"])
     run_argv = [arg.replace("{memory_mb}", str(memory_mb)) for arg in language["run"]]
     limits = testrun.Limits(
@@ -60,15 +79,17 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> dict[str, Any]:
         stack_bytes=min(STACK_BYTES, memory_mb << 20),
     )
     testrun.confine(box, limits)  # the runner's limits are the tests' from here on
-    results: list[dict[str, Any]] = []
+    results: list[JudgeTestOutcome] = []
     kept = 0
-    verdict = "AC"
+    verdict: Verdict = "AC"
     for index, test in enumerate(spec["tests"]):
         result = _test(index, test, spec, run_argv, box, isolation, limits)
         kept += len(result.get("output", ""))
         if kept > OUTPUTS_BYTES:
             why = f"the outputs to return are over {OUTPUTS_BYTES >> 20} MB"
-            return outcome("IE", why, kind="input", **named)
+            refused = outcome("IE", why)
+            refused["kind"] = "input"
+            return _named(refused, named)
         results.append(result)
         if result["verdict"] not in ("AC", "PENDING") and verdict == "AC":
             verdict = result["verdict"]
@@ -76,12 +97,14 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> dict[str, Any]:
                 break
     if verdict == "AC" and any(r["verdict"] == "PENDING" for r in results):
         verdict = "PENDING"  # the special judge decides
-    return outcome(verdict, "", tests=results, compile=compiled, artifact=artifact, **named)
+    judged = outcome(verdict, "", tests=results, compile=compiled)
+    judged["artifact"] = artifact
+    return _named(judged, named)
 
 
 def _compile(
     spec: JudgeSpec, language: dict[str, Any], box: BoxInfo, isolation: str, build: str
-) -> tuple[dict[str, Any], dict[str, str] | None]:
+) -> tuple[CompileOutcome, dict[str, str] | None]:
     """Write the source (and a cached build) with the box's rights, compile unless cached:
     what the compile did, and its artifact (the build's files, for the worker's cache) when
     it ran. The runner's working directory is the build's from here on: the compiler's and
@@ -105,7 +128,7 @@ def _compile(
         output_bytes=COMPILE_FILE_BYTES,
         stack_bytes=STACK_BYTES,
     )
-    compiled: dict[str, Any] = {
+    compiled: CompileOutcome = {
         "status": "ok",
         "output": "",
         "time_s": 0.0,
@@ -118,10 +141,11 @@ def _compile(
         argv, box, isolation, limits, keep_stdout=MESSAGE_BYTES, keep_stderr=MESSAGE_BYTES
     )
     text = (done.stdout + done.stderr).decode(errors="replace")
-    compiled.update(output=text, time_s=done.cpu_s, wall_s=done.wall_s)
+    compiled["output"], compiled["time_s"], compiled["wall_s"] = text, done.cpu_s, done.wall_s
     if done.killed or done.exit_code != 0:
         why = {"wall": "compilation timed out", "memory": "compilation ran out of memory"}
-        compiled.update(status="error", output=text or why.get(done.killed or "", "failed"))
+        compiled["status"] = "error"
+        compiled["output"] = text or why.get(done.killed or "", "failed")
         if done.killed:
             compiled["output"] = f"{why[done.killed]}\n{text}"
         elif done.signal is not None:
@@ -170,7 +194,7 @@ def _test(
     box: BoxInfo,
     isolation: str,
     limits: testrun.Limits,
-) -> dict[str, Any]:
+) -> JudgeTestOutcome:
     stdin_path = None
     if test.get("stdin_path"):
         stdin_path = os.path.join(box["workspace"], test["stdin_path"])
@@ -184,7 +208,7 @@ def _test(
         stdin_data=data if stdin_path is None else None,
         keep_stdout=limits.output_bytes,
     )
-    result: dict[str, Any] = {
+    result: JudgeTestOutcome = {
         "index": index,
         "time_s": round(done.cpu_s, 4),
         "wall_s": round(done.wall_s, 4),
@@ -205,11 +229,11 @@ def _test(
             expected = base64.b64decode(test.get("expected") or "")
             passed, message = checkers.check(spec["checker"], expected, done.stdout)
             verdict = "AC" if passed else "WA"
-    result.update(verdict=verdict, message=message)
+    result["verdict"], result["message"] = verdict, message
     return result
 
 
-def _verdict(done: testrun.Measured, limits: testrun.Limits) -> tuple[str, str]:
+def _verdict(done: testrun.Measured, limits: testrun.Limits) -> tuple[Verdict, str]:
     """The verdict of a run before its output is checked (``AC``: check it)."""
     if done.output_bytes >= limits.output_bytes:  # it was stopped there (RLIMIT_FSIZE)
         return "OLE", f"over {limits.output_bytes >> 20} MB of output"

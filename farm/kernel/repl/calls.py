@@ -10,8 +10,10 @@ docs/design/kernel.md, docs/design/host-callbacks.md.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
+
+from ..wire.session_frames import CallAnswer, CallFrame
 
 MAX_CALL_BYTES = 1024 * 1024
 MAX_ANSWER_BYTES = 8 * 1024 * 1024  # the host refuses (CallbackError) an answer past this
@@ -23,14 +25,14 @@ class CallbackError(Exception):
 
 
 class _Channel(Protocol):
-    def request(self, frame: dict[str, Any]) -> dict[str, Any] | None: ...
+    def request(self, frame: CallFrame) -> CallAnswer | None: ...
 
 
 def make_call(name: str, channel: _Channel, *, batch: bool = False) -> Callable[..., Any]:
     """The global that sandboxed code calls for ``name`` (``batch``: one call, many items)."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        frame: dict[str, Any] = {"type": "call", "name": name, "args": list(args), "kwargs": kwargs}
+        frame: CallFrame = {"type": "call", "name": name, "args": list(args), "kwargs": kwargs}
         if batch:
             if len(args) != 1 or kwargs or isinstance(args[0], (str, bytes, dict)):
                 raise TypeError(f"{name}_batched(items) takes one list of inputs")
@@ -48,7 +50,7 @@ def make_call(name: str, channel: _Channel, *, batch: bool = False) -> Callable[
         if answer.get("interrupt"):  # the cell timed out while waiting: stop it like Ctrl-C
             raise KeyboardInterrupt
         if not answer.get("ok"):
-            error = answer.get("error") or {}
+            error: Mapping[str, object] = answer.get("error") or {}
             raise CallbackError(
                 f"{call.__name__}(): {error.get('ename', 'Error')}: {error.get('evalue', '')}"
             )

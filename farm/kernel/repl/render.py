@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any
 
+from ..wire.protocol import ValueBundle
+
 SUMMARY_CHARS = 2048
 SUMMARY_DEPTH = 2
 SUMMARY_ITEMS = 50
@@ -107,7 +109,7 @@ def _rich(obj: object, method: str) -> Any:
         return None
 
 
-def bundle(obj: object) -> dict[str, Any]:
+def bundle(obj: object) -> ValueBundle:
     """The ``{"text", "data"}`` value of a run, JSON-serialisable and bounded."""
     plain = plain_text(obj)
     data: dict[str, Any] = {"text/plain": plain}
@@ -135,7 +137,7 @@ def bundle(obj: object) -> dict[str, Any]:
 FRAME_BYTES = 4 * 1024 * 1024  # a value or display bigger than this travels as its text alone
 
 
-def framed(value: dict[str, Any]) -> dict[str, Any]:
+def framed(value: ValueBundle) -> ValueBundle:
     """``value`` as it may travel in a frame: a bundle over ``FRAME_BYTES`` (its rich parts
     add up: 8 MiB of each kind is allowed) keeps only ``text/plain``, and says so on stderr."""
     size = len(json.dumps(value))

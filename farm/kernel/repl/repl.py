@@ -20,6 +20,7 @@ import types
 from typing import Any
 
 from .. import KIND_OOM, KIND_USER
+from ..wire.protocol import CellError, ValueBundle
 from . import inputs
 from .render import bundle
 
@@ -98,7 +99,7 @@ class Repl:
             return self.loop.run_until_complete(eval(code, self.namespace))
         return eval(code, self.namespace)
 
-    def run_cell(self, code: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    def run_cell(self, code: str) -> tuple[ValueBundle | None, CellError | None]:
         """Run one cell, cleaned as IPython cleans it (``inputs``); return ``(value, error)``
         as wire dicts (at most one is set)."""
         code = inputs.clean(code)
@@ -142,7 +143,7 @@ def _user_traceback(exc: BaseException) -> types.TracebackType | None:
     return tb
 
 
-def error_dict(exc: BaseException, *, user_frames_only: bool = True) -> dict[str, Any]:
+def error_dict(exc: BaseException, *, user_frames_only: bool = True) -> CellError:
     tb = _user_traceback(exc) if user_frames_only else None
     try:
         lines = traceback.format_exception(type(exc), exc, tb)

@@ -21,11 +21,14 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast, overload
 
+from .. import KIND_USER
 from ..tools import fileops
 from ..tools.tools import DEFAULT_LIMIT, Workspace
 from ..wire.framing import recv_frame, send_frame
+from ..wire.protocol import CellError
+from ..wire.session_frames import Ack, CallAnswer, CallFrame, CellDone, DisplayFrame, Order, Ready
 from . import calls
 from .render import bundle, framed
 from .repl import Repl
@@ -110,7 +113,13 @@ class Channel:
         self.lock = threading.Lock()
         self.open = False  # a cell is running: frames other than the reply may be sent
 
-    def request(self, frame: dict[str, Any]) -> dict[str, Any] | None:
+    @overload
+    def request(self, frame: CallFrame) -> CallAnswer | None: ...
+
+    @overload
+    def request(self, frame: DisplayFrame) -> Ack | None: ...
+
+    def request(self, frame: CallFrame | DisplayFrame) -> CallAnswer | Ack | None:
         """Send a frame of the running cell and wait for the supervisor's answer to it
         (``None`` when no frame may be sent now). Waiting keeps the order exact: the
         supervisor reads the capture pipes up to this point before it answers."""
@@ -122,11 +131,12 @@ class Channel:
             old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:  # an interrupt now would tear the frame or orphan its answer
                 send_frame(self.ctl, frame)
-                return recv_frame(self.ctl)
+                answer = recv_frame(self.ctl)  # the supervisor's, its only peer
+                return cast("CallAnswer | Ack | None", answer)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
-    def reply(self, frame: dict[str, Any]) -> None:
+    def reply(self, frame: CellDone) -> None:
         with self.lock:
             self.open = False
             send_frame(self.ctl, frame)
@@ -149,7 +159,8 @@ def _usage() -> tuple[float, int]:
 
 def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
     """Answer exec requests until the supervisor closes the control socket; the first frame
-    says the process is in its box and ready. ``config``: ``box_protocol.SessionConfig``."""
+    says the process is in its box and ready. ``config``: ``box_protocol.SessionConfig``
+    (``boxes`` is above this package, so it is read as a mapping)."""
     workspace = Workspace(config["box"]["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
     extra = workspace.globals() if config.get("tools", True) else {}
     repl = Repl(extra)
@@ -158,12 +169,13 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts.handler)
     me = os.getpid()
-    send_frame(ctl, {"type": "ready"})
+    ready: Ready = {"type": "ready"}
+    send_frame(ctl, ready)
     while True:
-        request = recv_frame(ctl)
+        request = cast("Order | None", recv_frame(ctl))  # the supervisor's, its only peer
         if request is None:
             return
-        if request.get("type") == "file":  # between cells, as the box's uid
+        if request["type"] == "file":  # between cells, as the box's uid
             send_frame(ctl, fileops.handle(workspace, request))
             continue
         _restore_stdio()
@@ -176,7 +188,13 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
         try:
             value, error = repl.run_cell(request["code"])
         except KeyboardInterrupt:  # arrived between user code and the return
-            value, error = None, {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []}
+            interrupted: CellError = {
+                "ename": "KeyboardInterrupt",
+                "evalue": "",
+                "traceback": [],
+                "kind": KIND_USER,  # the supervisor's interrupt says timeout or output_limit
+            }
+            value, error = None, interrupted
         finally:
             interrupts.running = False
         if os.getpid() != me:
@@ -189,7 +207,7 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
             value = framed(value)
         _flush_all()
         cpu1, rss = _usage()
-        reply: dict[str, Any] = {
+        reply: CellDone = {
             "type": "cell_done",
             "value": value,
             "error": error,

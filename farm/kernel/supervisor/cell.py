@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_STATE_LOST, KIND_TIMEOUT
 from ..wire.protocol import CellError, CellResult, CommandOutcome, Execute, Kind, ValueBundle
+from ..wire.session_frames import CellDone
 
 if TYPE_CHECKING:
     from .process import SessionProcess
@@ -79,7 +80,7 @@ class Cell:
         ename = "OutputLimitExceeded" if reason == KIND_OUTPUT_LIMIT else "TimeoutError"
         return self._error(ename, why, reason, state_lost=True)
 
-    def done(self, reply: dict[str, Any], reason: Kind | None) -> CellResult:
+    def done(self, reply: CellDone, reason: Kind | None) -> CellResult:
         error = reply.get("error")
         if error is not None and reason is not None and error["ename"] == "KeyboardInterrupt":
             error["kind"] = reason

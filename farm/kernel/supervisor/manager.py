@@ -35,6 +35,7 @@ from ..wire.protocol import (
     SessionClosed,
     SessionOpened,
 )
+from ..wire.session_frames import CellDone, CellFrame
 from .cell import Cell, kill_notes, over_budget
 from .judges import Judges
 from .links import RequestError
@@ -295,12 +296,13 @@ class SessionManager:
         ooms_before = oom_kills()
         if proc.exit is None:
             proc.start_cell(request["max_output_bytes"], emit, request.get("calls"))
+            frame: CellFrame = {
+                "type": "cell",
+                "code": request["code"],
+                "calls": request.get("calls", []),
+            }
             try:
-                proc.writer.write(
-                    encode(
-                        {"type": "cell", "code": request["code"], "calls": request.get("calls", [])}
-                    )
-                )
+                proc.writer.write(encode(frame))
                 await proc.writer.drain()
             except (ConnectionError, OSError):  # it died before its exit was reported
                 await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
@@ -333,7 +335,7 @@ class SessionManager:
 
     async def _run(
         self, proc: SessionProcess, request: Execute
-    ) -> tuple[dict[str, Any] | None, Kind | None, bool]:
+    ) -> tuple[CellDone | None, Kind | None, bool]:
         """Wait for the cell's reply (it was sent), interrupting and killing as the rules say."""
         reply_task = asyncio.ensure_future(proc.cell_reply())
         flood_task = asyncio.ensure_future(proc.flood.wait())

@@ -1,6 +1,6 @@
 """``SessionProcess``: one forked session process as the supervisor sees it.
 
-Its control socket carries frames (``box_protocol.SESSION_FRAMES``): the cell out, then the cell's
+Its control socket carries frames (``wire.session_frames``): the cell out, then the cell's
 ``display`` and host ``call`` frames, answered as they come, and its ``cell_done``. Its
 stdout/stderr are pipes read into head+tail capped buffers as they fill, so output is captured
 at the file-descriptor level and a flood is noticed while the cell runs.
@@ -14,10 +14,12 @@ import logging
 import os
 import signal
 import socket
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from ..boxes.box_protocol import Exited
 from ..wire.framing import encode, read_frame
+from ..wire.session_frames import Ack, CallAnswer, CallFrame, CellDone, FileDone, from_session
 from .output import CappedBuffer, drain_into
 from .streaming import CellEvents, Emit
 
@@ -74,13 +76,13 @@ class SessionProcess:
         self.events = CellEvents(emit, self.out, self.err) if emit is not None else None
         self.allowed = frozenset(calls or ())
 
-    async def cell_reply(self) -> dict[str, Any] | None:
+    async def cell_reply(self) -> CellDone | None:
         """Read the session's frames until its ``cell_done``. A ``display`` on the way goes
         out as an event (dropped when nobody asked for events) and is answered, which lets the
         session go on: a request from sandboxed code that needs a real answer (a host
         callback) would be one more frame type here, answered once the host replied."""
         while True:
-            frame = await read_frame(self.reader)
+            frame = from_session(await read_frame(self.reader))
             if frame is None or frame["type"] == "cell_done":
                 return frame
             if frame["type"] == "call":
@@ -90,17 +92,21 @@ class SessionProcess:
                     self.drain(fd)
                 if self.events is not None:
                     self.events.display(frame.get("value"))
-                self.writer.write(encode({"type": "ack"}))
+                ack: Ack = {"type": "ack"}
+                self.writer.write(encode(ack))
             else:
                 log.warning("session pid %d sent an unknown frame %r", self.pid, frame["type"])
 
-    async def exchange(self, frame: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """Send a frame between cells (a ``file`` request) and read its one reply frame."""
+    async def exchange(self, frame: Mapping[str, Any], timeout_s: float) -> FileDone | None:
+        """Send a frame between cells (a ``file`` request) and read its one reply frame, the
+        ``file_done`` (typed, not checked: the manager reads its fields with ``get``). The
+        request is the host's ``file`` frame as it came (typed where it is parsed)."""
         self.writer.write(encode(frame))
         await self.writer.drain()
-        return await asyncio.wait_for(read_frame(self.reader), timeout_s)
+        reply = await asyncio.wait_for(read_frame(self.reader), timeout_s)
+        return cast("FileDone | None", reply)
 
-    def _forward_call(self, frame: dict[str, Any]) -> None:
+    def _forward_call(self, frame: CallFrame) -> None:
         """A host callback from the cell (``farm.kernel.calls``): out as an event, then wait."""
         for fd in self.fds:  # what the cell printed before the call comes first
             self.drain(fd)
@@ -138,10 +144,11 @@ class SessionProcess:
         """The cell must stop: answer its waiting call with an interrupt (raised there)."""
         if self.waiting is not None:
             self.waiting = None
-            self.writer.write(encode({"type": "answer", "ok": False, "interrupt": True}))
+            interrupt: CallAnswer = {"type": "answer", "ok": False, "interrupt": True}
+            self.writer.write(encode(interrupt))
 
     def _answer(self, ok: bool, *, value: Any = None, error: tuple[str, str] = ("", "")) -> None:
-        body: dict[str, Any] = {"type": "answer", "ok": ok}
+        body: CallAnswer = {"type": "answer", "ok": ok}
         if ok:
             body["value"] = value
         else:

@@ -16,12 +16,14 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from ..wire.protocol import FileError, FileRequest
+from ..wire.session_frames import FileDone
 from .tools import Workspace, WorkspaceError
 
 MAX_CHUNK = 8 * 1024 * 1024
 
 
-def handle(workspace: Workspace, request: dict[str, Any]) -> dict[str, Any]:
+def handle(workspace: Workspace, request: FileRequest) -> FileDone:
     """One ``file`` request -> its ``file_done`` frame."""
     op = request.get("op")
     try:
@@ -37,8 +39,13 @@ def handle(workspace: Workspace, request: dict[str, Any]) -> dict[str, Any]:
     return {"type": "file_done", "result": result}
 
 
-def _error(ename: str, evalue: str, code: int, request: dict[str, Any]) -> dict[str, Any]:
-    error = {"ename": ename, "evalue": evalue, "errno": code, "path": str(request.get("path"))}
+def _error(ename: str, evalue: str, code: int, request: FileRequest) -> FileDone:
+    error: FileError = {
+        "ename": ename,
+        "evalue": evalue,
+        "errno": code,
+        "path": str(request.get("path")),
+    }
     return {"type": "file_done", "error": error}
 
 
@@ -48,7 +55,7 @@ def _resolve(workspace: Workspace, path: str, scope: object) -> Path:
     return workspace.confine(path)
 
 
-def _write(workspace: Workspace, path: Path, request: dict[str, Any]) -> dict[str, Any]:
+def _write(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, Any]:
     """Write a chunk at ``offset``; offset 0 creates (parents too) or truncates the file."""
     data = base64.b64decode(request.get("data", ""))
     if len(data) > MAX_CHUNK:
@@ -69,7 +76,7 @@ def _write(workspace: Workspace, path: Path, request: dict[str, Any]) -> dict[st
     return {"path": _shown(workspace, path), "size": size}
 
 
-def _read(workspace: Workspace, path: Path, request: dict[str, Any]) -> dict[str, Any]:
+def _read(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, Any]:
     """``length`` bytes (at most ``MAX_CHUNK``) from ``offset``, and the file's size."""
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
@@ -83,13 +90,13 @@ def _read(workspace: Workspace, path: Path, request: dict[str, Any]) -> dict[str
     return {"data": base64.b64encode(data).decode("ascii"), "size": size, "eof": eof}
 
 
-def _stat(workspace: Workspace, path: Path, request: dict[str, Any]) -> dict[str, Any]:
+def _stat(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, Any]:
     st = path.lstat()
     kind = "link" if path.is_symlink() else "dir" if path.is_dir() else "file"
     return {"path": _shown(workspace, path), "type": kind, "size": st.st_size, "mode": st.st_mode}
 
 
-def _list(workspace: Workspace, path: Path, request: dict[str, Any]) -> list[dict[str, Any]]:
+def _list(workspace: Workspace, path: Path, request: FileRequest) -> list[dict[str, Any]]:
     out = []
     for entry in sorted(path.rglob("*")):
         kind = "link" if entry.is_symlink() else "dir" if entry.is_dir() else "file"
@@ -98,7 +105,7 @@ def _list(workspace: Workspace, path: Path, request: dict[str, Any]) -> list[dic
     return out
 
 
-def _remove(workspace: Workspace, path: Path, request: dict[str, Any]) -> dict[str, Any]:
+def _remove(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, Any]:
     if path == workspace.root:
         raise WorkspaceError("refusing to remove the workspace itself")
     if path.is_dir() and not path.is_symlink():
@@ -108,7 +115,7 @@ def _remove(workspace: Workspace, path: Path, request: dict[str, Any]) -> dict[s
     return {"removed": _shown(workspace, path)}
 
 
-def _extract(workspace: Workspace, path: Path, request: dict[str, Any]) -> dict[str, Any]:
+def _extract(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, Any]:
     """Unpack the tarball staged at ``source`` (a workspace file, removed after) into ``path``;
     members that would land outside the workspace are refused, nothing is extracted then."""
     source = workspace.confine(str(request["source"]))

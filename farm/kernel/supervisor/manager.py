@@ -223,9 +223,8 @@ class SessionManager:
                 await self._replace(session)
             if session.closed:
                 raise RequestError("no_such_session", f"session {session.id!r} was closed")
-            frame: dict[str, Any] = {**request}
             try:
-                reply = await session.proc.exchange(frame, FILE_TIMEOUT_S)
+                reply = await session.proc.exchange(request, FILE_TIMEOUT_S)
             except (asyncio.TimeoutError, FrameError, ConnectionError, OSError):
                 reply = None
             if reply is None:

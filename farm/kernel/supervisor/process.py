@@ -14,11 +14,11 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Mapping
 from typing import Any, cast
 
 from ..boxes.box_protocol import Exited
 from ..wire.framing import encode, read_frame
+from ..wire.protocol import FileRequest
 from ..wire.session_frames import Ack, CallAnswer, CallFrame, CellDone, FileDone, from_session
 from .output import CappedBuffer, drain_into
 from .streaming import CellEvents, Emit
@@ -97,10 +97,10 @@ class SessionProcess:
             else:
                 log.warning("session pid %d sent an unknown frame %r", self.pid, frame["type"])
 
-    async def exchange(self, frame: Mapping[str, Any], timeout_s: float) -> FileDone | None:
-        """Send a frame between cells (a ``file`` request) and read its one reply frame, the
-        ``file_done`` (typed, not checked: the manager reads its fields with ``get``). The
-        request is the host's ``file`` frame as it came (typed where it is parsed)."""
+    async def exchange(self, frame: FileRequest, timeout_s: float) -> FileDone | None:
+        """Send a ``file`` request between cells (the host's frame as ``requests.file`` let it
+        through) and read its one reply frame, the ``file_done`` (typed, not checked: the
+        manager reads its fields with ``get``)."""
         self.writer.write(encode(frame))
         await self.writer.drain()
         reply = await asyncio.wait_for(read_frame(self.reader), timeout_s)

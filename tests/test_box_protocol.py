@@ -17,6 +17,7 @@ from farm.kernel.boxes.box_protocol import (
     refusal,
     send_request,
 )
+from farm.kernel.wire.session_frames import MalformedFrame, from_session
 
 
 def pair() -> tuple[socket.socket, socket.socket]:
@@ -85,3 +86,46 @@ def test_a_refused_request_is_answered_as_its_op_expects() -> None:
         "error": "no pids",
     }
     assert refusal(command(["true"]), "no pids") == {"op": "spawned", "pid": -1, "error": "no pids"}
+
+
+GOOD_DONE = {
+    "type": "cell_done",
+    "value": {"text": "1", "data": {"text/plain": "1"}},
+    "error": None,
+    "duration_s": 0.1,
+    "cpu_s": 0.0,
+    "max_rss_kb": 10,
+}
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        {**GOOD_DONE, "value": {"text": "1", "data": {}, "more": 1}},
+        {**GOOD_DONE, "error": {"ename": "E", "evalue": "", "traceback": []}},
+        {**GOOD_DONE, "error": {"ename": "E", "evalue": "", "traceback": [], "kind": "bogus"}},
+        {**GOOD_DONE, "cpu_s": "fast"},
+        {"type": "display", "value": "text"},
+        {"type": "call", "name": "f", "args": {}, "kwargs": {}},
+        {"type": "file_done", "error": {"ename": "E"}},
+    ],
+)
+def test_a_session_frame_the_host_would_refuse_is_malformed(frame: dict[str, object]) -> None:
+    """What user code could write on its control socket: what the supervisor would pass on to
+    the host is checked first (``from_session``); the supervisor then replaces the process."""
+    with pytest.raises(MalformedFrame):
+        from_session(frame)
+
+
+def test_the_frames_a_session_sends_pass() -> None:
+    error = {"ename": "E", "evalue": "v", "traceback": ["t"], "kind": "user"}
+    for frame in (
+        GOOD_DONE,
+        {**GOOD_DONE, "value": None, "error": error},
+        {"type": "ready"},
+        {"type": "display", "value": {"text": "x", "data": {}}},
+        {"type": "call", "name": "f", "args": [1], "kwargs": {}, "batch": True},
+        {"type": "file_done", "result": {"size": 1}},
+        {"type": "something-new"},  # unknown: logged and skipped by the supervisor
+    ):
+        assert from_session(frame) == frame

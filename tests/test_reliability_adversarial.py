@@ -336,6 +336,32 @@ def case(
     return Case(id, code, frozenset(kinds.split("|")), frozenset(state.split("|")), note, **kw)
 
 
+# Sandboxed code writes a cell_done of its own, with an error the protocol does not allow, on
+# every socket it holds (its control socket among them): the supervisor must not pass it on.
+FORGE_CELL_DONE = (
+    "import json, os, socket, struct\n"
+    "frame = {'type': 'cell_done', 'value': None, 'duration_s': 0.0, 'cpu_s': 0.0,\n"
+    "         'max_rss_kb': 0, 'error': {'ename': 'Forged', 'evalue': '', 'traceback': []}}\n"
+    "body = json.dumps(frame).encode()\n"
+    "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+    "    try:\n"
+    "        if os.readlink(f'/proc/self/fd/{fd}').startswith('socket:'):\n"
+    "            s = socket.socket(fileno=os.dup(fd))\n"
+    "            s.sendall(struct.pack('>I', len(body)) + body)\n"
+    "            s.close()\n"
+    "    except OSError:\n"
+    "        pass\n"
+    "import time\n"
+    "time.sleep(5)\n"  # the forged frame is read first, whatever the cell does next
+)
+
+
+def _check_forgery_named(outcome: Outcome, victim: Session) -> None:
+    assert outcome.result is not None and outcome.result.error is not None
+    evalue = outcome.result.error.evalue
+    assert "sent a 'cell_done' frame with an error" in evalue, evalue
+
+
 CASES = [
     case("infinite-loop", "while True:\n    pass", "timeout", KEPT, "interrupted"),
     case("sleep-forever", "import time\ntime.sleep(10**6)", "timeout", KEPT, "interrupted"),
@@ -430,6 +456,14 @@ CASES = [
         KEPT,
         "the next cell's stdout is captured again",
         check=_check_stdout_comes_back,
+    ),
+    case(
+        "forged-frame-on-the-control-socket",
+        FORGE_CELL_DONE,
+        "state_lost",
+        LOST,
+        "the process that wrote it is replaced, saying why; the kernel and host go on",
+        check=_check_forgery_named,
     ),
     case("sys-exit", "import sys\nsys.exit(3)", "user", KEPT, "SystemExit is a user error"),
     case("os-_exit", "import os\nos._exit(3)", "state_lost", LOST, "the process died"),

@@ -322,6 +322,14 @@ class SessionManager:
             return cell.done(reply, reason)
         if self.sessions.get(session.id) is not session:  # closed while the cell ran
             return cell.lost("the session was closed while this call ran")
+        if proc.broken is not None:  # its code wrote to the control socket: it cannot be trusted
+            proc.signal(signal.SIGKILL, group=True)
+            await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
+            await self._replace(session)
+            return cell.lost(
+                f"the session process sent {proc.broken} on its control socket, so it was "
+                "replaced; its variables are gone"
+            )
         await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
         what = proc.describe_exit()
         await self._replace(session)

@@ -14,12 +14,20 @@ import logging
 import os
 import signal
 import socket
-from typing import Any, cast
+from typing import Any
 
 from ..boxes.box_protocol import Exited
 from ..wire.framing import encode, read_frame
 from ..wire.protocol import FileRequest
-from ..wire.session_frames import Ack, CallAnswer, CallFrame, CellDone, FileDone, from_session
+from ..wire.session_frames import (
+    Ack,
+    CallAnswer,
+    CallFrame,
+    CellDone,
+    FileDone,
+    MalformedFrame,
+    from_session,
+)
 from .output import CappedBuffer, drain_into
 from .streaming import CellEvents, Emit
 
@@ -41,6 +49,7 @@ class SessionProcess:
         self.flood_limit = DEFAULT_OUTPUT_BYTES * FLOOD_FACTOR
         self.flood = asyncio.Event()
         self.exit: Exited | None = None
+        self.broken: str | None = None  # a malformed frame it sent (user code can write one)
         self.exited = asyncio.Event()
         self.events: CellEvents | None = None
         self.calls = 0  # host calls of this process so far (their ids)
@@ -82,7 +91,11 @@ class SessionProcess:
         session go on: a request from sandboxed code that needs a real answer (a host
         callback) would be one more frame type here, answered once the host replied."""
         while True:
-            frame = from_session(await read_frame(self.reader))
+            try:
+                frame = from_session(await read_frame(self.reader))
+            except MalformedFrame as exc:
+                self.broken = str(exc)  # the manager replaces this process, saying why
+                raise
             if frame is None or frame["type"] == "cell_done":
                 return frame
             if frame["type"] == "call":
@@ -103,8 +116,10 @@ class SessionProcess:
         manager reads its fields with ``get``)."""
         self.writer.write(encode(frame))
         await self.writer.drain()
-        reply = await asyncio.wait_for(read_frame(self.reader), timeout_s)
-        return cast("FileDone | None", reply)
+        reply = from_session(await asyncio.wait_for(read_frame(self.reader), timeout_s))
+        if reply is not None and reply["type"] != "file_done":
+            raise MalformedFrame(f"a {reply['type']!r} frame where a 'file_done' was due")
+        return reply
 
     def _forward_call(self, frame: CallFrame) -> None:
         """A host callback from the cell (``farm.kernel.calls``): out as an event, then wait."""

@@ -109,6 +109,9 @@ POOLS: dict[str, Any] = {
     ],
 }
 VALUE_SETS["pools"] = POOLS
+VALUE_SETS["egress-ca"] = {
+    "egress": {"allow": ["pypi.org"], "caBundle": {"secret": "corp-ca", "key": "ca.pem"}}
+}
 VALUE_SETS["pools-hpa"] = {
     **POOLS,
     "sandbox": {**POOLS["sandbox"], "memoryMb": 768},
@@ -423,6 +426,33 @@ def test_the_workers_network_policy_follows_the_egress_ceiling(
     assert public["ipBlock"]["cidr"] == "0.0.0.0/0"
     assert "169.254.0.0/16" in public["ipBlock"]["except"]
     assert private == {"ipBlock": {"cidr": "10.9.0.0/16"}}
+
+
+def test_the_egress_ca_bundle_reaches_the_worker_and_its_engine_at_one_path() -> None:
+    """``egress.caBundle``: with a ceiling, the bundle is mounted read-only at the same path in
+    the worker (which names it in ``FARM_EGRESS_CA_BUNDLE``) and in the engine, which
+    bind-mounts that path into sandboxes; without a ceiling, nothing of it is rendered."""
+    bundle = {"configMap": "corp-ca", "key": "gateway.pem"}
+    objects = render({"egress": {"allow": ["pypi.org"], "caBundle": bundle}})
+    spec = worker_pod(objects)["spec"]
+    path = env(container(spec, "worker"))["FARM_EGRESS_CA_BUNDLE"]
+    assert path == "/etc/farm/egress-ca/gateway.pem"
+    for name in ("worker", "engine"):
+        (mount,) = [m for m in container(spec, name)["volumeMounts"] if m["name"] == "egress-ca"]
+        assert mount == {"name": "egress-ca", "mountPath": "/etc/farm/egress-ca", "readOnly": True}
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "egress-ca"]
+    assert volume["configMap"] == {
+        "name": "corp-ca",
+        "items": [{"key": "gateway.pem", "path": "gateway.pem"}],
+    }
+    secret = render({"egress": {"allow": ["pypi.org"], "caBundle": {"secret": "corp-ca"}}})
+    (volume,) = [v for v in worker_pod(secret)["spec"]["volumes"] if v["name"] == "egress-ca"]
+    assert volume["secret"]["secretName"] == "corp-ca"
+    unused = worker_pod(render({"egress": {"caBundle": bundle}}))["spec"]
+    assert "FARM_EGRESS_CA_BUNDLE" not in env(container(unused, "worker"))
+    assert all(v["name"] != "egress-ca" for v in unused["volumes"])
+    with pytest.raises(helm.HelmError, match="configMap or secret, not both"):
+        render({"egress": {"caBundle": {"configMap": "a", "secret": "b"}}})
 
 
 def test_dind_engine_socket_and_kernel_sockets_are_shared_only_inside_the_pod(

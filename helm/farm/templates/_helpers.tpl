@@ -163,6 +163,11 @@ seccompProfile:
 {{- end -}}
 
 {{- define "farm.validate" -}}
+{{- with .Values.egress.caBundle -}}
+{{- if and .configMap .secret -}}
+{{- fail "egress.caBundle: give configMap or secret, not both" -}}
+{{- end -}}
+{{- end -}}
 {{- if hasKey .Values.worker "farmImage" -}}
 {{- fail "worker.farmImage is gone: each entry of pools names its image (pools[].farmImage)" -}}
 {{- end -}}
@@ -195,4 +200,10 @@ seccompProfile:
 {{- if not (has .Values.autoscaling.engine (list "keda" "hpa")) -}}
 {{- fail (printf "autoscaling.engine must be keda or hpa, not %q" .Values.autoscaling.engine) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The egress CA bundle's volume name when boxes have egress and a bundle is given, else "". */}}
+{{- define "farm.egressCa" -}}
+{{- $e := .Values.egress -}}
+{{- if and $e.allow (or $e.caBundle.configMap $e.caBundle.secret) -}}egress-ca{{- end -}}
 {{- end -}}

@@ -85,9 +85,11 @@ class ItemResults:
     judge: JudgeResult | None
 
     @classmethod
-    def from_kernel(cls, raw: Any, worker: str, timeout_s: float) -> ItemResults:
-        """Checks ``raw`` (an ``item_result``'s ``result``) and completes it."""
-        outcome: protocol.ItemOutcome = adapter(protocol.ItemOutcome).validate_python(raw)
+    def from_kernel(
+        cls, outcome: protocol.ItemOutcome, worker: str, timeout_s: float
+    ) -> ItemResults:
+        """``outcome`` (an ``item_result``'s ``result``, checked as it came off the wire by the
+        client's ``check``, ``validate``) as public results, which pydantic checks again."""
         command, judge = outcome["command"], outcome["judge"]
         return cls(
             session_id=outcome["session_id"],

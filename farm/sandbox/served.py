@@ -69,7 +69,7 @@ def resolve_or_pull(
     ref = ref or sandbox_ref(name)
     with docker_client(client) as client:
         served = resolve(name, ref, client)
-        if served is None and not ref.startswith(f"{SANDBOX_REPOSITORY}:"):
+        if served is None and not _farms(ref):
             logger.info("sandbox image %s is not here: pulling it", ref)
             if try_pull(client, ref, SANDBOX_PULL_TIMEOUT_S):
                 served = resolve(name, ref, client)
@@ -83,7 +83,7 @@ def serve(
     ref = ref or sandbox_ref(name)
     served = resolve_or_pull(name, ref, client)
     if served is None:
-        raise missing(ref, pulled=not ref.startswith(f"{SANDBOX_REPOSITORY}:"))
+        raise missing(ref, pulled=not _farms(ref))
     return served
 
 
@@ -94,7 +94,11 @@ def image_digest(attrs: dict[str, Any], image_id: str) -> str:
 
 def missing(ref: str, pulled: bool = False) -> SandboxStartError:
     """What a sandbox says when Docker has no image ``ref`` (``pulled``: not after a pull)."""
-    ours = ref.startswith(f"{SANDBOX_REPOSITORY}:")
-    how = "run `farm image build`" if ours else "pull or build it"
+    how = "run `farm image build`" if _farms(ref) else "pull or build it"
     tried = " and its pull failed" if pulled else ""
     return SandboxStartError(f"sandbox image {ref!r} is missing{tried}: {how}")
+
+
+def _farms(ref: str) -> bool:
+    """Whether ``ref`` names a farm image (``farm-sandbox:NAME``): built here, never pulled."""
+    return ref.startswith(f"{SANDBOX_REPOSITORY}:")

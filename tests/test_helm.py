@@ -359,6 +359,13 @@ def test_values_that_make_no_sense_are_refused() -> None:
         render({"sandbox": {"mode": "pod"}})
     report = helm.lint(CHART, {"autoscaling": {"engine": "cpu"}}, strict=True)
     assert any("/autoscaling/engine" in e for e in report["errors"]), report
+    # a misspelt scaling key would silently leave the default target in place
+    with pytest.raises(helm.HelmError, match="/autoscaling"):
+        render({"autoscaling": {"queueLenghtPerWorker": 2}})
+    with pytest.raises(helm.HelmError, match="/autoscaling/keda"):
+        render({"autoscaling": {"keda": {"redisAdress": "redis.example:6379"}}})
+    with pytest.raises(helm.HelmError, match="/autoscaling/keda/redisAddress"):
+        render({"autoscaling": {"keda": {"redisAddress": "redis://redis.example:6379/0"}}})
     # cross-field rules in the templates
     with pytest.raises(helm.HelmError, match="redis.externalUrl is required"):
         render({"redis": {"enabled": False, "auth": {"existingSecret": "broker-auth"}}})

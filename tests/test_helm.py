@@ -633,6 +633,28 @@ def test_keda_scales_workers_on_the_shared_queue_length() -> None:
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}} in peers
 
 
+def test_keda_reads_the_queues_in_the_brokers_database() -> None:
+    """The queues live in the database the broker URL names: a trigger reading another one
+    would see them empty and never scale."""
+    external = {
+        **VALUE_SETS["external-redis"],
+        "autoscaling": {"enabled": True, "keda": {"redisAddress": "redis.example:6379"}},
+    }
+    for url, database in [
+        ("redis://redis.example:6379/3", "3"),
+        ("redis://redis.example:6379/12?health_check_interval=10", "12"),
+        ("redis://redis.example:6379", "0"),
+    ]:
+        external["redis"] = {**external["redis"], "externalUrl": url}
+        scaled = find(render(external), "ScaledObject", f"{FULLNAME}-worker-default")
+        for trigger in scaled["spec"]["triggers"]:
+            assert trigger["metadata"]["address"] == "redis.example:6379"
+            assert trigger["metadata"]["databaseIndex"] == database, url
+    bundled = render(VALUE_SETS["dind-keda-kata"])
+    scaled = find(bundled, "ScaledObject", f"{FULLNAME}-worker-default")
+    assert {t["metadata"]["databaseIndex"] for t in scaled["spec"]["triggers"]} == {"0"}
+
+
 def test_hpa_scales_workers_on_an_external_queue_metric(hpa: list[dict[str, Any]]) -> None:
     scaler = find(hpa, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-default")
     assert scaler["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-default"

@@ -61,6 +61,13 @@ app.kubernetes.io/part-of: farm
 {{- end -}}
 {{- end -}}
 
+{{/* The broker's database number (the path of redis.externalUrl; the bundled Redis uses 0):
+     where the queues are, so where KEDA must read their lengths. */}}
+{{- define "farm.redisDatabase" -}}
+{{- $path := regexFind "^rediss?://[^/?#]*/[0-9]+" (ternary "" (default "" .Values.redis.externalUrl) .Values.redis.enabled) -}}
+{{- ternary (regexReplaceAll "^.*/" $path "") "0" (ne $path "") -}}
+{{- end -}}
+
 {{/* The Secret holding the broker's password: yours, or the one the chart makes. */}}
 {{- define "farm.redisAuthSecret" -}}
 {{- default (printf "%s-redis-auth" (include "farm.fullname" .)) .Values.redis.auth.existingSecret -}}

@@ -123,6 +123,19 @@ VALUE_SETS["pools-hpa"] = {
     "autoscaling": {"engine": "hpa"},
 }
 POOL_NAMES = ["default", "ds", "node"]
+# Every pool scaled by KEDA, which also asks a Prometheus for the work waiting inside workers;
+# ds has a target of its own.
+PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+VALUE_SETS["pools-keda-prometheus"] = {
+    **POOLS,
+    "pools": [
+        {**pool, "autoscaling": {**pool["autoscaling"], "waitingPerWorker": 8}}
+        if pool["name"] == "ds"
+        else pool
+        for pool in POOLS["pools"]
+    ],
+    "autoscaling": {"enabled": True, "keda": {"prometheus": {"serverAddress": PROMETHEUS}}},
+}
 
 # KEDA's ScaledObject is a custom resource that kubernetes-validate has no schema for: it is
 # checked against the part of KEDA's CRD (keda.sh/v1alpha1) that the chart uses. Trigger
@@ -131,7 +144,7 @@ INT32 = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
 # The CRD types a trigger's metadata only as strings: each scaler reads its own keys and
 # ignores others, so a misspelt key (listlength) would pass the CRD and leave the scaler
 # without its target. The chart's trigger types are checked against the keys KEDA's scaler
-# documentation lists (keda.sh/docs/2.x/scalers/redis-lists).
+# documentation lists (keda.sh/docs/2.x/scalers/redis-lists, .../prometheus).
 UNSIGNED = {"type": "string", "pattern": "^[0-9]+$"}
 BOOLEAN = {"enum": ["true", "false"]}
 TRIGGER_METADATA: dict[str, dict[str, Any]] = {
@@ -146,6 +159,19 @@ TRIGGER_METADATA: dict[str, dict[str, Any]] = {
             "activationListLength": UNSIGNED,
             "databaseIndex": UNSIGNED,
             "enableTLS": BOOLEAN,
+            "unsafeSsl": BOOLEAN,
+        },
+    },
+    "prometheus": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["serverAddress", "query", "threshold"],
+        "properties": {
+            "serverAddress": {"type": "string", "pattern": "^https?://"},
+            "query": {"type": "string", "minLength": 1},
+            "threshold": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"},
+            "activationThreshold": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"},
+            "ignoreNullValues": BOOLEAN,
             "unsafeSsl": BOOLEAN,
         },
     },
@@ -415,6 +441,10 @@ def test_values_that_make_no_sense_are_refused() -> None:
         render({"autoscaling": {"keda": {"redisAdress": "redis.example:6379"}}})
     with pytest.raises(helm.HelmError, match="/autoscaling/keda/redisAddress"):
         render({"autoscaling": {"keda": {"redisAddress": "redis://redis.example:6379/0"}}})
+    with pytest.raises(helm.HelmError, match="/autoscaling/keda/prometheus/serverAddress"):
+        render({"autoscaling": {"keda": {"prometheus": {"serverAddress": "prometheus:9090"}}}})
+    with pytest.raises(helm.HelmError, match="/autoscaling/waitingPerWorker"):
+        render({"autoscaling": {"waitingPerWorker": 0}})
     # cross-field rules in the templates
     with pytest.raises(helm.HelmError, match="redis.externalUrl is required"):
         render({"redis": {"enabled": False, "auth": {"existingSecret": "broker-auth"}}})
@@ -858,6 +888,44 @@ def test_an_hpa_scaled_pool_scales_on_its_own_queue(pools_hpa: list[dict[str, An
     assert targets == {"farm.ds": "4", "farm.ds.chunks": "1"}
 
 
+def test_keda_asks_prometheus_for_the_work_waiting_inside_the_workers() -> None:
+    """With a Prometheus address each ScaledObject gets a third trigger: opens and map items
+    waiting inside the pool's workers for a box, summed over the workers, per worker; without
+    one, or with the HPA engine, nothing of it is rendered."""
+    values = VALUE_SETS["pools-keda-prometheus"]
+    objects = render(values)
+    waiting = {
+        pool: triggers(find(objects, "ScaledObject", f"{FULLNAME}-worker-{pool}"))["waiting"]
+        for pool in POOL_NAMES
+    }
+    assert waiting["default"] == {
+        "type": "prometheus",
+        "name": "waiting",
+        "metadata": {
+            "serverAddress": PROMETHEUS,
+            "query": 'sum(farm_work_waiting{image="default"})',
+            "threshold": "24",
+        },
+    }, "no authenticationRef: the Redis password is not Prometheus' business"
+    assert waiting["ds"]["metadata"]["threshold"] == "8"  # the pool's own target
+    assert waiting["node"]["metadata"]["query"] == 'sum(farm_work_waiting{image="js-tools"})'
+    # the Redis triggers stay, with their TriggerAuthentication
+    ds = triggers(find(objects, "ScaledObject", f"{FULLNAME}-worker-ds"))
+    assert [ds[name]["type"] for name in ("queue", "chunks")] == ["redis", "redis"]
+    assert "waiting" in notes(values) and PROMETHEUS in notes(values)
+    # KEDA's operator reaches Prometheus, not farm: farm's policies are the same without it
+    without = render({**values, "autoscaling": {"enabled": True}})
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert policies == [o for o in without if o["kind"] == "NetworkPolicy"]
+    for scaled in (o for o in without if o["kind"] == "ScaledObject"):
+        assert set(triggers(scaled)) == {"queue", "chunks"}
+    assert "farm_work_waiting" not in notes({**values, "autoscaling": {"enabled": True}})
+    # the HPA engine has no Prometheus trigger: the address changes nothing there
+    hpa = render({**values, "autoscaling": {**values["autoscaling"], "engine": "hpa"}})
+    scaler = find(hpa, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-ds")
+    assert [m["type"] for m in scaler["spec"]["metrics"]] == ["External", "External"]
+
+
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
 def test_every_autoscaler_watches_both_lists_of_its_pool(values: dict[str, Any]) -> None:
     """Whatever the engine and pools, a pool that scales reads both places its work waits in
@@ -874,6 +942,10 @@ def test_every_autoscaler_watches_both_lists_of_its_pool(values: dict[str, Any])
         else:
             lists = list(external_metrics(scaler))
         assert lists == [queue, f"{queue}.chunks"], scaler["metadata"]["name"]
+        if scaler["kind"] == "ScaledObject" and "waiting" in triggers(scaler):
+            # the label is the image the pool's workers serve, not the pool's name
+            query = triggers(scaler)["waiting"]["metadata"]["query"]
+            assert query == f'sum(farm_work_waiting{{image="{worker_env["FARM_IMAGE"]}"}})'
     autoscaled = values.get("autoscaling", {}).get("enabled") or any(
         p.get("autoscaling", {}).get("enabled") for p in values.get("pools", [])
     )

@@ -129,7 +129,7 @@ pool may set false or 0 (no autoscaling, minReplicas 0) over a default that is n
 {{- $_ := set $pool "sandbox" $limits -}}
 {{- $scaling := dict -}}
 {{- $given = $p.autoscaling | default dict -}}
-{{- range $key := list "enabled" "minReplicas" "maxReplicas" "queueLengthPerWorker" "chunksPerWorker" -}}
+{{- range $key := list "enabled" "minReplicas" "maxReplicas" "queueLengthPerWorker" "chunksPerWorker" "waitingPerWorker" -}}
 {{- $_ := set $scaling $key (ternary (index $given $key) (index $a $key) (hasKey $given $key)) -}}
 {{- end -}}
 {{- $_ := set $pool "autoscaling" $scaling -}}

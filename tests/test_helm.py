@@ -98,7 +98,12 @@ POOLS: dict[str, Any] = {
                 "requests": {"cpu": "250m", "memory": "256Mi"},
                 "limits": {"cpu": "2", "memory": "3Gi"},
             },
-            "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 6},
+            "autoscaling": {
+                "enabled": True,
+                "minReplicas": 0,
+                "maxReplicas": 6,
+                "chunksPerWorker": 1,
+            },
         },
         {
             "name": "node",
@@ -118,11 +123,59 @@ VALUE_SETS["pools-hpa"] = {
     "autoscaling": {"engine": "hpa"},
 }
 POOL_NAMES = ["default", "ds", "node"]
+# Every pool scaled by KEDA, which also asks a Prometheus for the work waiting inside workers;
+# ds has a target of its own.
+PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+VALUE_SETS["pools-keda-prometheus"] = {
+    **POOLS,
+    "pools": [
+        {**pool, "autoscaling": {**pool["autoscaling"], "waitingPerWorker": 8}}
+        if pool["name"] == "ds"
+        else pool
+        for pool in POOLS["pools"]
+    ],
+    "autoscaling": {"enabled": True, "keda": {"prometheus": {"serverAddress": PROMETHEUS}}},
+}
 
 # KEDA's ScaledObject is a custom resource that kubernetes-validate has no schema for: it is
 # checked against the part of KEDA's CRD (keda.sh/v1alpha1) that the chart uses. Trigger
 # metadata values must be strings there, a classic mistake with listLength.
 INT32 = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+# The CRD types a trigger's metadata only as strings: each scaler reads its own keys and
+# ignores others, so a misspelt key (listlength) would pass the CRD and leave the scaler
+# without its target. The chart's trigger types are checked against the keys KEDA's scaler
+# documentation lists (keda.sh/docs/2.x/scalers/redis-lists, .../prometheus).
+UNSIGNED = {"type": "string", "pattern": "^[0-9]+$"}
+BOOLEAN = {"enum": ["true", "false"]}
+TRIGGER_METADATA: dict[str, dict[str, Any]] = {
+    "redis": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["address", "listName", "listLength"],
+        "properties": {
+            "address": {"type": "string", "pattern": "^.+:[0-9]+$"},
+            "listName": {"type": "string", "minLength": 1},
+            "listLength": UNSIGNED,
+            "activationListLength": UNSIGNED,
+            "databaseIndex": UNSIGNED,
+            "enableTLS": BOOLEAN,
+            "unsafeSsl": BOOLEAN,
+        },
+    },
+    "prometheus": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["serverAddress", "query", "threshold"],
+        "properties": {
+            "serverAddress": {"type": "string", "pattern": "^https?://"},
+            "query": {"type": "string", "minLength": 1},
+            "threshold": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"},
+            "activationThreshold": {"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"},
+            "ignoreNullValues": BOOLEAN,
+            "unsafeSsl": BOOLEAN,
+        },
+    },
+}
 SCALED_OBJECT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -160,8 +213,15 @@ SCALED_OBJECT_SCHEMA: dict[str, Any] = {
                         "type": "object",
                         "additionalProperties": False,
                         "required": ["type", "metadata"],
+                        "allOf": [
+                            {
+                                "if": {"properties": {"type": {"const": kind}}},
+                                "then": {"properties": {"metadata": metadata}},
+                            }
+                            for kind, metadata in TRIGGER_METADATA.items()
+                        ],
                         "properties": {
-                            "type": {"type": "string"},
+                            "type": {"enum": list(TRIGGER_METADATA)},
                             "name": {"type": "string"},
                             "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
                             "metadata": {
@@ -237,6 +297,21 @@ def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
     assert len(matches) == 1, f"expected one {kind}/{name}, found {len(matches)}"
     return matches[0]
+
+
+def triggers(scaled: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A ScaledObject's triggers by name (names are unique: KEDA refers to triggers by them)."""
+    named = {t["name"]: t for t in scaled["spec"]["triggers"]}
+    assert len(named) == len(scaled["spec"]["triggers"]), "trigger names repeat"
+    return named
+
+
+def external_metrics(hpa: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """An HPA's External metrics by the list they measure (label ``queue``), in order."""
+    metrics = [m["external"] for m in hpa["spec"]["metrics"] if m["type"] == "External"]
+    named = {m["metric"]["selector"]["matchLabels"]["queue"]: m for m in metrics}
+    assert len(named) == len(metrics), "a list is measured twice"
+    return named
 
 
 def kinds(objects: list[dict[str, Any]]) -> set[str]:
@@ -359,6 +434,17 @@ def test_values_that_make_no_sense_are_refused() -> None:
         render({"sandbox": {"mode": "pod"}})
     report = helm.lint(CHART, {"autoscaling": {"engine": "cpu"}}, strict=True)
     assert any("/autoscaling/engine" in e for e in report["errors"]), report
+    # a misspelt scaling key would silently leave the default target in place
+    with pytest.raises(helm.HelmError, match="/autoscaling"):
+        render({"autoscaling": {"queueLenghtPerWorker": 2}})
+    with pytest.raises(helm.HelmError, match="/autoscaling/keda"):
+        render({"autoscaling": {"keda": {"redisAdress": "redis.example:6379"}}})
+    with pytest.raises(helm.HelmError, match="/autoscaling/keda/redisAddress"):
+        render({"autoscaling": {"keda": {"redisAddress": "redis://redis.example:6379/0"}}})
+    with pytest.raises(helm.HelmError, match="/autoscaling/keda/prometheus/serverAddress"):
+        render({"autoscaling": {"keda": {"prometheus": {"serverAddress": "prometheus:9090"}}}})
+    with pytest.raises(helm.HelmError, match="/autoscaling/waitingPerWorker"):
+        render({"autoscaling": {"waitingPerWorker": 0}})
     # cross-field rules in the templates
     with pytest.raises(helm.HelmError, match="redis.externalUrl is required"):
         render({"redis": {"enabled": False, "auth": {"existingSecret": "broker-auth"}}})
@@ -373,6 +459,8 @@ def test_pool_values_that_make_no_sense_are_refused() -> None:
         render({"pools": [{"name": "Has_Capitals"}]})
     with pytest.raises(helm.HelmError, match="/pools"):
         render({"pools": []})
+    with pytest.raises(helm.HelmError, match="/pools/0/autoscaling/chunksPerWorker"):
+        render({"pools": [{"name": "ds", "autoscaling": {"chunksPerWorker": 0}}]})
     with pytest.raises(helm.HelmError, match='"ds" is given twice'):
         render({"pools": [{"name": "ds"}, {"name": "ds"}]})
     with pytest.raises(helm.HelmError, match="worker.farmImage is gone"):
@@ -611,27 +699,73 @@ def test_disruption_budget_covers_the_workers(default: list[dict[str, Any]]) -> 
     assert selects(pdb["spec"]["selector"], worker_pod(default)["metadata"]["labels"])
 
 
-def test_keda_scales_workers_on_the_shared_queue_length() -> None:
+def test_keda_scales_workers_on_the_shared_queue_and_the_chunks_backlog() -> None:
     objects = render(VALUE_SETS["dind-keda-kata"])
     deployment = find(objects, "Deployment", f"{FULLNAME}-worker-default")
     assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
     scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-default")
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "redis"
-    assert trigger["metadata"]["listName"] == "farm.default"
-    assert trigger["metadata"]["address"] == f"{FULLNAME}-redis.{NAMESPACE}.svc:6379"
+    by_name = triggers(scaled)
+    assert set(by_name) == {"queue", "chunks"}, "no Prometheus address: no prometheus trigger"
+    queue, chunks = by_name["queue"], by_name["chunks"]
+    assert queue["type"] == chunks["type"] == "redis"
+    assert queue["metadata"]["listName"] == "farm.default"
+    assert queue["metadata"]["listLength"] == "4"
+    # map chunks wait in a list of their own, with a target of their own
+    assert chunks["metadata"]["listName"] == "farm.default.chunks"
+    assert chunks["metadata"]["listLength"] == "2"
+    for trigger in (queue, chunks):
+        assert trigger["metadata"]["address"] == f"{FULLNAME}-redis.{NAMESPACE}.svc:6379"
+        assert trigger["metadata"]["enableTLS"] == "false"
+    # one TriggerAuthentication, the chart's, for both lists
+    (auth,) = [o for o in objects if o["kind"] == "TriggerAuthentication"]
+    for trigger in (queue, chunks):
+        assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
     redis_policy = find(objects, "NetworkPolicy", f"{FULLNAME}-redis")
     peers = [p for rule in redis_policy["spec"]["ingress"] for p in rule["from"]]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}} in peers
 
 
-def test_hpa_scales_workers_on_an_external_queue_metric(hpa: list[dict[str, Any]]) -> None:
+def test_keda_reads_the_queues_in_the_brokers_database() -> None:
+    """The queues live in the database the broker URL names: a trigger reading another one
+    would see them empty and never scale."""
+    external = {
+        **VALUE_SETS["external-redis"],
+        "autoscaling": {"enabled": True, "keda": {"redisAddress": "redis.example:6379"}},
+    }
+    for url, database in [
+        ("redis://redis.example:6379/3", "3"),
+        ("redis://redis.example:6379/12?health_check_interval=10", "12"),
+        ("redis://redis.example:6379", "0"),
+    ]:
+        external["redis"] = {**external["redis"], "externalUrl": url}
+        scaled = find(render(external), "ScaledObject", f"{FULLNAME}-worker-default")
+        for trigger in scaled["spec"]["triggers"]:
+            assert trigger["metadata"]["address"] == "redis.example:6379"
+            assert trigger["metadata"]["databaseIndex"] == database, url
+    bundled = render(VALUE_SETS["dind-keda-kata"])
+    scaled = find(bundled, "ScaledObject", f"{FULLNAME}-worker-default")
+    assert {t["metadata"]["databaseIndex"] for t in scaled["spec"]["triggers"]} == {"0"}
+
+
+def test_hpa_scales_workers_on_external_metrics_of_both_lists(hpa: list[dict[str, Any]]) -> None:
+    """The same signals as KEDA's: one External metric (the adapter's, labelled with the list)
+    per list, each with its target per worker."""
     scaler = find(hpa, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-default")
     assert scaler["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-default"
-    (metric,) = scaler["spec"]["metrics"]
-    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": "farm.default"}
     assert scaler["spec"]["maxReplicas"] == 20
+    metrics = external_metrics(scaler)
+    assert list(metrics) == ["farm.default", "farm.default.chunks"]
+    for metric in metrics.values():
+        assert metric["metric"]["name"] == "farm_queue_length"
+        assert metric["target"]["type"] == "AverageValue"
+    assert metrics["farm.default"]["target"]["averageValue"] == "4"
+    assert metrics["farm.default.chunks"]["target"]["averageValue"] == "2"
+    adapter = {"enabled": True, "engine": "hpa", "hpa": {"metricName": "redis_key_size"}}
+    renamed = render({**VALUE_SETS["gvisor-hpa"], "autoscaling": adapter})
+    scaler = find(renamed, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-default")
+    names = {m["metric"]["name"] for m in external_metrics(scaler).values()}
+    assert names == {"redis_key_size"}
 
 
 def test_external_redis_replaces_the_bundled_one() -> None:
@@ -734,8 +868,12 @@ def test_an_autoscaled_pool_scales_on_its_own_queue(pools: list[dict[str, Any]])
     (ds,) = scaled
     assert ds["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-ds"
     assert (ds["spec"]["minReplicaCount"], ds["spec"]["maxReplicaCount"]) == (0, 6)
-    (trigger,) = ds["spec"]["triggers"]
-    assert trigger["metadata"]["listName"] == "farm.ds"
+    by_name = triggers(ds)
+    assert by_name["queue"]["metadata"]["listName"] == "farm.ds"
+    assert by_name["queue"]["metadata"]["listLength"] == "4"  # autoscaling.* says
+    # the pool's own target for its chunks (a map wakes a pool at zero too)
+    assert by_name["chunks"]["metadata"]["listName"] == "farm.ds.chunks"
+    assert by_name["chunks"]["metadata"]["listLength"] == "1"
     # KEDA reads the queue's length in Redis, though autoscaling.enabled (the default) is false
     redis_policy = find(pools, "NetworkPolicy", f"{FULLNAME}-redis")
     peers = [p for rule in redis_policy["spec"]["ingress"] for p in rule["from"]]
@@ -746,8 +884,72 @@ def test_an_autoscaled_pool_scales_on_its_own_queue(pools: list[dict[str, Any]])
 def test_an_hpa_scaled_pool_scales_on_its_own_queue(pools_hpa: list[dict[str, Any]]) -> None:
     (scaler,) = [o for o in pools_hpa if o["kind"] == "HorizontalPodAutoscaler"]
     assert scaler["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-ds"
-    (metric,) = scaler["spec"]["metrics"]
-    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"queue": "farm.ds"}
+    targets = {q: m["target"]["averageValue"] for q, m in external_metrics(scaler).items()}
+    assert targets == {"farm.ds": "4", "farm.ds.chunks": "1"}
+
+
+def test_keda_asks_prometheus_for_the_work_waiting_inside_the_workers() -> None:
+    """With a Prometheus address each ScaledObject gets a third trigger: opens and map items
+    waiting inside the pool's workers for a box, summed over the workers, per worker; without
+    one, or with the HPA engine, nothing of it is rendered."""
+    values = VALUE_SETS["pools-keda-prometheus"]
+    objects = render(values)
+    waiting = {
+        pool: triggers(find(objects, "ScaledObject", f"{FULLNAME}-worker-{pool}"))["waiting"]
+        for pool in POOL_NAMES
+    }
+    assert waiting["default"] == {
+        "type": "prometheus",
+        "name": "waiting",
+        "metadata": {
+            "serverAddress": PROMETHEUS,
+            "query": 'sum(farm_work_waiting{image="default"})',
+            "threshold": "24",
+        },
+    }, "no authenticationRef: the Redis password is not Prometheus' business"
+    assert waiting["ds"]["metadata"]["threshold"] == "8"  # the pool's own target
+    assert waiting["node"]["metadata"]["query"] == 'sum(farm_work_waiting{image="js-tools"})'
+    # the Redis triggers stay, with their TriggerAuthentication
+    ds = triggers(find(objects, "ScaledObject", f"{FULLNAME}-worker-ds"))
+    assert [ds[name]["type"] for name in ("queue", "chunks")] == ["redis", "redis"]
+    assert "waiting" in notes(values) and PROMETHEUS in notes(values)
+    # KEDA's operator reaches Prometheus, not farm: farm's policies are the same without it
+    without = render({**values, "autoscaling": {"enabled": True}})
+    policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
+    assert policies == [o for o in without if o["kind"] == "NetworkPolicy"]
+    for scaled in (o for o in without if o["kind"] == "ScaledObject"):
+        assert set(triggers(scaled)) == {"queue", "chunks"}
+    assert "farm_work_waiting" not in notes({**values, "autoscaling": {"enabled": True}})
+    # the HPA engine has no Prometheus trigger: the address changes nothing there
+    hpa = render({**values, "autoscaling": {**values["autoscaling"], "engine": "hpa"}})
+    scaler = find(hpa, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-ds")
+    assert [m["type"] for m in scaler["spec"]["metrics"]] == ["External", "External"]
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+def test_every_autoscaler_watches_both_lists_of_its_pool(values: dict[str, Any]) -> None:
+    """Whatever the engine and pools, a pool that scales reads both places its work waits in
+    Redis: without the chunks list a backlog of maps would never add a worker."""
+    objects = render(values)
+    scalers = [o for o in objects if o["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")]
+    for scaler in scalers:
+        pool = scaler["metadata"]["labels"]["farm.pool"]
+        _, worker_env = pool_worker(objects, pool)
+        queue = f"farm.{worker_env['FARM_IMAGE']}"
+        if scaler["kind"] == "ScaledObject":
+            redis = [t for t in scaler["spec"]["triggers"] if t["type"] == "redis"]
+            lists = [t["metadata"]["listName"] for t in redis]
+        else:
+            lists = list(external_metrics(scaler))
+        assert lists == [queue, f"{queue}.chunks"], scaler["metadata"]["name"]
+        if scaler["kind"] == "ScaledObject" and "waiting" in triggers(scaler):
+            # the label is the image the pool's workers serve, not the pool's name
+            query = triggers(scaler)["waiting"]["metadata"]["query"]
+            assert query == f'sum(farm_work_waiting{{image="{worker_env["FARM_IMAGE"]}"}})'
+    autoscaled = values.get("autoscaling", {}).get("enabled") or any(
+        p.get("autoscaling", {}).get("enabled") for p in values.get("pools", [])
+    )
+    assert bool(scalers) == bool(autoscaled)
 
 
 def test_the_api_is_a_deployment_and_service_with_probes_and_its_token_secret(

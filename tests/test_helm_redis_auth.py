@@ -82,9 +82,10 @@ def test_no_rendering_leaves_redis_without_auth(values: dict[str, Any]) -> None:
                 r for r in obj["spec"]["secretTargetRef"] if r["parameter"] == "password"
             ]
             assert {"name": password["name"], "key": password["key"]} == ref["secretKeyRef"]
-        if obj["kind"] == "ScaledObject":  # every pool KEDA scales reads its queue with it
-            (trigger,) = obj["spec"]["triggers"]
-            find(objects, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+        if obj["kind"] == "ScaledObject":  # every pool KEDA scales reads its lists with it
+            for trigger in obj["spec"]["triggers"]:
+                if trigger["type"] == "redis":
+                    find(objects, "TriggerAuthentication", trigger["authenticationRef"]["name"])
     if not values.get("redis", {}).get("enabled", True):
         assert "StatefulSet" not in kinds(objects)
         return
@@ -275,9 +276,10 @@ def test_tls_puts_redis_workers_and_keda_on_tls_with_client_certificates() -> No
     assert volumes["broker-client"]["secret"]["secretName"] == "farm-client-tls"
 
     scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-default")
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["metadata"]["enableTLS"] == "true"
-    auth = find(objects, "TriggerAuthentication", trigger["authenticationRef"]["name"])
+    queue, chunks = scaled["spec"]["triggers"]
+    assert queue["metadata"]["enableTLS"] == chunks["metadata"]["enableTLS"] == "true"
+    assert queue["authenticationRef"] == chunks["authenticationRef"]
+    auth = find(objects, "TriggerAuthentication", queue["authenticationRef"]["name"])
     params = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
     assert params == {
         "password": ("broker-auth", "redis-password"),
@@ -310,9 +312,11 @@ def test_every_pool_reaches_redis_over_tls_and_every_scaled_object_authenticates
         assert {"broker-tls", "broker-client"} <= mounts
         assert {v["name"] for v in spec["volumes"]} >= {"broker-tls", "broker-client"}
         scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-{name}")
-        (trigger,) = scaled["spec"]["triggers"]
-        assert trigger["metadata"]["enableTLS"] == "true"
-        assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+        redis_triggers = [t for t in scaled["spec"]["triggers"] if t["type"] == "redis"]
+        assert len(redis_triggers) == 2  # the shared queue and the map chunks
+        for trigger in redis_triggers:
+            assert trigger["metadata"]["enableTLS"] == "true"
+            assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
 
 
 def test_tls_for_the_bundled_redis_needs_its_certificate() -> None:

@@ -61,6 +61,13 @@ app.kubernetes.io/part-of: farm
 {{- end -}}
 {{- end -}}
 
+{{/* The broker's database number (the path of redis.externalUrl; the bundled Redis uses 0):
+     where the queues are, so where KEDA must read their lengths. */}}
+{{- define "farm.redisDatabase" -}}
+{{- $path := regexFind "^rediss?://[^/?#]*/[0-9]+" (ternary "" (default "" .Values.redis.externalUrl) .Values.redis.enabled) -}}
+{{- ternary (regexReplaceAll "^.*/" $path "") "0" (ne $path "") -}}
+{{- end -}}
+
 {{/* The Secret holding the broker's password: yours, or the one the chart makes. */}}
 {{- define "farm.redisAuthSecret" -}}
 {{- default (printf "%s-redis-auth" (include "farm.fullname" .)) .Values.redis.auth.existingSecret -}}
@@ -91,7 +98,9 @@ app.kubernetes.io/part-of: farm
 
 {{/*
 The worker pools (values `pools`), each with every field filled in: what a pool does not say
-comes from worker.*, sandbox.* and autoscaling.*. Fields are overlaid key by key (hasKey), so a
+comes from worker.*, sandbox.* and autoscaling.*. Its work waits in two Redis lists: queue
+(farm.<farmImage>: session opens, one-shot runs) and chunks (<queue>.chunks: map chunks that
+workers take only when they have room). Fields are overlaid key by key (hasKey), so a
 pool may set false or 0 (no autoscaling, minReplicas 0) over a default that is not. As JSON:
   {{- range $pool := (include "farm.pools" . | fromJson).pools }}
 */}}
@@ -105,6 +114,7 @@ pool may set false or 0 (no autoscaling, minReplicas 0) over a default that is n
 {{- $farmImage := $p.farmImage | default $p.name -}}
 {{- $defaultImage := ternary $sb.image (printf "%s:%s" $repository $farmImage) (eq $farmImage "default") -}}
 {{- $pool := dict "name" $p.name "farmImage" $farmImage "queue" (printf "farm.%s" $farmImage) -}}
+{{- $_ := set $pool "chunks" (printf "%s.chunks" $pool.queue) -}}
 {{- $_ := set $pool "sandboxImage" ($p.sandboxImage | default $defaultImage) -}}
 {{- range $key := list "replicas" "concurrency" "maxSessions" "idleTimeoutS" "resources" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" -}}
 {{- $_ := set $pool $key (ternary (index $p $key) (index $w $key) (hasKey $p $key)) -}}
@@ -119,7 +129,7 @@ pool may set false or 0 (no autoscaling, minReplicas 0) over a default that is n
 {{- $_ := set $pool "sandbox" $limits -}}
 {{- $scaling := dict -}}
 {{- $given = $p.autoscaling | default dict -}}
-{{- range $key := list "enabled" "minReplicas" "maxReplicas" "queueLengthPerWorker" -}}
+{{- range $key := list "enabled" "minReplicas" "maxReplicas" "queueLengthPerWorker" "chunksPerWorker" "waitingPerWorker" -}}
 {{- $_ := set $scaling $key (ternary (index $given $key) (index $a $key) (hasKey $given $key)) -}}
 {{- end -}}
 {{- $_ := set $pool "autoscaling" $scaling -}}

@@ -165,3 +165,18 @@ def test_without_dev_mqueue_a_box_still_removes_the_queues_it_was_left(tmp_path:
     assert len({uid for uid, _ in seen}) < len(seen), f"no box number came round again: {seen}"
     assert not any(found for _, found in seen), seen
     assert "each box mounts its queues where its init alone sees them" in kernel.log.read_text()
+
+
+def test_without_workspace_boxes_fall_back_to_uids_and_say_so(tmp_path: Path) -> None:
+    """A box's working directory is its /workspace, mounted on the root's: where the root has
+    none, the start probe fails as a box would, and the kernel falls back to uid boxes, loudly
+    (log and pong), whose sessions work."""
+    with kernel_in_root(tmp_path, workspace=False, mqueue=True) as kernel, kernel.client() as c:
+        pong = c.ping()
+        session = c.open_session()["session_id"]
+        result = c.execute(session, "import os\nos.getcwd()", epoch=1)
+    assert pong["isolation"] == "uids"
+    assert "no /workspace" in str(pong["isolation_fallback"])
+    assert "BOXES HAVE NO NAMESPACES" in kernel.log.read_text()
+    assert result.get("error") is None, result
+    assert result["value"]["text"].startswith("'/var/tmp/boxes/box-")  # a uid box's directory

@@ -149,7 +149,10 @@ def fork_into_new_pids(own: int) -> int:
 
 def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
     """In the box's pid 1 (``fork_into_new_pids``): unshare the box's other namespaces,
-    enter its network (``make_network``) and give it its disk; ``init_box`` follows."""
+    enter its network (``make_network``) and give it its disk; ``init_box`` follows. A root
+    without ``/workspace`` gets no box: its session process would have no working directory."""
+    if not os.path.isdir("/workspace"):  # the mount point of the box's own: never made here
+        raise FileNotFoundError("the root has no /workspace to mount a box's workspace on")
     unshare(BOX_NAMESPACES & ~CLONE_NEWNET & ~CLONE_NEWPID)
     setns(network, CLONE_NEWNET)
     mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the sandbox

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ipaddress
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +19,7 @@ from farm.local import LocalFarm
 from farm.models import ExecResult
 from farm.sandbox.variants import ensure_variant_image
 from tests.conftest import remove_image_tags
-from tests.http_servers import http_server
+from tests.http_servers import bridge_address, http_server
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -345,15 +347,29 @@ def test_a_directory_served_by_python_m_http_server(web: Session) -> None:
         web.run("import os, signal\nos.kill(pid, signal.SIGTERM)").raise_for_error()
 
 
+def test_the_hosts_address_on_the_bridge_needs_no_gateway_from_docker(docker_env: Any) -> None:
+    """A newer dockerd's bridge network names no gateway in its IPAM config: the address the
+    egress test serves on comes from the bridge's interface, on this host and not loopback."""
+    attrs = docker_env.networks.get("bridge").attrs
+    configs = [{k: v for k, v in c.items() if k != "Gateway"} for c in attrs["IPAM"]["Config"]]
+    address = ipaddress.ip_address(
+        bridge_address({**attrs, "IPAM": {**attrs["IPAM"], "Config": configs}})
+    )
+    assert any(address in ipaddress.ip_network(c["Subnet"]) for c in configs), (address, configs)
+    assert not address.is_loopback and not address.is_link_local
+    with socket.socket() as server:
+        server.bind((str(address), 0))  # this host's own
+
+
 def test_the_browser_goes_out_only_through_its_boxs_egress_policy(docker_env: Any) -> None:
     """One way out for the browser too: in a box with egress, Chromium uses the box's proxy
     and the worker's policy decides (an allowed host is served, another refused, each one
     recorded); without egress it requests loopback and workspace files only."""
-    gateway = docker_env.networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+    address = bridge_address(docker_env.networks.get("bridge").attrs)
     page = b"<html><head><title>Outside</title></head><body>a page of the host</body></html>"
-    with http_server(lambda _: page, gateway, "text/html") as port:
-        allowed = f"{gateway}:{port}"
-        env = {"FARM_EGRESS_ALLOW": f"{allowed},example.org", "FARM_EGRESS_ALLOW_PRIVATE": gateway}
+    with http_server(lambda _: page, address, "text/html") as port:
+        allowed = f"{address}:{port}"
+        env = {"FARM_EGRESS_ALLOW": f"{allowed},example.org", "FARM_EGRESS_ALLOW_PRIVATE": address}
         local = LocalFarm({"browser": 1}, env=env).start()
         with (
             Farm(local.settings(), owned=local) as farm,
@@ -364,7 +380,7 @@ def test_the_browser_goes_out_only_through_its_boxs_egress_policy(docker_env: An
             other = observe(out, "browser.goto('http://example.org/')")
             assert "not in this box's egress policy" in f"{other['content']} {other['error']}"
             hosts = [(e.host, e.allowed) for e in farm.replay(out.id) if e.type == "egress"]
-            assert (gateway, True) in hosts and ("example.org", False) in hosts
+            assert (address, True) in hosts and ("example.org", False) in hosts
             with farm.session(image="browser") as closed:
                 shut = observe(closed, f"browser.goto('http://{allowed}/')")
             assert "this box has no egress" in str(shut["error"])

@@ -5,12 +5,16 @@ without changing any other item's verdict."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from farm.client import Farm
+from farm.judge.languages import LANGUAGES as JUDGE_LANGUAGES
+from farm.local import LocalFarm
 from farm.models.batch import BatchRecord
 from farm.models.judge import Verdict
 from tests.judge_problems import (
@@ -33,6 +37,7 @@ from tests.judge_problems import (
     sort_tests,
     sum_items,
 )
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -253,19 +258,47 @@ def test_a_sweep_judges_its_lines_and_caches_each_submission_apart(
         assert records["right"]["manifest"]["image"] == "judge"
 
 
-def test_a_cancelled_map_stops_its_running_judges(judge_farm: Farm) -> None:
-    """Leaving a map stops its judge items' runners (their boxes' trees killed): a judge
-    sent next gets a slot of the worker's at once, not after their CPU limit of 30 s."""
-    import time
+SLOTS = 2  # judge items the cancel test's worker runs at once (FARM_JUDGE_PARALLEL)
+
+
+@pytest.fixture
+def two_slot_judge(docker_env: Any) -> Iterator[Farm]:
+    """A judge worker of its own with exactly ``SLOTS`` judge slots, which a map of as many
+    items fills with none waiting for one."""
+    from farm.sandbox.catalog import build_image
+
+    build_image("judge", client=docker_env)
+    local = LocalFarm({"judge": 1}, env={"FARM_JUDGE_PARALLEL": str(SLOTS)}).start()
+    with Farm(local.settings(), owned=local) as farm:
+        yield farm
+
+
+def test_a_cancelled_map_stops_its_running_judges(two_slot_judge: Farm, docker_env: Any) -> None:
+    """Leaving a map stops its judge items' runners (their boxes' trees killed): submissions
+    that spin, one in each of the worker's judge slots, are gone within seconds, not after
+    their CPU limit of 30 s, and a judge sent next gets a slot at once. Whatever the order
+    the items start in: the map is left once all of them are seen running."""
+    farm = two_slot_judge
+    (worker,) = farm.workers()
+    (container,) = docker_env.containers.list(filters={"label": f"farm.owner={worker['id']}"})
+    submission = " ".join(JUDGE_LANGUAGES["python3"].run)
+
+    def running() -> int:  # the submissions' processes in the sandbox (ps's last column)
+        return sum(1 for row in container.top()["Processes"] if row[-1] == submission)
 
     spin = item("spin", "python3", SUM["python3"]["TLE"], SUM_TESTS, limits={"time_s": 30.0})
-    quick = item("quick", "python3", SUM["python3"]["AC"], SUM_TESTS)
-    spinning = [{**spin, "id": f"spin-{n}"} for n in range(6)]
-    run = judge_farm.map([quick, *spinning], image="judge", ordered=False)
-    first = next(iter(run))
-    assert first.id == "quick"  # the others were sent meanwhile: they run, or never will
-    run.close()
+    run = farm.map([{**spin, "id": f"spin-{n}"} for n in range(SLOTS)], image="judge")
+    records: list[BatchRecord] = []
+    reader = threading.Thread(target=lambda: records.extend(run), daemon=True)  # sends them
+    reader.start()
+    try:
+        assert wait_for(lambda: running() == SLOTS, 60), f"not all running: {running()}"
+    finally:
+        run.close()
+    reader.join(10)
+    assert not reader.is_alive() and records == []  # left before any item ended
+    assert wait_for(lambda: running() == 0, 15), f"{running()} still running after the cancel"
     started = time.monotonic()
-    after = judge_farm.judge("python3", SUM["python3"]["AC"], SUM_TESTS)
+    after = farm.judge("python3", SUM["python3"]["AC"], SUM_TESTS)
     assert after.verdict == Verdict.AC
     assert time.monotonic() - started < 20

@@ -151,11 +151,23 @@ def prepare_shared_dirs(pool: BoxPool, *, warned: bool = False) -> None:
     os.chmod(pool.workspace_root, 0o711)
     # Docker gives a tmpfs the mode of the image's directory under it (1777), whatever its
     # mount options say: each is closed here, by its owner.
-    for path in (pool.tmp_root, "/var/tmp", "/dev/shm", "/dev/mqueue"):
+    log = logging.getLogger("farm.kernel")
+    for path in (pool.tmp_root, "/var/tmp", "/dev/shm", namespaces.QUEUES):
         try:
             os.chmod(path, 0o1733)
-        except OSError as exc:  # not there, or not ours: boxes keep it as the image made it
-            logging.getLogger("farm.kernel").warning("cannot close %s to listing: %s", path, exc)
+        except FileNotFoundError:  # nothing to list: the root has none (a bare host)
+            if path == namespaces.QUEUES and pool.isolation == "uids":
+                log.warning(
+                    "no %s here: the POSIX queues a uid box leaves cannot be found or removed, "
+                    "and a later session with its uid may open them",
+                    path,
+                )
+            elif path == namespaces.QUEUES:
+                log.info(
+                    "no %s here: each box mounts its queues where its init alone sees them", path
+                )
+        except OSError as exc:  # not ours: boxes keep it as the image made it
+            log.warning("cannot close %s to listing: %s", path, exc)
 
 
 def choose_isolation(args: argparse.Namespace) -> tuple[Isolation, str | None]:

@@ -35,6 +35,11 @@ _SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
 HIDDEN: list[str] = []
 NOT_HIDDEN = ("/", "/tmp", "/var/tmp", "/workspace", "/dev", "/dev/shm", "/proc")
 
+# Where a box's init finds its box's POSIX queues to empty them: /dev/mqueue, or where the
+# root has none, a directory only an fd of the init's reaches (``mount_queues`` sets it)
+QUEUES = "/dev/mqueue"
+queues_fd: int | None = None
+
 # The box's private directories: where each lives in the box, its directory on the box's disk
 # and its mode. ``/tmp`` is bound last: the disk is mounted there first, while it is set up.
 STAGING = "/tmp"
@@ -144,7 +149,10 @@ def fork_into_new_pids(own: int) -> int:
 
 def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
     """In the box's pid 1 (``fork_into_new_pids``): unshare the box's other namespaces,
-    enter its network (``make_network``) and give it its disk; ``init_box`` follows."""
+    enter its network (``make_network``) and give it its disk; ``init_box`` follows. A root
+    without ``/workspace`` gets no box: its session process would have no working directory."""
+    if not os.path.isdir("/workspace"):  # the mount point of the box's own: never made here
+        raise FileNotFoundError("the root has no /workspace to mount a box's workspace on")
     unshare(BOX_NAMESPACES & ~CLONE_NEWNET & ~CLONE_NEWPID)
     setns(network, CLONE_NEWNET)
     mount("none", "/", None, MS_REC | MS_PRIVATE)  # nothing below propagates to the sandbox
@@ -156,14 +164,29 @@ def make_box(uid: int, gid: int, disk_mb: int, network: int) -> None:
         os.chmod(path, mode)  # past the umask
         if target == "/workspace":
             os.chown(path, uid, gid)
+    mount_queues()  # before /tmp is bound over the disk: their place may be on it
     for target, name, _ in PRIVATE_DIRS:
         if os.path.isdir(target):  # an image may lack /var/tmp: its box then has none either
             mount(os.path.join(STAGING, name), target, None, MS_BIND)
-    if os.path.isdir("/dev/mqueue"):  # the POSIX queues of this box's IPC namespace
-        mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for path in HIDDEN:  # the kernel's own directory (its socket): empty in the box
         flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
         mount("farm-hidden", path, "tmpfs", flags, "size=4k")
+
+
+def mount_queues() -> None:
+    """A fresh queue filesystem for the box's IPC namespace, on ``/dev/mqueue``; where the root
+    has none (a bare host), on a directory of the box's disk that ``/tmp`` is then bound over,
+    kept open by the init: its processes open queues by name and need no directory, and its
+    init can still empty them (``empty_box``), which keeps the next box of the number clean."""
+    global queues_fd
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    if os.path.isdir(QUEUES):
+        mount("mqueue", QUEUES, "mqueue", flags)
+        return
+    hidden = os.path.join(STAGING, "queues")
+    os.mkdir(hidden, 0o700)
+    mount("mqueue", hidden, "mqueue", flags)
+    queues_fd = os.open(hidden, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 # What Docker hides or makes read-only in its /proc, done again over the box's fresh /proc
@@ -178,7 +201,8 @@ def empty_box(uid: int, gid: int) -> bool:
     attributes and mode of its ``/workspace``), as the box's uid, which owns all of it and so
     may remove all of it; ``True`` when nothing is left (the box may then be the next box of
     its number: a machine as fresh as a new one)."""
-    roots = [*(target for target, _, _ in PRIVATE_DIRS if os.path.isdir(target)), "/dev/mqueue"]
+    queues = QUEUES if queues_fd is None else f"/proc/self/fd/{queues_fd}"  # the box's /proc
+    roots = [*(target for target, _, _ in PRIVATE_DIRS if os.path.isdir(target)), queues]
     roots = [root for root in roots if os.path.isdir(root)]
     with uids.acting_as(uid, gid):
         leftovers.remove((), keep_roots=roots)  # /workspace back to 0700, its owner's
@@ -205,7 +229,7 @@ def init_box() -> None:
 def probe(disk_mb: int = 1) -> str | None:
     """Whether boxes can have namespaces here: ``None``, or why not (an AppArmor profile that
     denies ``mount``, rootless Docker, a stricter seccomp profile, missing capabilities).
-    Tried in a throwaway child, as the zygote makes a box."""
+    Tried in a throwaway child, as the zygote makes a box and its init empties it."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -219,6 +243,8 @@ def probe(disk_mb: int = 1) -> str | None:
                 try:
                     make_box(os.getuid(), os.getgid(), disk_mb, network)
                     init_box()
+                    if not empty_box(os.getuid(), os.getgid()):
+                        raise OSError("a box could not be emptied for the next one")
                     seccomp.install()  # what every box process needs, tried here too
                     pidfd = os.pidfd_open(os.getpid())
                     with open(f"/proc/self/fdinfo/{pidfd}") as f:

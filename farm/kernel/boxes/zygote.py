@@ -231,7 +231,10 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
 
 def _serve(zygote: Zygote) -> NoReturn:
     sock = zygote.sock
-    children.close_other_fds({0, 1, 2, sock.fileno(), zygote.own_pids})
+    kept = {0, 1, 2, sock.fileno(), zygote.own_pids}
+    if namespaces.queues_fd is not None:  # a box's init, where the root has no /dev/mqueue
+        kept.add(namespaces.queues_fd)
+    children.close_other_fds(kept)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     # Everything imported so far is shared with every child: keep the collector off it, or its

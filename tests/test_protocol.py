@@ -35,6 +35,15 @@ PONG = {  # a pong as the protocol has it (``protocol.Pong``)
     "spare_opens": 0,
     "spares": 0,
     "quarantined": 0,
+    "capacity": {
+        "boxes": 1,
+        "free": 1,
+        "binding": "sessions",
+        "admitted": 0,
+        "waiting": 0,
+        "ending": 0,
+        "refused": 0,
+    },
 }
 
 

@@ -190,18 +190,48 @@ class BoxPool:
 
     def room(self, limits: BoxLimits) -> str | None:
         """Why a box with ``limits`` does not fit beside the boxes alive now, or ``None``."""
-        caps = self.caps
-        if caps is None:
-            return None
-        # each box's pid 1 counts in the pids, beside the box's own
-        wanted = {"pids": limits.get("pids", 0) + 1, "disk_mb": limits.get("disk_mb", 0)}
-        held = {"pids": self.committed("pids") + len(self.held) + self.kept}
-        held["disk_mb"] = self.committed("disk_mb")
-        caps_now = {"pids": caps.pids and caps.pids - KERNEL_PIDS, "disk_mb": caps.disk_mb}
-        for name, cap in caps_now.items():
-            if cap and held[name] + wanted[name] > cap:
+        held = self._held()
+        left = self._left(held)
+        for name, need in self._needs(limits):
+            if need > left[name]:
+                cap = held[name] + left[name]
                 return f"the boxes alive hold {held[name]} of this sandbox's {cap} {name}"
         return None
+
+    def fits(self, limits: BoxLimits) -> int:
+        """How many boxes of ``limits`` fit beside the boxes alive (or being emptied) now: a
+        free number for each, and their budgets within the caps (``room``'s arithmetic)."""
+        left = self._left(self._held())
+        return min([len(self.free), *(left[name] // need for name, need in self._needs(limits))])
+
+    def capacity(self, limits: BoxLimits) -> tuple[int, str]:
+        """How many boxes of ``limits`` this sandbox holds when none is alive, and the budget
+        that sets it (``numbers``, ``pids`` or ``disk_mb``)."""
+        left = self._left({"pids": 0, "disk_mb": 0})
+        counts = [(self.count, "numbers")]
+        counts += [(left[name] // need, name) for name, need in self._needs(limits)]
+        return min(counts)
+
+    @staticmethod
+    def _needs(limits: BoxLimits) -> list[tuple[str, int]]:
+        """What one box of ``limits`` takes of each budget that adds up (its pid 1 counts in
+        the pids, beside the box's own)."""
+        needs = [("pids", limits.get("pids", 0) + 1), ("disk_mb", limits.get("disk_mb", 0))]
+        return [(name, need) for name, need in needs if need > 0]
+
+    def _held(self) -> dict[str, int]:
+        """What the boxes alive (or being emptied) hold, with the pid 1 of each kept box."""
+        held = self.committed("pids") + len(self.held) + self.kept
+        return {"pids": held, "disk_mb": self.committed("disk_mb")}
+
+    def _left(self, held: dict[str, int]) -> dict[str, int]:
+        """Each budget's room beside ``held`` (a budget without a cap: as good as unbounded)."""
+        caps = self.caps
+        tops = {
+            "pids": caps.pids - KERNEL_PIDS if caps and caps.pids else None,
+            "disk_mb": caps.disk_mb if caps else None,
+        }
+        return {name: (top - held[name] if top else _UNLIMITED) for name, top in tops.items()}
 
     def take(self, limits: BoxLimits) -> Box | None:
         """The lowest free box with ``limits``, or ``None`` when every box is in use (or its

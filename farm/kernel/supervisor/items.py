@@ -9,8 +9,10 @@ Details: docs/design/kernel.md.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from ..wire.protocol import Execute, FileRequest, ItemOutcome, SessionOpened
 from .cell import fit
@@ -22,17 +24,29 @@ FILE_CHUNK_CHARS = 4 << 20  # base64 of 3 MiB: an item's files are written in ch
 
 
 async def run_item(
-    manager: SessionManager, request: ItemCall, emit_for: Callable[[str], Emit | None]
+    manager: SessionManager,
+    request: ItemCall,
+    emit_for: Callable[[str], Emit | None],
+    gone: asyncio.Future[Any] | None = None,
 ) -> ItemOutcome:
     """Take the steps of ``request`` (a parsed ``protocol.Item``) in a box of its own; a judge
-    step with nothing before it gets a box and no session process (``judges``)."""
+    step with nothing before it gets a box and no session process (``judges``). Its box waits
+    for room until the host's connection is ``gone``, at most its ``wait_s``."""
     alone = not request["files"] and not request["cells"] and not request["egress"]
     if request["judge"] is not None and alone:
         item_id = request["session_id"] or uuid.uuid4().hex
         limits = manager.check_open(item_id, request["limits"])
-        return await manager.judges.alone(request, limits, item_id)
+        asked = manager.loop.time()
+        box = await manager.admit(item_id, limits, request["wait_s"], gone)
+        queue_s = manager.loop.time() - asked
+        return await manager.judges.alone(request, box, item_id, queue_s)
     opened = await manager.open(
-        request["tools"], request["limits"], request["session_id"], request["egress"]
+        request["tools"],
+        request["limits"],
+        request["session_id"],
+        request["egress"],
+        request["wait_s"],
+        gone,
     )
     session_id = opened["session_id"]
     manager.sessions[session_id].one_shot = True
@@ -42,6 +56,7 @@ async def run_item(
         "command": None,
         "file_error": None,
         "judge": None,
+        "queue_s": opened["queue_s"],
     }
     try:
         if not await _write_files(manager, request, session_id, outcome):

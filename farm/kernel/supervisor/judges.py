@@ -12,7 +12,7 @@ import json
 
 from ..boxes.pool import Box
 from ..boxes.trees import kill_tree
-from ..wire.protocol import BoxLimits, ItemOutcome, JudgeOutcome
+from ..wire.protocol import ItemOutcome, JudgeOutcome
 from .commands import CommandRun
 from .requests import ItemCall
 from .spawner import Spawner
@@ -25,19 +25,21 @@ class Judges:
         self.spawner = spawner
         self.running: dict[str, CommandRun] = {}
 
-    async def alone(self, request: ItemCall, limits: BoxLimits, item_id: str) -> ItemOutcome:
-        """An item that is a judge step only: a box of ``limits``, the runner, the box ended."""
-        box = self.spawner.take_box(limits)
+    async def alone(self, request: ItemCall, box: Box, item_id: str, queue_s: float) -> ItemOutcome:
+        """An item that is a judge step only: the runner in ``box`` (admitted for it after
+        ``queue_s``), then the box's end."""
         try:
             judged = await self.run(box, request, item_id)
         finally:
             self.spawner.end_box(box, None)
+            self.spawner.admission.release()
         return {
             "session_id": item_id,
             "cells": [],
             "command": None,
             "file_error": None,
             "judge": judged,
+            "queue_s": queue_s,
         }
 
     async def run(self, box: Box, request: ItemCall, item_id: str) -> JudgeOutcome:

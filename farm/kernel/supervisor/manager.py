@@ -20,10 +20,11 @@ from typing import Any
 
 from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
 from ..boxes import egress
-from ..boxes.pool import BoxPool, Caps, LimitsError
+from ..boxes.pool import Box, BoxPool, Caps, LimitsError
 from ..boxes.trees import kill_tree
 from ..wire.framing import FrameError, encode
 from ..wire.protocol import (
+    DEFAULT_WAIT_S,
     BoxLimits,
     CellResult,
     CommandOutcome,
@@ -36,6 +37,7 @@ from ..wire.protocol import (
     SessionOpened,
 )
 from ..wire.session_frames import CellDone, CellFrame
+from .admission import host_left
 from .cell import Cell, kill_notes, over_budget
 from .judges import Judges
 from .links import RequestError
@@ -66,7 +68,7 @@ class SessionManager:
         egress_ca: str | None = None,
     ) -> None:
         self.caps = caps or Caps.of_this_sandbox()
-        self.spawner = Spawner(zygote, pool, self.caps, tool_limit)
+        self.spawner = Spawner(zygote, pool, self.caps, tool_limit, max_sessions)
         self.judges = Judges(self.spawner)
         self.grace_s = grace_s
         self.max_sessions = max_sessions
@@ -87,31 +89,35 @@ class SessionManager:
         limits: dict[str, Any] | None = None,
         session_id: str | None = None,
         egress: bool = False,
+        wait_s: float = DEFAULT_WAIT_S,
+        gone: asyncio.Future[Any] | None = None,
     ) -> SessionOpened:
         """Open a session: a spare process when it fits (the usual case: default limits and
-        tools), else a process spawned for it; either way a box of its own. ``session_id`` is
-        the host's choice (a one-shot ``item``), else a new one. With ``egress`` the box gets a
-        proxy endpoint, handed to the host's proxy under the session's id, and its processes
-        the variables that name it."""
-        if len(self.sessions) >= self.max_sessions:
-            raise RequestError(
-                "too_many_sessions", f"this kernel holds {self.max_sessions} sessions"
-            )
+        tools), else a process spawned for it; either way a box of its own, which waits up to
+        ``wait_s`` for room (``admission``; ``gone``: the host's connection, whose end stops the
+        wait). ``session_id`` is the host's choice (a one-shot
+        ``item``), else a new one. With ``egress`` the box gets a proxy endpoint, handed to the
+        host's proxy under the session's id, and its processes the variables that name it."""
         if session_id is not None and session_id in self.sessions:
             raise RequestError("bad_request", f"session {session_id!r} exists already")
         checked = self.check_open(session_id, limits)
         if egress and self.hand_over is None:
             raise RequestError("unavailable", "no egress proxy is attached to this kernel")
         fits = tools and not egress and checked == self.caps.defaults()
-        spare = self.spawner.take_spare() if fits else None
+        admission = self.spawner.admission
+        spare = admission.spare(self.spawner.take_spare) if fits else None
         self.opens += 1
         session_id = session_id or uuid.uuid4().hex
+        queue_s = 0.0  # how long its box waited for room
         if spare is not None:
             session = Session(session_id, spare[0], tools)
             session.proc = spare[1]
             self.spare_opens += 1
         else:
-            session = Session(session_id, self.spawner.take_box(checked), tools)
+            asked = self.loop.time()
+            box = await self.admit(session_id, checked, wait_s, gone)
+            session = Session(session_id, box, tools)
+            queue_s = self.loop.time() - asked
             try:
                 if egress:
                     await self._endpoint(session)
@@ -119,14 +125,39 @@ class SessionManager:
             except BaseException:
                 revoke(session)
                 self.spawner.end_box(session.box, None)
+                admission.release()
                 raise
         box, proc = session.box, session.proc
         self.sessions[session.id] = session
         self.spawner.refill()
+        if host_left(gone):  # no one will hear of it: it would hold its box for ever
+            self.close(session.id)
+            raise RequestError("unavailable", "the host's connection ended while it opened")
         log.debug(  # debug: at a batch's rate (hundreds a second) a line each costs dockerd
             "session %s opened (pid %d, box %d, uid %d)", session.id, proc.pid, box.number, box.uid
         )
-        return {"type": "session_opened", "session_id": session.id, "epoch": session.epoch}
+        return {
+            "type": "session_opened",
+            "session_id": session.id,
+            "epoch": session.epoch,
+            "queue_s": queue_s,
+        }
+
+    async def admit(
+        self,
+        session_id: str,
+        limits: BoxLimits,
+        wait_s: float,
+        gone: asyncio.Future[Any] | None = None,
+    ) -> Box:
+        """A box for ``session_id``, once there is room (``admission``); refused if the host
+        closed the id while it waited (a cancelled map), with nothing run."""
+        box = await self.spawner.take_box(limits, wait_s, gone)
+        if session_id in self.closed_early:
+            del self.closed_early[session_id]
+            self.spawner.admission.release(box, returned=True)
+            raise RequestError("no_such_session", f"session {session_id!r} was closed already")
+        return box
 
     def check_open(self, session_id: str | None, limits: dict[str, Any] | None) -> BoxLimits:
         """The limits of a box about to open as ``session_id``, checked against the caps; an
@@ -176,6 +207,7 @@ class SessionManager:
         session.proc.signal(signal.SIGKILL, group=True)
         session.proc.close(self.loop)
         self.spawner.end_box(session.box, session.proc)
+        self.spawner.admission.release()
         log.debug("session %s closed", session_id)
         return {"type": "session_closed", "session_id": session_id}
 

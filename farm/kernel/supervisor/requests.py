@@ -13,7 +13,7 @@ import math
 from typing import Any, TypedDict, cast
 
 from ..judge import checkers
-from ..wire.protocol import Execute, FileRequest, JudgeSpec
+from ..wire.protocol import DEFAULT_WAIT_S, MAX_WAIT_S, Execute, FileRequest, JudgeSpec
 from .links import RequestError
 from .process import DEFAULT_OUTPUT_BYTES
 
@@ -51,6 +51,7 @@ class ItemCall(TypedDict):
     timeout_s: float
     max_output_bytes: int
     room: int
+    wait_s: float  # how long its box may wait for room
 
 
 class Requests:
@@ -116,6 +117,7 @@ class Requests:
             # each cell's result, each done event and the command's fit in this much of the
             # reply frame (outputs are capped, but many results share one frame)
             "room": self.max_frame // (len(cells) + 2),
+            "wait_s": wait(message),
         }
 
     def timeout(self, message: dict[str, Any]) -> float:
@@ -220,3 +222,13 @@ def field(message: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> 
     if not isinstance(value, kind) or isinstance(value, bool):
         raise RequestError("bad_request", f"field {name!r} is missing or has the wrong type")
     return value
+
+
+def wait(message: dict[str, Any]) -> float:
+    """A request's ``wait_s``: how long its box may wait for room (``admission``)."""
+    wait_s = message.get("wait_s", DEFAULT_WAIT_S)
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)):
+        raise RequestError("bad_request", "field 'wait_s' must be a number")
+    if not 0 <= wait_s <= MAX_WAIT_S or math.isnan(wait_s):
+        raise RequestError("bad_request", f"wait_s must be in [0, {MAX_WAIT_S:g}]")
+    return float(wait_s)

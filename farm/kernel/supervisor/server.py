@@ -29,7 +29,7 @@ from .items import run_item
 from .links import RequestError
 from .manager import SessionManager
 from .proxy_channel import ProxyChannel
-from .requests import Requests, field
+from .requests import Requests, field, wait
 from .streaming import Emit
 
 log = logging.getLogger("farm.kernel")
@@ -39,6 +39,7 @@ HANDSHAKE_MAX_FRAME = 4096
 # An authenticated peer's frame up to this many times the limit is read and dropped (the host
 # sent a cell too large: it gets ``too_large`` and keeps its connection); a bigger one closes it.
 DISCARD_FACTOR = 4
+ROOM_WAITERS = frozenset({"open_session", "item"})  # requests whose box may wait for room
 
 
 class KernelServer:
@@ -176,6 +177,11 @@ class KernelServer:
                     work = asyncio.ensure_future(self._dispatch(message, writer))
                     ahead = await self._answers_until(work, reader)
                     reply = await work
+                elif message["type"] in ROOM_WAITERS:
+                    # its box may wait for room: the host's next read tells if it left meanwhile
+                    ahead = asyncio.ensure_future(read_frame(reader, self.max_frame))
+                    ahead.add_done_callback(_retrieve)  # read on, or dropped with the connection
+                    reply = await self._dispatch(message, writer, ahead)
                 else:
                     reply = await self._dispatch(message, writer)
             except RequestError as exc:
@@ -207,9 +213,13 @@ class KernelServer:
             self.manager.answer(frame)
 
     async def _dispatch(
-        self, message: dict[str, Any], writer: asyncio.StreamWriter
+        self,
+        message: dict[str, Any],
+        writer: asyncio.StreamWriter,
+        gone: asyncio.Future[Any] | None = None,
     ) -> Mapping[str, Any]:
-        """The reply to one request: a frame of ``protocol`` (``egress_attached`` aside)."""
+        """The reply to one request: a frame of ``protocol`` (``egress_attached`` aside);
+        ``gone``: the read of the host's next frame, whose end stops a box's wait for room."""
         kind = message["type"]
         if kind == "ping":
             return self.info()
@@ -226,7 +236,7 @@ class KernelServer:
             session_id = message.get("session_id")
             if session_id is not None and not isinstance(session_id, str):
                 raise RequestError("bad_request", "field 'session_id' must be a string")
-            return await self.manager.open(tools, limits, session_id, wanted)
+            return await self.manager.open(tools, limits, session_id, wanted, wait(message), gone)
         if kind == "egress_attach":  # this connection now carries boxes' proxy endpoints
             self.egress.attach(writer.get_extra_info("socket"))
             return {"type": "egress_attached"}
@@ -249,7 +259,7 @@ class KernelServer:
             def emit_for(exec_id: str) -> Emit | None:
                 return _emitter(writer, exec_id) if emitters else None
 
-            outcome = await run_item(self.manager, item, emit_for)  # fitted to the frame there
+            outcome = await run_item(self.manager, item, emit_for, gone)  # fitted there
             done: ItemReply = {"type": "item_result", "result": outcome}
             return done
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
@@ -272,6 +282,7 @@ class KernelServer:
             "spare_opens": self.manager.spare_opens,
             "spares": len(self.manager.spawner.spares),
             "quarantined": len(self.pool.quarantined),
+            "capacity": self.manager.spawner.capacity(),
         }
 
 

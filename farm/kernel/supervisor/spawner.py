@@ -21,7 +21,8 @@ from ..boxes import leftovers, procs
 from ..boxes.box_protocol import BoxInfo, Reset, SessionConfig, StartCommand
 from ..boxes.pool import Box, BoxPool, Caps
 from ..wire.framing import FrameError, read_frame
-from ..wire.protocol import BoxLimits, JudgeSpec
+from ..wire.protocol import BoxLimits, Capacity, JudgeSpec
+from .admission import Admission
 from .box_inits import BoxInits
 from .coalesce import Coalesce
 from .commands import CommandRun
@@ -36,10 +37,20 @@ KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helpe
 
 
 class Spawner:
-    def __init__(self, zygote: socket.socket, pool: BoxPool, caps: Caps, tool_limit: int) -> None:
+    def __init__(
+        self,
+        zygote: socket.socket,
+        pool: BoxPool,
+        caps: Caps,
+        tool_limit: int,
+        max_sessions: int = 256,
+    ) -> None:
         self.zygote = Link(zygote, in_box=False)
         self.pool = pool
         self.caps = caps
+        # Boxes of sessions and items: at once when they fit, else in order as boxes end.
+        self.admission = Admission(pool, max_sessions, caps.defaults())
+        self.admission.on_starved = self._retire_spare
         self.tool_limit = tool_limit
         self.groups: dict[int, set[int]] = {}  # box number -> process groups of its commands
         self.inits = BoxInits(self.zygote, pool, self.groups)  # boxes with namespaces
@@ -206,12 +217,15 @@ class Spawner:
             log.error("box %d (uid %d) could not be reset; it is not reused", box.number, box.uid)
         return ok
 
-    def take_box(self, limits: BoxLimits) -> Box:
-        box = self.pool.take(limits)
-        if box is None:
-            why = self.pool.room(limits) or "every box of this kernel is in use"
-            raise RequestError("too_many_sessions", why)
-        return box
+    async def take_box(
+        self, limits: BoxLimits, wait_s: float, gone: asyncio.Future[Any] | None = None
+    ) -> Box:
+        """A box for a session or an item, waiting up to ``wait_s`` for room (``admission``,
+        which also gives up when ``gone``); its end is ``end_box`` then ``admission.release``."""
+        return await self.admission.box(limits, wait_s, gone)
+
+    def capacity(self) -> Capacity:
+        return self.admission.capacity(len(self.spares), self.refilling)
 
     def take_spare(self) -> tuple[Box, SessionProcess] | None:
         while self.spares:
@@ -226,6 +240,8 @@ class Spawner:
         """Start spare processes (default limits, tools) until ``SPARES`` are ready or on the
         way: opening then costs no fork, the zygote forks them while nothing waits."""
         while len(self.spares) + self.refilling < SPARES and self.zygote_alive:
+            if self.admission.waiters:  # room goes to who waits for it first
+                return
             box = self.pool.take(self.caps.defaults())
             if box is None:
                 return
@@ -256,11 +272,26 @@ class Spawner:
             except Exception:  # e.g. out of fds for pidfds: not reused, never lost unsaid
                 log.exception("box %d (uid %d) could not be reset", box.number, box.uid)
                 clean = False
-            self.pool.give_back(box, clean=clean)
+            self._give_back(box, clean)
             if not clean:
                 self._retry(box, QUARANTINE_RETRY_S)
 
         self._in_background(reset_then_give_back())
+
+    def _give_back(self, box: Box, clean: bool) -> None:
+        """A box's number and budgets back to the pool: to who waits for them first, else to
+        a spare."""
+        self.pool.give_back(box, clean=clean)
+        self.admission.wake()
+        if not self.closing:
+            self.refill()
+
+    def _retire_spare(self) -> None:
+        """End a spare process: a request waits for the room its box holds."""
+        if self.spares:
+            box, proc = self.spares.pop()
+            proc.close(self.loop)
+            self.end_box(box, proc)
 
     def _retry(self, box: Box, after_s: float) -> None:
         """Reset a quarantined box again after ``after_s`` (doubling, up to ten minutes): what
@@ -270,7 +301,7 @@ class Spawner:
 
         async def again() -> None:
             clean = await self.reset(box, None, remove=True)
-            self.pool.give_back(box, clean=clean)
+            self._give_back(box, clean)
             if clean:
                 log.info("box %d (uid %d) is clean again", box.number, box.uid)
             else:

@@ -25,7 +25,7 @@ from .errors import KernelError as KernelError
 from .errors import KernelProtocolError as KernelProtocolError
 from .errors import KernelRequestError as KernelRequestError
 from .framing import DEFAULT_MAX_FRAME, FrameError, recv_frame, send_frame
-from .protocol import RECOVERABLE_CODES
+from .protocol import DEFAULT_WAIT_S, RECOVERABLE_CODES
 
 DEFAULT_TIMEOUT_S = 30.0
 INTERMEDIATE = {"event"}  # frame types a kernel may send before the final reply
@@ -213,18 +213,24 @@ class KernelClient:
         limits: dict[str, int] | None = None,
         session_id: str | None = None,
         egress: bool = False,
+        wait_s: float | None = None,
     ) -> protocol.SessionOpened:
         """Open a session (``session_id``: the host's choice); with ``egress`` its box's proxy
-        endpoint goes to the attached proxy (``attach_egress``) before this returns."""
+        endpoint goes to the attached proxy (``attach_egress``) before this returns. Its box
+        waits up to ``wait_s`` for room (the kernel's default when ``None``); then
+        ``KernelRequestError`` ``too_many_sessions``."""
         message: protocol.OpenSession = {"type": "open_session", "tools": tools}
+        if wait_s is not None:
+            message["wait_s"] = wait_s
         if limits:
             message["limits"] = cast(protocol.BoxLimits, limits)
         if session_id:
             message["session_id"] = session_id
         if egress:
             message["egress"] = egress
+        budget = DEFAULT_TIMEOUT_S + (wait_s if wait_s is not None else DEFAULT_WAIT_S)
         opened: protocol.SessionOpened = self._reply(
-            self.request(message), "session_opened", "open_session"
+            self.request(message, budget), "session_opened", "open_session"
         )
         return opened
 
@@ -358,12 +364,13 @@ class KernelClient:
         on_event: Callable[[str, protocol.CellEvent], None] | None = None,
         egress: bool = False,
         judge: protocol.JudgeSpec | None = None,
+        wait_s: float | None = None,
     ) -> protocol.ItemOutcome:
         """A one-shot box in one round trip (``protocol.Item``): open, write ``files``, run
         ``cells`` (stopping at the first that fails), run ``argv`` or ``judge``, close. With
         ``on_event``, each cell's events reach it with the cell's exec id (``<exec_id>-<n>``).
         Returns the ``ItemOutcome`` dict (``cells``, ``command``, ``judge``, ``file_error``,
-        ``session_id``)."""
+        ``session_id``). Its box waits up to ``wait_s`` for room, as ``open_session``'s."""
         message: protocol.Item = {
             "type": "item",
             "exec_id": exec_id,
@@ -385,6 +392,8 @@ class KernelClient:
             message["files"] = encoded
         if max_output_bytes is not None:
             message["max_output_bytes"] = max_output_bytes
+        if wait_s is not None:
+            message["wait_s"] = wait_s
         on_frame = None
         if on_event is not None:
             message["events"] = True
@@ -395,6 +404,7 @@ class KernelClient:
 
         steps = len(cells) + (1 if argv or judge else 0)
         budget = steps * (timeout_s + grace_s) + REQUEST_SLACK_S + FILE_TIMEOUT_S * bool(files)
+        budget += wait_s if wait_s is not None else DEFAULT_WAIT_S
         done: protocol.ItemReply = self._reply(
             self.request(message, budget, on_frame), "item_result", "item"
         )

@@ -22,6 +22,9 @@ RECOVERABLE_CODES = frozenset({"no_such_session", "too_many_sessions", "unavaila
 # Codes that say the request itself was bad (too large, malformed, limits past the caps):
 # nothing ran, and the session lives on; the host reports kind ``input``, never retries.
 INPUT_CODES = frozenset({"too_large", "bad_request", "bad_limits"})
+# How long a box that finds no room waits for one (``wait_s`` of an open or item; default, cap).
+DEFAULT_WAIT_S = 5.0
+MAX_WAIT_S = 600.0
 
 # --- values inside frames ----------------------------------------------------------------------
 
@@ -151,6 +154,22 @@ class Ping(TypedDict):
     type: Literal["ping"]
 
 
+class Capacity(TypedDict):
+    """How many boxes a kernel holds (``boxes``: of its default limits, when none is alive;
+    ``binding``: the budget that sets it: numbers, pids, disk_mb or sessions) and has ``free``
+    now (ready spares included); boxes of sessions and items alive (``admitted``), being
+    emptied after their end (``ending``), requests ``waiting`` for room and, so far, those
+    ``refused`` after waiting their ``wait_s``."""
+
+    boxes: int
+    free: int
+    binding: str
+    admitted: int
+    waiting: int
+    ending: int
+    refused: int
+
+
 class Pong(TypedDict):
     type: Literal["pong"]
     version: str
@@ -168,6 +187,7 @@ class Pong(TypedDict):
     spare_opens: int  # of which took a process made ahead of time
     spares: int  # such processes ready now
     quarantined: int  # boxes out of use until a reset of them succeeds
+    capacity: Capacity
 
 
 class _OpenSessionRequired(TypedDict):
@@ -182,6 +202,7 @@ class OpenSession(_OpenSessionRequired, total=False):
     limits: BoxLimits
     session_id: str
     egress: bool
+    wait_s: float  # how long the box may wait for room (default DEFAULT_WAIT_S)
 
 
 class EgressAttach(TypedDict):
@@ -207,6 +228,7 @@ class SessionOpened(TypedDict):
     type: Literal["session_opened"]
     session_id: str
     epoch: int
+    queue_s: float  # how long its box waited for room (admission)
 
 
 class _ExecuteRequired(TypedDict):
@@ -352,6 +374,7 @@ class Item(_ItemRequired, total=False):
     events: bool
     egress: bool
     judge: JudgeSpec  # a judge step instead of a command (judging)
+    wait_s: float  # how long its box may wait for room (default DEFAULT_WAIT_S)
 
 
 Verdict = Literal["AC", "WA", "TLE", "MLE", "RE", "OLE", "CE", "IE", "PENDING"]
@@ -435,6 +458,7 @@ class ItemOutcome(TypedDict):
     command: CommandOutcome | None
     file_error: FileError | None
     judge: JudgeOutcome | None
+    queue_s: float  # how long its box waited for room (admission)
 
 
 class ItemReply(TypedDict):

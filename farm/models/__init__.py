@@ -21,7 +21,7 @@ from farm.models.results import (
     SubCall,
     Value,
 )
-from farm.models.sandboxes import SandboxHealth, SandboxInfo
+from farm.models.sandboxes import BoxCapacity, SandboxHealth, SandboxInfo
 
 __all__ = [
     "BoxLimits",
@@ -36,6 +36,7 @@ __all__ = [
     "Refused",
     "ReplayedCell",
     "RestoreReport",
+    "BoxCapacity",
     "SandboxHealth",
     "SandboxInfo",
     "SubCall",

@@ -38,7 +38,30 @@ class SandboxInfo(Model):
     restarts: int = 0
 
 
+class BoxCapacity(Model):
+    """How many boxes a sandbox's kernel holds and has free (its ``Capacity``, and the boxes
+    out of use until a reset of them succeeds)."""
+
+    boxes: int = Field(description="boxes of the default limits it holds when none is alive")
+    free: int = Field(description="of them, free now (ready spares included)")
+    binding: str = Field(description="the budget that sets boxes: numbers, pids, disk_mb, ...")
+    admitted: int = 0
+    waiting: int = 0
+    ending: int = 0
+    refused: int = 0
+    quarantined: int = 0
+
+    @property
+    def usable(self) -> int:
+        """Boxes a worker may hand out: all, but those out of use."""
+        return max(self.boxes - self.quarantined, 0)
+
+
 class SandboxHealth(Model):
     ok: bool
     detail: str = ""
     rtt_s: float | None = None
+    capacity: BoxCapacity | None = None
+    box_limits: dict[str, int] = Field(
+        default_factory=dict, description="a box's limits when a request names none"
+    )

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from types import TracebackType
 
 from farm.kernel.wire.client import KernelClient, KernelError
-from farm.models import SandboxHealth, SandboxInfo, frames
+from farm.models import BoxCapacity, SandboxHealth, SandboxInfo, frames
 from farm.settings import BoxSettings
 
 
@@ -57,10 +57,16 @@ class Sandbox(ABC):
         t0 = time.perf_counter()
         try:
             with self.kernel(connect_timeout_s=timeout_s) as client:
-                client.ping(timeout_s)
+                pong = client.ping(timeout_s)
         except KernelError as exc:
             return SandboxHealth(ok=False, detail=str(exc))
-        return SandboxHealth(ok=True, rtt_s=time.perf_counter() - t0)
+        capacity = BoxCapacity(**pong["capacity"], quarantined=pong["quarantined"])
+        return SandboxHealth(
+            ok=True,
+            rtt_s=time.perf_counter() - t0,
+            capacity=capacity,
+            box_limits=dict(pong["box_limits"]),
+        )
 
     def __enter__(self) -> Sandbox:
         self.start()

@@ -90,11 +90,12 @@ class SandboxKeeper:
     def _launch(self) -> None:
         sandbox = self.factory()
         sandbox.start()
+        health = sandbox.health(self.ping_timeout_s)  # its capacity, known before any work
         with self._lock:
             self._sandbox = sandbox
             self.generation += 1
             self.last_error = ""
-            self.last_health = SandboxHealth(ok=True, detail="started")
+            self.last_health = health if health.ok else SandboxHealth(ok=True, detail="started")
 
     def health(self) -> SandboxHealth:
         sandbox = self._sandbox

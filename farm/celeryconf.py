@@ -17,7 +17,6 @@ TASK_OPEN = "farm.open_session"
 TASK_EXEC = "farm.exec"
 TASK_CLOSE = "farm.close_session"
 TASK_RUN = "farm.run"
-TASK_BATCH = "farm.batch"  # a chunk of map/sweep items, each in a box of its own
 TASK_COMMAND = "farm.command"  # a command in a session's box (session.exec)
 TASK_FILE = "farm.file"  # one chunk of a file operation of a session (session.files)
 TASK_ECHO = "farm.echo"  # the bare round trip benchmarks compare against

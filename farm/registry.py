@@ -232,6 +232,39 @@ class Registry:
         more = self.redis.lpop(key, count - 1) if count > 1 else None
         return [first[1], *(more or [])]
 
+    # --- the chunks waiting for a worker with room -----------------------------------------
+
+    def push_chunk(self, key: str, body: str) -> tuple[int, int]:
+        """Queue a map chunk on list ``key`` (``chunks_key``); returns how many chunks are
+        ahead of it and below it (its place: it is taken once ``taken`` has grown by that)
+        and the list's ``taken`` count as it was queued, read in the same transaction."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(key, body)
+            pipe.get(taken_key(key))
+            length, taken = pipe.execute()
+        return int(length), int(taken or 0)
+
+    def pop_chunk(self, key: str, block_s: float) -> str | None:
+        """The oldest chunk of list ``key``, waiting up to ``block_s`` for one; counted as
+        taken (a client whose chunk's turn came and went without a claim sends it again)."""
+        found = self.redis.brpop([key], timeout=block_s)
+        if found is None:
+            return None
+        self.redis.incr(taken_key(key))
+        return str(found[1])
+
+
+def chunks_key(queue: str) -> str:
+    """The list of map chunks for the workers of an image's ``queue``: a worker takes the
+    oldest when it has room (``farm.worker.intake``), so its length is the batch backlog."""
+    return f"{queue}.chunks"
+
+
+def taken_key(chunks: str) -> str:
+    """How many chunks were ever taken from list ``chunks`` (a chunk's turn has come once
+    this passed its place)."""
+    return f"{PREFIX}taken:{chunks}"
+
 
 def cancel_key(map_id: str) -> str:
     """Set by a client that stopped reading a map: its workers start nothing more of it."""

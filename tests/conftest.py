@@ -269,7 +269,8 @@ def farm_worker(broker_url: str) -> Iterator[Any]:
 
 @contextmanager
 def consuming(worker: Any) -> Iterator[None]:
-    """``worker``'s Celery consumer, in this process, until the block ends."""
+    """``worker``'s Celery consumer and its intake of map chunks, in this process, until the
+    block ends."""
     from celery.contrib.testing.worker import start_worker
 
     from farm.worker.tasks import make_worker_app
@@ -285,7 +286,11 @@ def consuming(worker: Any) -> Iterator[None]:
             loglevel="WARNING",
             shutdown_timeout=30,
         ):
-            yield
+            worker.intake.start()
+            try:
+                yield
+            finally:
+                worker.intake.stop()
     finally:
         app.close()  # its broker and backend connections, now rather than at some later gc
 

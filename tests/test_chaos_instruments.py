@@ -4,7 +4,6 @@ itself, so it runs with the fast suite)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -12,12 +11,12 @@ import pytest
 from farm.celeryconf import TASK_EXEC
 from farm.client import Farm
 from farm.image_name import ImageName
-from farm.models.batch import BatchItem
+from farm.models.batch import BatchItem, Chunk
+from farm.registry import chunks_key
 from tests.conftest import farm_worker, inproc_worker
 from tests.test_reliability_chaos import (
     SentChunks,
     Waiting,
-    parse_message,
     runs_problems,
     sweep_items,
     waiting_messages,
@@ -25,45 +24,37 @@ from tests.test_reliability_chaos import (
 
 
 def test_waiting_messages_reads_what_the_client_sends(redis_server: Any) -> None:
-    """``waiting_messages`` on real messages: a map's chunk in the shared queue, the same
-    chunk taken by a consumer that has not acked it, and a session call in a direct queue
+    """``waiting_messages`` on real messages: a map's chunks in their list, and a session
+    call in a direct queue, then the same call taken by a consumer that has not acked it
     (what the kill -9 case reads at the kill)."""
     with farm_worker(redis_server.url) as worker, Farm(worker.settings) as farm:
         redis = farm.registry.redis
-        shared, direct = ImageName("default").queue, worker.queues[-1]
+        chunks, direct = chunks_key(ImageName("default").queue), worker.queues[-1]
         run = farm.map([{"id": "a", "code": "1"}, {"id": "b", "cells": ["x = 1", "x"]}])
         sent: tuple[str, ...] = ()
         try:
-            run._fill()  # the map's own send path: its first chunks, to the shared queue
+            run._fill()  # the map's own send path: its first chunks, to the list of chunks
             sent = tuple(attempt.exec_id for attempt in run._pending.values())
             farm.broker.send(TASK_EXEC, direct, args=[{"exec_id": "call-1", "code": "1"}])
-            found = waiting_messages(redis, [shared, direct])
-            chunks = [w for w in found if w.chunk_id and set(w.exec_ids) <= set(sent)]
-            assert sorted(e for w in chunks for e in w.exec_ids) == sorted(sent), found
-            assert {(w.queue, w.taken) for w in chunks} == {(shared, False)}, found
+            found = waiting_messages(redis, [direct], chunks)
+            waiting = [w for w in found if w.chunk_id and set(w.exec_ids) <= set(sent)]
+            assert sorted(e for w in waiting for e in w.exec_ids) == sorted(sent), found
+            assert {(w.queue, w.taken) for w in waiting} == {(chunks, False)}, found
             assert Waiting(direct, ("call-1",)) in found, found
-            first = chunks[0]
             with farm.app.connection_for_read() as conn:
-                consumer = conn.SimpleQueue(shared)
-                try:  # take messages, acking none, until the chunk is among them
-                    while first.chunk_id not in {
-                        w.chunk_id for w in waiting_messages(redis, [shared]) if w.taken
-                    }:
-                        consumer.get(timeout=5)
-                    held = waiting_messages(redis, [shared])
-                    assert Waiting(shared, first.exec_ids, first.chunk_id, taken=True) in held
-                    assert first not in held, held
+                consumer = conn.SimpleQueue(direct)
+                try:  # take the call without acking it
+                    consumer.get(timeout=5)
+                    held = waiting_messages(redis, [direct], chunks)
+                    assert Waiting(direct, ("call-1",), taken=True) in held, held
+                    assert Waiting(direct, ("call-1",)) not in held, held
                 finally:
                     consumer.close()  # kombu puts what it held back in the queue
         finally:
             run.close()
-            for raw in redis.lrange(shared, 0, -1):  # this test's messages only
-                if any(
-                    w.chunk_id
-                    for w in parse_message(json.loads(raw), shared, False)
-                    if set(w.exec_ids) <= set(sent)
-                ):
-                    redis.lrem(shared, 0, raw)
+            for raw in redis.lrange(chunks, 0, -1):  # this test's chunks only
+                if {i.exec_id for i in Chunk.model_validate_json(raw).items} <= set(sent):
+                    redis.lrem(chunks, 0, raw)
             redis.delete(direct)
 
 

@@ -6,8 +6,6 @@ worker state. The Docker case of a worker killed mid-chunk is in ``test_reliabil
 
 from __future__ import annotations
 
-import base64
-import json
 import threading
 import time
 from typing import Any
@@ -15,18 +13,20 @@ from typing import Any
 import pytest
 
 from farm.client import Farm
-from farm.client.mapping import CLAIM_WAIT_S
+from farm.client.mapping import TAKEN_WAIT_S
 from farm.image_name import ImageName
+from farm.models.batch import Chunk
 from farm.redis_server import RedisServer
+from farm.registry import chunks_key, taken_key
 from tests.conftest import consuming, farm_worker
-from tests.waiting import wait_for
+from tests.waiting import stays, wait_for
 
 
 @pytest.mark.slow
 def test_a_chunk_a_dying_consumer_took_is_sent_again_within_seconds(tmp_path: Any) -> None:
-    """A message taken off the queue by a consumer that died before claiming it leaves no
-    trace but an empty queue: the map abandons that chunk (a late copy runs nothing) and sends
-    its items again after ``TAKEN_WAIT_S``, long before the ``CLAIM_WAIT_S`` a full queue gets."""
+    """A chunk taken off its list by a worker that died before claiming it leaves no trace but
+    its turn gone by: the map abandons that chunk (a late copy runs nothing) and sends its
+    items again ``TAKEN_WAIT_S`` after its turn came, not at some far deadline."""
     server = RedisServer(tmp_path).start()
     try:
         with farm_worker(server.url) as worker, Farm(worker.settings) as farm:
@@ -37,9 +37,11 @@ def test_a_chunk_a_dying_consumer_took_is_sent_again_within_seconds(tmp_path: An
             )
             mapping.start()
             # the first chunk, taken by a consumer that dies with it (nothing consumes yet)
-            raw = wait_for(lambda: farm.registry.redis.rpop(ImageName("default").queue), 10)
+            key = chunks_key(ImageName("default").queue)
+            raw = wait_for(lambda: farm.registry.redis.rpop(key), 10)
             assert raw, "the map sent nothing"
-            stolen = json.loads(base64.b64decode(json.loads(raw)["body"]))[0][0]
+            farm.registry.redis.incr(taken_key(key))  # as a worker counts what it takes
+            stolen = Chunk.model_validate_json(raw)
             with consuming(worker):
                 mapping.join(60)
             took = time.monotonic() - started
@@ -50,8 +52,37 @@ def test_a_chunk_a_dying_consumer_took_is_sent_again_within_seconds(tmp_path: An
                 (2, "6"),
             ]
             assert all(r.attempts == 1 for r in records)  # resent, not retried
-            assert farm.registry.exec_record(stolen["chunk_id"]) == {"state": "abandoned"}
-            assert took < CLAIM_WAIT_S, f"noticed only after {took:.1f}s: the long wait fired"
+            assert farm.registry.exec_record(stolen.chunk_id) == {"state": "abandoned"}
+            assert took < 4 * TAKEN_WAIT_S, f"noticed only after {took:.1f}s"
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_a_chunk_waiting_for_its_turn_is_never_sent_again(tmp_path: Any) -> None:
+    """A farm with no room keeps a map's chunks in its list, however long: the map waits for
+    them (no chunk abandoned, none sent twice), and they run once a worker takes them."""
+    server = RedisServer(tmp_path).start()
+    try:
+        with farm_worker(server.url) as worker, Farm(worker.settings) as farm:
+            outcome: dict[str, Any] = {}
+            mapping = threading.Thread(
+                target=lambda: outcome.update(records=list(farm.map(["1 + 1", "2 + 2", "3 + 3"])))
+            )
+            mapping.start()
+            key = chunks_key(ImageName("default").queue)
+            assert wait_for(lambda: farm.registry.redis.llen(key) == 2, 10), "not queued"
+            queued = farm.registry.redis.lrange(key, 0, -1)
+            # the map checks its chunks every CHECK_EVERY_S: several checks pass meanwhile
+            assert stays(lambda: farm.registry.redis.lrange(key, 0, -1) == queued, 3 * TAKEN_WAIT_S)
+            with consuming(worker):
+                mapping.join(60)
+            records = outcome["records"]
+            assert [r.cells[-1].value.text for r in records] == ["2", "4", "6"]  # type: ignore[union-attr]
+            assert all(r.ok and r.attempts == 1 for r in records)
+            for raw in queued:
+                claim = farm.registry.exec_record(Chunk.model_validate_json(raw).chunk_id)
+                assert claim is not None and claim["state"] == "running", claim
     finally:
         server.stop()
 

@@ -29,13 +29,13 @@ from typing import Any
 
 import pytest
 
-from farm.celeryconf import TASK_BATCH
 from farm.client import Farm
 from farm.errors import FarmError, SessionLost
 from farm.events import ExecStart
 from farm.image_name import ImageName
 from farm.local import LocalFarm
 from farm.models.batch import BatchItem, Chunk
+from farm.registry import chunks_key
 from farm.sweep import Sweep, SweepSummary, plan_sweep
 from tests.redis_outage import start_redis, stop_redis
 from tests.test_reliability_adversarial import record, session_on
@@ -165,10 +165,11 @@ class Waiting:
     taken: bool = False  # held by a worker that took it (kombu's unacked hash)
 
 
-def waiting_messages(redis: Any, queues: list[str]) -> list[Waiting]:
-    """The messages waiting in ``queues`` (kombu lists), and those a worker took from them
-    but had not started (kombu restores these after the visibility timeout): with tasks
-    acked when they start, these are what a worker killed now leaves behind."""
+def waiting_messages(redis: Any, queues: list[str], chunks: str | None = None) -> list[Waiting]:
+    """The messages waiting in ``queues`` (kombu lists), those a worker took from them but had
+    not started (kombu restores these after the visibility timeout), and the map chunks in list
+    ``chunks`` (``chunks_key``: workers take a chunk when they have room, and claim it at once):
+    with tasks acked when they start, these are what a worker killed now leaves behind."""
     found: list[Waiting] = []
     for queue in queues:
         for raw in redis.lrange(queue, 0, -1):
@@ -177,40 +178,40 @@ def waiting_messages(redis: Any, queues: list[str]) -> list[Waiting]:
         message, _exchange, routing_key = json.loads(raw)
         if routing_key in queues:
             found += parse_message(message, routing_key, taken=True)
+    if chunks is not None:
+        for raw in redis.lrange(chunks, 0, -1):
+            chunk = Chunk.model_validate_json(raw)
+            ids = tuple(item.exec_id for item in chunk.items)
+            found.append(Waiting(chunks, ids, chunk.chunk_id))
     return found
 
 
 def parse_message(message: dict[str, Any], queue: str, taken: bool) -> list[Waiting]:
+    """A session call (exec, command, file) in a kombu message, by its exec id."""
     body = json.loads(base64.b64decode(message["body"]))
     args = body[0] if body else []
     payload = args[0] if args and isinstance(args[0], dict) else {}
-    if "chunk_id" in payload:  # farm.batch: a Chunk of map items
-        chunk = Chunk.model_validate(payload)
-        ids = tuple(item.exec_id for item in chunk.items)
-        return [Waiting(queue, ids, chunk.chunk_id, taken)]
-    if "exec_id" in payload:  # a session call: exec, command, file
+    if "exec_id" in payload:
         return [Waiting(queue, (str(payload["exec_id"]),), None, taken)]
     return []
 
 
 class SentChunks:
-    """Every chunk the farm's client sends (a pass-through spy on ``Broker.send``): each item's
-    exec ids, one per attempt (a chunk sent again keeps its items' exec ids)."""
+    """Every chunk the farm's client queues (a pass-through spy on ``Broker.queue_chunk``):
+    each item's exec ids, one per attempt (a chunk sent again keeps its items' exec ids)."""
 
     def __init__(self, farm: Farm, monkeypatch: pytest.MonkeyPatch) -> None:
         self.exec_ids: dict[tuple[str, ...], set[str]] = {}  # an item's cells -> its exec ids
         self._lock = threading.Lock()
-        send = farm.broker.send
+        queue_chunk = farm.broker.queue_chunk
 
-        def recording(name: str, queue: str, **kwargs: Any) -> Any:
-            if name == TASK_BATCH:
-                chunk = Chunk.model_validate(kwargs["args"][0])
-                with self._lock:
-                    for item in chunk.items:
-                        self.exec_ids.setdefault(tuple(item.cells), set()).add(item.exec_id)
-            return send(name, queue, **kwargs)
+        def recording(queue: str, chunk: Chunk) -> tuple[int, int]:
+            with self._lock:
+                for item in chunk.items:
+                    self.exec_ids.setdefault(tuple(item.cells), set()).add(item.exec_id)
+            return queue_chunk(queue, chunk)
 
-        monkeypatch.setattr(farm.broker, "send", recording)
+        monkeypatch.setattr(farm.broker, "queue_chunk", recording)
 
     def of(self, item: dict[str, Any]) -> set[str]:
         with self._lock:
@@ -353,9 +354,10 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     dead_queue, dead = str(entry["queue"]), (victim, int(entry["generation"]))
     local.kill_worker(victim)
     killed_at = time.monotonic()
-    # what had not started at the kill: calls in its own queue, chunks in the shared one and
-    # those it had taken (kombu gives these to another worker after the visibility timeout)
-    waiting = waiting_messages(redis, [dead_queue, ImageName("default").queue])
+    # what had not started at the kill: calls in its own queue and those it had taken
+    # (kombu gives these to another worker after the visibility timeout), chunks in their list
+    queues, chunks_list = [dead_queue, ImageName("default").queue], chunks_key("farm.default")
+    waiting = waiting_messages(redis, queues, chunks_list)
     at_kill = sweep.lines()
     rate = at_kill / (killed_at - sweep.started_at)
     deadline_s = max(SWEEP_DEADLINE_S, 2 * (500 - at_kill) / rate)
@@ -384,15 +386,15 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
     ran_calls = [e for e in calls if own_farm.registry.exec_record(e) is not None]
     # A chunk the client gave up on (abandoned: claimed for nobody, its items sent again
     # with the same exec ids) runs nothing when its copy reaches a worker: wait until every
-    # such copy has left the queue and kombu's unacked hash, then its claim must still be
-    # the abandonment, and each item must have run once (the exec claims say by whom).
+    # such copy has left its list, then its claim must still be the abandonment, and each
+    # item must have run once (the exec claims say by whom).
     chunks = {w.chunk_id: w for w in waiting if w.chunk_id is not None}
     abandoned = [
         c for c in chunks if (own_farm.registry.exec_record(c) or {}).get("state") == "abandoned"
     ]
 
     def copies_left() -> list[str]:
-        now = waiting_messages(redis, [dead_queue, ImageName("default").queue])
+        now = waiting_messages(redis, queues, chunks_list)
         return [w.chunk_id for w in now if w.chunk_id in abandoned]
 
     delivered = wait_for(lambda: not copies_left(), max(0.0, killed_at + 90 - time.monotonic()))
@@ -409,8 +411,8 @@ def test_kill_9_of_a_worker_mid_sweep_loses_no_item_and_runs_nothing_stale(
         f"twice: {twice[:5]}, "
         f"missing: {missing[:5]}{'...' if len(missing) > 5 else ''}; {retried} retried; "
         f"problems: {problems[:3]}; {len(calls)} calls left in the dead queue, "
-        f"{len(ran_calls)} of them ran; {len(chunks)} chunks waiting or taken at the kill "
-        f"({sum(w.taken for w in chunks.values())} taken), {len(abandoned)} abandoned, their "
+        f"{len(ran_calls)} of them ran; {len(chunks)} chunks waiting at the kill, "
+        f"{len(abandoned)} abandoned, their "
         f"copies {'delivered' if delivered else f'NOT delivered: {copies_left()}'}, "
         f"{len(ran_stale)} ran; items not run exactly once: {len(ran_wrong)} {ran_wrong[:3]}"
     )

@@ -31,6 +31,7 @@ from farm.errors import (
     SessionLost,
     WorkerFailed,
 )
+from farm.models.batch import Chunk
 from farm.registry import Registry
 
 T = TypeVar("T")
@@ -87,6 +88,13 @@ class Broker:
             return pending, mark
 
         return self.call(attempt, sent=False)
+
+    def queue_chunk(self, queue: str, chunk: Chunk) -> tuple[int, int]:
+        """Queue a map chunk on list ``queue`` (``registry.chunks_key``), where a worker with
+        room takes it: its place in the list and the list's taken count then
+        (``Registry.push_chunk``). A copy queued twice after an outage runs once (claims)."""
+        body = chunk.model_dump_json()
+        return self.call(lambda: self.registry.push_chunk(queue, body), sent=False)
 
     def call(self, fn: Callable[[], T], *, sent: bool, deadline: float | None = None) -> T:
         """``fn()``, again after an outage once the broker is back (within ``wait_s``, and

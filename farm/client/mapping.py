@@ -17,14 +17,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from farm.celeryconf import TASK_BATCH
 from farm.client.map_records import Item, chunk_item, failed, manifest, outcome, parse_item
 from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
 from farm.image_name import ImageName
 from farm.judge import image_for
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
-from farm.registry import BROKER_MARK, PREFIX, cancel_key, results_key
+from farm.registry import BROKER_MARK, PREFIX, cancel_key, chunks_key, results_key, taken_key
 
 if TYPE_CHECKING:
     from farm.client.broker import Broker
@@ -32,13 +31,14 @@ if TYPE_CHECKING:
     from farm.registry import Registry
 
 MAX_CHUNK = 64
-TAKEN_WAIT_S = 2.0  # unclaimed this long with its queue empty: a consumer took it and died
-CLAIM_WAIT_S = 10.0  # unclaimed this long in a queue that holds messages: sent again
+TAKEN_WAIT_S = 2.0  # unclaimed this long after its turn came: its taker died, sent again
 CHECK_EVERY_S = 1.0
 BLOCK_S = 0.25
 DRAIN = 256
 CANCEL_TTL_S = 3600
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
+REFUSED_PAUSE_S = 0.05  # an item a worker had no room for is sent again after this, doubling
+REFUSED_PAUSE_MAX_S = 2.0
 
 
 class MapHost(Protocol):
@@ -66,15 +66,18 @@ class _Attempt:
     chunk_id: str = ""
     attempts: int = 1
     started: float = field(default_factory=time.perf_counter)
+    queue_s: float = 0.0  # waited for room, in the sends before this one
+    refusals: int = 0  # sends a worker had no room for (never counted as attempts)
 
 
 @dataclass
 class _Chunk:
     chunk_id: str
     keys: set[int]
-    queue: str
-    sent_at: float
-    resends: int = 0  # each doubles the waits: a slow farm is waited out, not resent in a loop
+    queue: str  # the list of chunks it waits in (``chunks_key``)
+    place: int  # it is taken once the list's taken count grew by this much since ``taken``
+    taken: int
+    due_at: float | None = None  # when its turn was seen to have come (claimed soon after)
 
 
 class MapRun:
@@ -112,9 +115,13 @@ class MapRun:
         self._images: dict[str, str | None] = {}
         self.workers = {str(w["id"]): w for w in farm.broker.call(farm.workers, sent=False)}
         serving = [w for w in self.workers.values() if w.get("image") == self.image]
-        capacity = sum(int(w.get("capacity") or 1) for w in serving) or 8
-        self.concurrency = max(1, concurrency or min(capacity, 256))
-        self._per_worker = max(1, self.concurrency // (2 * max(1, len(serving))))
+        boxes = [int(w.get("capacity") or 1) for w in serving] or [8]
+        self.concurrency = max(1, concurrency or min(sum(boxes), 256))
+        # A chunk is at most half the smallest worker's room: a worker takes one when it has
+        # a free box, so it never holds more than its capacity plus one chunk.
+        fair = self.concurrency // (2 * max(1, len(serving)))
+        self._per_worker = max(1, min(fair, min(boxes) // 2))
+        self._later: list[tuple[float, _Attempt]] = []  # refused for want of room: sent again
         self._pending: dict[int, _Attempt] = {}
         self._chunks: dict[str, _Chunk] = {}
         self._ready: dict[int, BatchRecord] = {}
@@ -129,6 +136,7 @@ class MapRun:
     def __iter__(self) -> Iterator[BatchRecord]:
         try:
             while True:
+                self._send_later()
                 self._fill()
                 yield from self._yieldable()
                 if self._exhausted and not (self._ahead or self._pending or self._ready):
@@ -209,6 +217,7 @@ class MapRun:
                 self._images[image] = None
         why = self._images[image]
         if why is not None:
+            self._pending.pop(attempt.key, None)
             self._ready[attempt.key] = BatchRecord(
                 id=attempt.item.id, status="error", kind=ErrorKind.INFRA.value, message=why
             )
@@ -221,12 +230,13 @@ class MapRun:
             return None
         return parsed
 
-    def _send(self, batch: list[_Attempt], resends: int = 0) -> None:
-        """Send ``batch`` (items of one image) as one chunk to that image's workers."""
+    def _send(self, batch: list[_Attempt]) -> None:
+        """Queue ``batch`` (items of one image) as one chunk on that image's list of chunks,
+        which a worker takes when it has room."""
         batch = [attempt for attempt in batch if self._served(attempt)]
         if not batch:
             return
-        queue = ImageName(self._image(batch[0])).queue
+        queue = chunks_key(ImageName(self._image(batch[0])).queue)
         chunk_id = uuid.uuid4().hex
         payload = Chunk(
             map_id=self.map_id,
@@ -234,15 +244,11 @@ class MapRun:
             results=self.results,
             journal=self.journal,
             items=[self._chunk_item(attempt) for attempt in batch],
+            sent_at=time.time(),
         )
-        self.farm.broker.send(
-            TASK_BATCH,
-            queue,
-            args=[payload.model_dump(mode="json")],
-            options={"ignore_result": True},
-        )
+        place, taken = self.farm.broker.queue_chunk(queue, payload)
         keys = {a.key for a in batch}
-        self._chunks[chunk_id] = _Chunk(chunk_id, keys, queue, time.monotonic(), resends)
+        self._chunks[chunk_id] = _Chunk(chunk_id, keys, queue, place, taken)
         for attempt in batch:
             attempt.chunk_id = chunk_id
             self._pending[attempt.key] = attempt
@@ -274,18 +280,50 @@ class MapRun:
             chunk.keys.discard(done.key)
             if not chunk.keys:
                 del self._chunks[attempt.chunk_id]
+        if done.retry is not None:  # no room for it after all: nothing ran, not an attempt
+            self._refused(attempt, done)
+            return
         _, kind, _ = outcome(done)
         if kind in RETRYABLE and attempt.attempts <= self.retries:
-            self._retry(attempt)
+            self._retry(attempt, done)
             return
         del self._pending[done.key]
         self._ready[done.key] = self._record(attempt, done)
 
-    def _retry(self, attempt: _Attempt) -> None:
-        del self._pending[attempt.key]
-        again = _Attempt(attempt.key, attempt.item, uuid.uuid4().hex, attempts=attempt.attempts + 1)
-        again.started = attempt.started
-        self._send([again])
+    def _again(self, attempt: _Attempt, done: ItemDone, *, refused: bool) -> _Attempt:
+        """The item's next attempt (a new exec id: the last one was claimed), keeping when
+        it started and how long it waited for room."""
+        again = _Attempt(
+            attempt.key,
+            attempt.item,
+            uuid.uuid4().hex,
+            attempts=attempt.attempts if refused else attempt.attempts + 1,
+            started=attempt.started,
+            queue_s=attempt.queue_s + done.queue_s,
+            refusals=attempt.refusals + refused,
+        )
+        self._pending[attempt.key] = again
+        return again
+
+    def _retry(self, attempt: _Attempt, done: ItemDone) -> None:
+        self._send([self._again(attempt, done, refused=False)])
+
+    def _refused(self, attempt: _Attempt, done: ItemDone) -> None:
+        """Send the item again after a pause that doubles with each refusal: a farm with no
+        room is waited for, never flooded; ``retries`` count the user's failures, not these."""
+        again = self._again(attempt, done, refused=True)
+        pause = min(REFUSED_PAUSE_S * 2 ** (again.refusals - 1), REFUSED_PAUSE_MAX_S)
+        self._later.append((time.monotonic() + pause, again))
+
+    def _send_later(self) -> None:
+        """Send the refused items whose pause is over, a chunk per image."""
+        now = time.monotonic()
+        due = [attempt for at, attempt in self._later if at <= now]
+        if not due:
+            return
+        self._later = [(at, attempt) for at, attempt in self._later if at > now]
+        for image in dict.fromkeys(self._image(a) for a in due):
+            self._send([a for a in due if self._image(a) == image])
 
     def _record(self, attempt: _Attempt, done: ItemDone) -> BatchRecord:
         is_failure, kind, message = outcome(done)
@@ -299,6 +337,7 @@ class MapRun:
             judge=done.judge,
             attempts=attempt.attempts,
             duration_s=time.perf_counter() - attempt.started,
+            queue_s=attempt.queue_s + done.queue_s,
             manifest=self._manifest(done.worker, self._image(attempt)),
         )
         if done.egress:  # what the result depended on, beyond its own box
@@ -333,8 +372,11 @@ class MapRun:
     # --- watching ------------------------------------------------------------------------
 
     def _check(self) -> None:
-        """One round trip: the broker's mark, each open chunk's claim and queue's length, the
-        pulse of each claiming worker."""
+        """One round trip: the broker's mark, each list's taken count and length, each open
+        chunk's claim, then the pulse of each claiming worker. A chunk waits in its list as
+        long as its turn has not come (a farm with no room is waited for); once it has, it is
+        claimed within milliseconds, so one still unclaimed after ``TAKEN_WAIT_S`` was taken
+        by a worker that died before claiming it, and is sent again."""
         self._checked = time.monotonic()
         registry = self.farm.registry
         chunks = list(self._chunks.values())
@@ -344,26 +386,30 @@ class MapRun:
             with registry.redis.pipeline(transaction=False) as pipe:
                 pipe.get(BROKER_MARK)
                 for queue in queues:
+                    pipe.get(taken_key(queue))
                     pipe.llen(queue)
                 if chunks:
                     pipe.mget([f"{PREFIX}exec:{chunk.chunk_id}" for chunk in chunks])
                 return list(pipe.execute())
 
         mark, *rest = self.farm.broker.call(read, sent=True)
-        rest = rest[: len(queues)] + (rest[len(queues)] if chunks else [])
         if mark != self._mark:
             why = "the broker lost its data while the map waited: the items may or may not have run"
             self._end_pending(ErrorKind.INFRA, BrokerLost.__name__, why)
             return
-        queued = dict(zip(queues, rest[: len(queues)], strict=True))
+        lists = {q: (int(rest[2 * n] or 0), int(rest[2 * n + 1])) for n, q in enumerate(queues)}
+        claims = rest[2 * len(queues)] if chunks else []
         alive: dict[tuple[str, int], bool] = {}
-        for chunk, raw in zip(chunks, rest[len(queues) :], strict=True):
+        for chunk, raw in zip(chunks, claims, strict=True):
             claim = json.loads(raw) if raw else None
             if claim is None:
-                waited = time.monotonic() - chunk.sent_at
-                patience = TAKEN_WAIT_S if not queued[chunk.queue] else CLAIM_WAIT_S
-                if waited > patience * 2**chunk.resends and registry.abandon(chunk.chunk_id):
-                    self._resend(chunk, started=set(), resends=chunk.resends + 1)
+                taken, length = lists[chunk.queue]
+                if taken - chunk.taken < chunk.place and length:
+                    continue  # still in the list, its turn to come
+                chunk.due_at = chunk.due_at or self._checked
+                waited = self._checked - chunk.due_at
+                if waited > TAKEN_WAIT_S and registry.abandon(chunk.chunk_id):
+                    self._resend(chunk, started=set())
             elif claim.get("state") == "running":
                 owner = (str(claim["worker"]), int(claim["generation"]))
                 if owner not in alive:
@@ -375,12 +421,12 @@ class MapRun:
         registry = self.farm.registry
         return self.farm.broker.after_outage(lambda: registry.worker_alive(*owner), bool)
 
-    def _resend(self, chunk: _Chunk, started: set[int], resends: int = 0) -> None:
+    def _resend(self, chunk: _Chunk, started: set[int]) -> None:
         """Send a chunk's items again (same exec ids: those that never ran)."""
         del self._chunks[chunk.chunk_id]
         again = [self._pending[key] for key in sorted(chunk.keys) if key not in started]
         if again:
-            self._send(again, resends)
+            self._send(again)
 
     def _lost_worker(self, chunk: _Chunk, owner: tuple[str, int]) -> None:
         registry = self.farm.registry
@@ -405,5 +451,6 @@ class MapRun:
             self._ready[key] = self._record(attempt, done)
         self._pending.clear()
         self._chunks.clear()
+        self._later = []
         self._ahead = []
         self._exhausted = True

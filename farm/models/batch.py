@@ -93,6 +93,11 @@ class BatchRecord(Model):
     command: CommandResult | None = Field(default=None, description="what an item's 'cmd' did")
     attempts: int = 0
     duration_s: float = 0.0
+    queue_s: float = Field(
+        default=0.0,
+        description="of duration_s, how long it waited for room (in the farm's list of "
+        "chunks, at its worker, for its box in the kernel), however often it was sent",
+    )
     cached: bool = False
     judge: JudgeResult | None = Field(default=None, description="a judge item's verdicts")
     manifest: dict[str, Any] = Field(default_factory=dict)
@@ -122,14 +127,16 @@ class ChunkItem(Model):
 
 
 class Chunk(Model):
-    """The payload of one ``farm.batch`` task: items a worker runs at once, each in a box of
-    its own, publishing each result to ``results`` (a Redis list) as soon as it ends."""
+    """Items a worker takes together from its image's list of chunks (``chunks_key``), each
+    run in a box of its own as room comes, its result pushed to ``results`` (a Redis list) as
+    soon as it ends."""
 
     map_id: str
     chunk_id: str = Field(description="claimed by the worker that takes the chunk")
     results: str = Field(description="the Redis list the client reads the results from")
     items: list[ChunkItem]
     journal: bool = False
+    sent_at: float = Field(default=0.0, description="the client's time.time() as it was queued")
 
 
 class ItemDone(Model):
@@ -145,3 +152,8 @@ class ItemDone(Model):
         default_factory=list, description="where its box connected to (host, port, allowed)"
     )
     judge: JudgeResult | None = None
+    queue_s: float = Field(default=0.0, description="how long it waited for room")
+    retry: str | None = Field(
+        default=None,
+        description="not run: why the worker had no room for it (its client sends it again)",
+    )

@@ -17,6 +17,7 @@ class Opened(Model):
     worker: str
     generation: int
     queue: str
+    queue_s: float = 0.0  # how long it waited for room at the worker and in the kernel
 
 
 class Refused(Model):

@@ -12,8 +12,9 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from farm.backoff import delays
 from farm.broker_errors import BROKER_DOWN
@@ -23,6 +24,7 @@ from farm.models import ErrorKind, ExecResult
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.frames import ItemResults
 from farm.registry import cancel_key
+from farm.worker.admission import KERNEL_WAIT_S, Ticket, weight
 from farm.worker.egress import PolicyError
 from farm.worker.judging import Judging
 from farm.worker.recorder import ExecRecorder
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.5
+ITEM_THREADS = 512  # started as needed; the gate admits no more items than boxes fit
+ROOMLESS_CODES = frozenset({"too_many_sessions"})  # refusals that waiting could have cured
 LINGER_S = 0.005  # results of a chunk's items that end this close together share one push
 FORGET_S = 60.0  # a map whose chunks this worker has not seen for this long is forgotten
 RESULTS_TTL_S = 3600
@@ -41,43 +45,101 @@ RESULTS_TTL_S = 3600
 class BatchRunner:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.pool = ThreadPoolExecutor(worker.settings.max_sessions, thread_name_prefix="batch")
+        self.gate = worker.gate
+        # An item runs on a thread of its own once the gate admits it: the gate bounds them.
+        self.items = ThreadPoolExecutor(ITEM_THREADS, thread_name_prefix="batch")
+        # A chunk's driver waits for its items and pushes their results as they end.
+        self.drivers = ThreadPoolExecutor(ITEM_THREADS, thread_name_prefix="chunk")
         self.judging = Judging(worker.settings, worker.keeper, worker.id)
         self._open: dict[str, set[str]] = {}  # map id -> kernel sessions of its running items
         self._cancel_seen: dict[str, tuple[float, bool]] = {}  # map id -> (asked at, cancelled)
         self._lock = threading.Lock()
 
     def stop(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.drivers.shutdown(wait=False, cancel_futures=True)
+        self.items.shutdown(wait=False, cancel_futures=True)
 
-    def run_chunk(self, payload: dict[str, Any]) -> dict[str, Any]:
-        chunk = Chunk.model_validate(payload)
+    def take(self, body: str) -> None:
+        """A chunk the intake took: claimed (a copy of its message runs nothing), its items
+        queued at the gate in their order, and a driver that publishes each result as it
+        ends. Nothing here waits for room: the intake took the chunk because there was some."""
+        popped = time.time()
+        chunk = Chunk.model_validate_json(body)
         registry = self.worker.registry
         if not registry.claim_chunk(chunk.chunk_id, self.worker.id, self.worker.generation):
-            return {"chunk": chunk.chunk_id, "skipped": "claimed already (or abandoned)"}
+            return
         if self._cancelled(chunk.map_id):
-            return {"chunk": chunk.chunk_id, "skipped": "the map was cancelled"}
-        futures = {self.pool.submit(self._run, chunk, item): item for item in chunk.items}
+            return
+        queued_s = max(popped - chunk.sent_at, 0.0) if chunk.sent_at else 0.0
+        pending: dict[Future[str | None], tuple[ChunkItem, Ticket]] = {}
+        for item in chunk.items:
+            future: Future[str | None] = Future()
+            ticket = Ticket(
+                "judge" if item.judge is not None else "item",
+                weight(item.limits, self.worker.box_defaults()),
+                chunk.map_id,
+                start=self._starter(chunk, item, future, queued_s),
+            )
+            pending[future] = (item, ticket)
+        tickets = [ticket for _, ticket in pending.values()]  # the driver empties ``pending``
+        self.drivers.submit(self._drive, chunk, pending)
+        for ticket in tickets:  # after the driver exists: an item may end at once
+            self.gate.submit(ticket)
+
+    def _starter(
+        self, chunk: Chunk, item: ChunkItem, future: Future[str | None], queued_s: float
+    ) -> Callable[[Ticket], None]:
+        """What the gate calls once it admits ``item``: run it on a thread of its own, its
+        result in ``future``, and give its room back when it ends."""
+
+        def run(ticket: Ticket) -> None:
+            if self._cancelled(chunk.map_id):  # admitted as its map was cancelled: not run
+                future.cancel()
+            if not future.set_running_or_notify_cancel():
+                self.gate.release(ticket)
+                return
+            try:
+                future.set_result(self._run(chunk, item, queued_s + ticket.waited_s))
+            except BaseException as exc:
+                future.set_exception(exc)
+            finally:
+                self.gate.release(ticket)
+
+        return lambda ticket: self._submit(run, ticket)
+
+    def _submit(self, run: Callable[[Ticket], None], ticket: Ticket) -> None:
+        try:
+            self.items.submit(run, ticket)
+        except RuntimeError:  # the worker stops: the item never ran, its client sends it again
+            self.gate.release(ticket)
+
+    def _drive(
+        self, chunk: Chunk, pending: dict[Future[str | None], tuple[ChunkItem, Ticket]]
+    ) -> None:
+        """Publish each item's result as it ends (those that end together in one push), and
+        stop the chunk's items when its map is cancelled."""
         ran = 0
-        while futures:
-            done, _ = wait(futures, timeout=CANCEL_POLL_S, return_when=FIRST_COMPLETED)
-            if done and len(done) < len(futures):  # its neighbours may be about to end too
-                more, _ = wait(set(futures) - done, timeout=LINGER_S, return_when=ALL_COMPLETED)
+        while pending:
+            done, _ = wait(pending, timeout=CANCEL_POLL_S, return_when=FIRST_COMPLETED)
+            if done and len(done) < len(pending):  # its neighbours may be about to end too
+                more, _ = wait(set(pending) - done, timeout=LINGER_S, return_when=ALL_COMPLETED)
                 done |= more
-            ended = [self._body(future, futures.pop(future)) for future in done]
+            ended = [self._body(future, pending.pop(future)[0]) for future in done]
             bodies = [body for body in ended if body is not None]
             if bodies:
                 self._publish(chunk.results, bodies, expire=not ran)
                 ran += len(bodies)
-            if futures and self._cancelled(chunk.map_id):
-                self._cancel(chunk.map_id, futures)
+            if pending and self._cancelled(chunk.map_id):
+                self._cancel(chunk.map_id, pending)
                 break
-        return {"chunk": chunk.chunk_id, "ran": ran}
 
     def _body(self, future: Future[str | None], item: ChunkItem) -> str | None:
         """What to publish of an item that ended: its result, none for a copy that ran
-        nothing, an ``infra`` failure for one that broke the worker's own code (the client
-        retries those: leaving its claim unanswered would keep the map waiting on it)."""
+        nothing (or one cancelled before it started), an ``infra`` failure for one that broke
+        the worker's own code (the client retries those: leaving its claim unanswered would
+        keep the map waiting on it)."""
+        if future.cancelled():
+            return None
         try:
             return future.result()
         except Exception as exc:
@@ -125,9 +187,12 @@ class BatchRunner:
             self._cancel_seen[map_id] = (now, cancelled)
         return cancelled
 
-    def _cancel(self, map_id: str, futures: dict[Future[str | None], ChunkItem]) -> None:
-        for future in futures:
-            future.cancel()
+    def _cancel(
+        self, map_id: str, pending: dict[Future[str | None], tuple[ChunkItem, Ticket]]
+    ) -> None:
+        for future, (_, ticket) in pending.items():
+            if self.gate.cancel(ticket):  # still waiting for room: it never starts
+                future.cancel()
         with self._lock:
             running = self._open.pop(map_id, set())
         for session_id in running:  # its box is reset: every process it started dies
@@ -140,8 +205,9 @@ class BatchRunner:
             "map %s cancelled on worker %s: %d items stopped", map_id, self.worker.id, len(running)
         )
 
-    def _run(self, chunk: Chunk, item: ChunkItem) -> str | None:
-        """Run one item if this worker is the first to claim it: what it did, to publish."""
+    def _run(self, chunk: Chunk, item: ChunkItem, queued_s: float) -> str | None:
+        """Run one item if this worker is the first to claim it: what it did, to publish;
+        ``queued_s``: how long it waited for room so far (in the list, at the gate)."""
         worker = self.worker
         claim = worker.registry.claim_exec(
             item.exec_id, worker.id, worker.generation, item.timeout_s
@@ -149,8 +215,11 @@ class BatchRunner:
         if claim is not None:  # ran (or runs) elsewhere: this copy runs nothing
             return None
         if item.judge is not None:  # a submission to judge: cache and special judge around it
-            return self.judging.run(chunk, item, self._cells).model_dump_json()
-        return self._cells(chunk, item).model_dump_json()
+            done = self.judging.run(chunk, item, self._cells)
+        else:
+            done = self._cells(chunk, item)
+        done.queue_s += queued_s
+        return done.model_dump_json()
 
     def _cells(self, chunk: Chunk, item: ChunkItem) -> ItemDone:
         """Run the item in a box of its own, in one round trip to the kernel (its ``item``
@@ -202,9 +271,13 @@ class BatchRunner:
                     grace_s=worker.settings.limits.grace_s,
                     on_event=on_event if recorders else None,  # cell events, each cell's end
                     egress=policy is not None,
+                    wait_s=KERNEL_WAIT_S,
                 )
             outcome = ItemResults.from_kernel(reply, worker.id, item.timeout_s)
         except KernelRequestError as exc:
+            if exc.code in ROOMLESS_CODES:  # nothing ran: its client sends it again
+                done.retry = f"worker {worker.id} had no room for it: {exc}"
+                return done
             kind = ErrorKind.INPUT if exc.code in INPUT_CODES else ErrorKind.INFRA
             done.cells.append(self._failure(item, kind, "BadRequest", str(exc)))
             return done
@@ -226,6 +299,7 @@ class BatchRunner:
             why = f"writing {error['path']!r}: {error['ename']}: {error['evalue']}"
             done.cells.append(self._failure(item, ErrorKind.INPUT, "FileOperationError", why))
         done.command = outcome.command
+        done.queue_s = reply.get("queue_s", 0.0)
         return done
 
     def _forget(self, map_id: str, session_id: str) -> None:

@@ -21,6 +21,7 @@ from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
 from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecError, ExecResult
 from farm.worker import metrics
+from farm.worker.admission import OPEN_WAIT_S
 from farm.worker.recorder import ExecRecorder
 
 if TYPE_CHECKING:
@@ -198,19 +199,18 @@ class SessionCalls:
         ).model_dump(mode="json")
 
     def run_once(self, request: dict[str, Any]) -> dict[str, Any]:
-        """A one-shot run: a fresh session for this code alone, closed afterwards."""
+        """A one-shot run: a fresh session for this code alone, closed afterwards; the busy
+        reply of its open when there was no room in time (nothing ran: the client asks
+        again)."""
         opened = self.worker.open_session(
-            limits=request.get("limits"), egress=request.get("egress")
+            limits=request.get("limits"),
+            egress=request.get("egress"),
+            wait_s=float(request.get("wait_s") or OPEN_WAIT_S),
         )
         if opened.get("refused"):
             return self._failure(request, ErrorKind.INPUT, "InvalidRequest", opened["reason"])
         if opened.get("busy"):
-            return self._failure(
-                request,
-                ErrorKind.INFRA,
-                "FarmBusy",
-                f"worker {self.worker.id} could not open a session: {opened['reason']}",
-            )
+            return opened
         try:
             return self.execute(
                 {

@@ -3,7 +3,8 @@ one kernel round trip (``BatchRunner``'s, with the judge step in it).
 
 Invariants: the cache (language, source digest, image digest) compiles a submission once per
 worker, compile errors included; a special judge runs in a box of its own, never in the
-submission's; at most ``judge_parallel`` items are judged at once. docs/design/judge.md.
+submission's; at most ``judge_parallel`` items are judged at once (the worker's ``BoxGate``
+admits no more: ``parallel``). docs/design/judge.md.
 """
 
 from __future__ import annotations
@@ -86,8 +87,6 @@ class Judging:
         self.keeper = keeper  # whose image's digest keys the cache
         self.worker_id = worker_id
         self.cache = CompileCache()
-        parallel = settings.judge_parallel or max(1, math.ceil(settings.limits.cpus * 2))
-        self.slots = threading.BoundedSemaphore(parallel)
 
     def run(self, chunk: Chunk, item: ChunkItem, run_item: RunItem) -> ItemDone:
         """Judge ``item`` (its ``judge`` step) with the cache, then its special judge."""
@@ -103,8 +102,7 @@ class Judging:
             return ItemDone(key=item.key, exec_id=item.exec_id, worker=self.worker_id, judge=result)
         if cached is not None:
             item = item.model_copy(update={"judge": {**spec, "artifact": cached}})
-        with self.slots:  # timing needs cores: a judge runs few items at once, unlike a map
-            done = run_item(chunk, item)
+        done = run_item(chunk, item)
         if done.judge is None:
             return done  # the kernel failed: the cells say how
         result = done.judge
@@ -171,3 +169,9 @@ class Judging:
             verdict = next((t.verdict for t in result.tests if t.verdict != Verdict.AC), verdict)
         message = next((t.message for t in kept if t.verdict != Verdict.AC), "")
         return result.model_copy(update={"verdict": verdict, "tests": kept, "message": message})
+
+
+def parallel(settings: FarmSettings) -> int:
+    """Judge items a worker runs at once: ``judge_parallel``, else twice its sandbox's CPUs
+    (timing needs cores: a judge runs few items at once, unlike a map)."""
+    return settings.judge_parallel or max(1, math.ceil(settings.limits.cpus * 2))

@@ -6,8 +6,9 @@ which is what probes and the router need.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -53,6 +54,28 @@ EGRESS_BYTES = Counter(
     ["direction"],
     registry=REGISTRY,
 )
+BOXES_CAPACITY = Gauge(
+    "farm_boxes_capacity",
+    "Boxes of the default limits this worker's sandbox holds in all (the kernel's capacity)",
+    ["image"],
+    registry=REGISTRY,
+)
+BOXES_FREE = Gauge(
+    "farm_boxes_free",
+    "Boxes free now, beyond what waiting work is owed",
+    ["image"],
+    registry=REGISTRY,
+)
+BOXES_IN_USE = Gauge(
+    "farm_boxes_in_use", "Boxes of sessions and items admitted now", ["image"], registry=REGISTRY
+)
+WORK_WAITING = Gauge(
+    "farm_work_waiting",
+    "Work waiting inside this worker for a box, by kind (open: session opens; item: map "
+    "items); with the image's list of chunks, what an autoscaler adds workers for",
+    ["image", "kind"],
+    registry=REGISTRY,
+)
 SANDBOX_RESTARTS = Counter("farm_sandbox_restarts_total", "Sandbox replacements", registry=REGISTRY)
 KERNEL_RTT = Histogram(
     "farm_kernel_rtt_seconds",
@@ -70,6 +93,15 @@ def observe_exec(status: str, kind: str | None, duration_s: float) -> None:
         EXEC_TIMEOUTS.inc()
     elif kind == ErrorKind.OOM:
         EXEC_OOM.inc()
+
+
+def observe_room(image: str, room: Mapping[str, Any]) -> None:
+    """A worker's room (``Worker.room``), once a heartbeat."""
+    BOXES_CAPACITY.labels(image).set(room["boxes"])
+    BOXES_FREE.labels(image).set(room["free"])
+    BOXES_IN_USE.labels(image).set(room["in_use"])
+    for kind, count in room["waiting"].items():
+        WORK_WAITING.labels(image, kind).set(count)
 
 
 def serve(host: str, port: int, ready: Callable[[], tuple[bool, str]]) -> ThreadingHTTPServer:

@@ -19,7 +19,6 @@ from celery.concurrency import get_implementation
 from celery.signals import celeryd_after_setup, worker_shutdown
 
 from farm.celeryconf import (
-    TASK_BATCH,
     TASK_CLOSE,
     TASK_COMMAND,
     TASK_ECHO,
@@ -31,6 +30,7 @@ from farm.celeryconf import (
 )
 from farm.errors import FarmError
 from farm.settings import FarmSettings
+from farm.worker.admission import OPEN_WAIT_S
 from farm.worker.startup import check_broker
 from farm.worker.worker import Worker
 
@@ -76,6 +76,7 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
             state["worker"] = started
             for queue in started.queues:
                 instance.app.amqp.queues.select_add(queue)
+            started.intake.start()  # map chunks: taken while it has room, beside its queues
 
         @worker_shutdown.connect(weak=False)
         def stop(**kwargs: Any) -> None:
@@ -91,8 +92,9 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
         open_id: str | None = None,
         limits: dict[str, Any] | None = None,
         egress: list[str] | None = None,
+        wait_s: float = OPEN_WAIT_S,
     ) -> dict[str, Any]:
-        return current().open_session(tools, open_id, limits, egress)
+        return current().open_session(tools, open_id, limits, egress, wait_s)
 
     @app.task(name=TASK_EXEC, shared=False)
     def exec_code(request: dict[str, Any]) -> dict[str, Any]:
@@ -113,10 +115,6 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     @app.task(name=TASK_FILE, shared=False)
     def file_operation(request: dict[str, Any]) -> dict[str, Any]:
         return current().calls.file(request)
-
-    @app.task(name=TASK_BATCH, ignore_result=True, shared=False)
-    def run_chunk(chunk: dict[str, Any]) -> dict[str, Any]:
-        return current().batch.run_chunk(chunk)
 
     @app.task(name=TASK_ECHO, shared=False)
     def echo(payload: Any) -> Any:

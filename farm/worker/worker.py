@@ -29,20 +29,29 @@ from farm.celeryconf import direct_queue
 from farm.image_name import ImageName
 from farm.journal import Journal
 from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
-from farm.models import Refused, SandboxHealth
-from farm.registry import Registry
+from farm.kernel.wire.protocol import INPUT_CODES
+from farm.models import BoxCapacity, Busy, Opened, Refused, SandboxHealth
+from farm.registry import Registry, chunks_key
 from farm.sandbox.factory import sandboxes
 from farm.sandbox.keeper import SandboxKeeper
 from farm.settings import FarmSettings
 from farm.worker import metrics
+from farm.worker.admission import (
+    KERNEL_WAIT_S,
+    OPEN_WAIT_S,
+    OPEN_WAITERS,
+    BoxGate,
+    Ticket,
+    weight,
+)
 from farm.worker.batch import BatchRunner
 from farm.worker.calls import SessionCalls
 from farm.worker.egress import PolicyError, WorkerEgress
+from farm.worker.intake import Intake
+from farm.worker.judging import parallel as judge_parallel
 
 log = logging.getLogger(__name__)
 
-DUPLICATE_POLL_S = 0.05
-# Kernel refusals of a request that was whole and valid but not acceptable: bad input.
 REAP_EVERY_S = 10.0
 
 
@@ -52,6 +61,7 @@ class HeldSession:
     epoch: int
     last_used: float
     lost: str | None = None
+    ticket: Ticket | None = None  # its room at the gate, until it closes or is lost
 
 
 class Worker:
@@ -70,6 +80,8 @@ class Worker:
             on_lost=self._on_sandbox_lost,
         )
         self.sessions: dict[str, HeldSession] = {}
+        # Room for boxes: the kernel's capacity, known once its sandbox answers (``start``).
+        self.gate = BoxGate(0, settings.max_sessions, judge_parallel(settings))
         self._lock = threading.Lock()
         self._local = threading.local()
         self._clients: set[KernelClient] = set()
@@ -77,6 +89,14 @@ class Worker:
         self._http: Any = None
         self.metrics_url = ""
         self.batch = BatchRunner(self)
+        self.intake = Intake(
+            self.id,
+            chunks_key(ImageName(self.image).queue),
+            self.registry,
+            self.gate,
+            lambda: self.keeper.ready,
+            self.batch.take,
+        )
         self.calls = SessionCalls(self)
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
 
@@ -86,6 +106,7 @@ class Worker:
         self.generation = self.registry.next_generation(self.id)
         self.queue = direct_queue(self.id, self.generation)
         self.keeper.start()
+        self._size_gate()
         self._http = metrics.serve(
             self.settings.metrics_host, self.settings.metrics_port, self.readiness
         )
@@ -104,6 +125,7 @@ class Worker:
     def stop(self, reason: str = "the worker stopped") -> None:
         """Remove the sandbox first, then deregister (best effort: Redis may be gone too)."""
         self._stop.set()
+        self.intake.stop()
         with self._lock:
             held, self.sessions = self.sessions, {}
             clients, self._clients = self._clients, set()
@@ -153,6 +175,29 @@ class Worker:
             except Exception:
                 log.exception("worker %s heartbeat failed", self.id)
 
+    def _size_gate(self) -> BoxCapacity | None:
+        """The gate's size from the kernel's last answer (the watchdog's probe)."""
+        capacity = self.keeper.last_health.capacity if self.keeper.ready else None
+        if capacity is not None:
+            self.gate.resize(capacity.usable)
+        return capacity
+
+    def box_defaults(self) -> dict[str, int]:
+        """A box's limits when a request names none (the kernel's): what ``weight`` counts in."""
+        return self.keeper.last_health.box_limits or {"pids": self.settings.box.pids}
+
+    def room(self) -> dict[str, Any]:
+        """What this worker can take now: its boxes (the kernel's capacity: in all, free, in
+        use), what waits for them, its sessions."""
+        return {
+            "boxes": self.gate.capacity,
+            "in_use": self.gate.in_use,
+            "free": self.gate.room(),
+            "waiting": self.gate.waiting(),
+            "sessions": len(self.sessions),
+            "max_sessions": self.settings.max_sessions,
+        }
+
     def _heartbeat(self) -> None:
         health = self.keeper.last_health  # probed by the keeper's watchdog, never here
         metrics.SANDBOX_UP.set(1 if health.ok else 0)
@@ -160,6 +205,9 @@ class Worker:
             metrics.KERNEL_RTT.observe(health.rtt_s)
             self._observed = health
         metrics.SESSIONS_ACTIVE.set(len(self.sessions))
+        kernel = self._size_gate()
+        room = self.room()
+        metrics.observe_room(self.image, room)
         info = self.keeper.info().model_dump(mode="json") if self.keeper.ready else None
         if info is not None and info.get("isolation"):
             for isolation in ("namespaces", "uids", "dirs"):
@@ -172,7 +220,9 @@ class Worker:
                 "generation": self.generation,
                 "image": self.image,
                 "queue": self.queue,
-                "capacity": self.settings.max_sessions,
+                "capacity": room["boxes"],
+                "room": room,
+                "kernel": kernel.model_dump() if kernel is not None else None,
                 "sessions": len(self.sessions),
                 "ready": health.ok,
                 "sandbox": info,
@@ -195,10 +245,15 @@ class Worker:
     def _on_sandbox_lost(self, sandbox_generation: int, reason: str) -> None:
         metrics.SANDBOX_RESTARTS.inc()
         with self._lock:
-            for session_id, held in self.sessions.items():
-                if held.sandbox_generation == sandbox_generation:
-                    held.lost = f"its sandbox died ({reason})"
-                    log.warning("session %s on worker %s lost: %s", session_id, self.id, reason)
+            lost = [
+                (session_id, held)
+                for session_id, held in self.sessions.items()
+                if held.sandbox_generation == sandbox_generation
+            ]
+        for session_id, held in lost:  # their boxes went with the sandbox: so does their room
+            held.lost = f"its sandbox died ({reason})"
+            self._let_go(held)
+            log.warning("session %s on worker %s lost: %s", session_id, self.id, reason)
 
     # --- kernel access --------------------------------------------------------------------
 
@@ -243,10 +298,12 @@ class Worker:
         open_id: str | None = None,
         limits: dict[str, Any] | None = None,
         egress: list[str] | None = None,
+        wait_s: float = OPEN_WAIT_S,
     ) -> dict[str, Any]:
         """Open a session in a box of its own (``limits`` over ``FarmSettings.box``, which the
         sandbox's kernel holds as its boxes' defaults; ``egress``: the hosts it may reach,
-        within the farm's ceiling); ``open_id`` is claimed first, like an exec id.
+        within the farm's ceiling), waiting up to ``wait_s`` for room (at most
+        ``OPEN_WAIT_S``); ``open_id`` is claimed first, like an exec id.
 
         The claim names this worker generation, so a client whose open was taken by a worker
         that then died sees the death (heartbeat) and asks again, instead of waiting for an
@@ -265,51 +322,87 @@ class Worker:
                         "reason": "this open was abandoned or is under way",
                     }
                 )
-            reply = self._open_session(tools, limits, egress)
+            reply = self._open_session(tools, limits, egress, wait_s)
             self.registry.finish_exec(open_id, reply)
             return reply
-        return self._open_session(tools, limits, egress)
+        return self._open_session(tools, limits, egress, wait_s)
 
     def _open_session(
-        self, tools: bool, limits: dict[str, Any] | None, egress: list[str] | None = None
+        self,
+        tools: bool,
+        limits: dict[str, Any] | None,
+        egress: list[str] | None = None,
+        wait_s: float = OPEN_WAIT_S,
     ) -> dict[str, Any]:
-        with self._lock:
-            if len(self.sessions) >= self.settings.max_sessions:
-                return {"busy": True, "worker": self.id, "reason": "at capacity"}
+        """Open a session once the gate has room for its box (ahead of map items), waiting
+        up to ``wait_s``; a busy reply when none came (the client asks again, maybe
+        elsewhere), and at once when ``OPEN_WAITERS`` opens wait here already (each holds a
+        thread that sessions' calls need)."""
         if not self.keeper.ready:
-            return {"busy": True, "worker": self.id, "reason": self.keeper.last_error}
+            return Busy(worker=self.id, reason=self.keeper.last_error).model_dump()
         try:
             policy = self.egress.policy(egress)
         except PolicyError as exc:
             return Refused(worker=self.id, reason=str(exc)).model_dump()
+        if self.gate.waiting()["open"] >= OPEN_WAITERS:
+            return self._busy(f"{OPEN_WAITERS} opens wait for room here already")
+        ticket = self.gate.open(weight(limits, self.box_defaults()), min(wait_s, OPEN_WAIT_S))
+        if ticket is None:
+            return self._busy(f"no room for a box within {min(wait_s, OPEN_WAIT_S):g} s")
         session_id = uuid.uuid4().hex if policy is not None else None
         try:  # the box's defaults are the kernel's own (FarmSettings.box, given at its start)
             if session_id is not None and policy is not None:
                 self.egress.expect(session_id, policy)
             with self.kernel() as kernel:
                 opened = kernel.open_session(
-                    tools=tools, limits=limits, session_id=session_id, egress=policy is not None
+                    tools=tools,
+                    limits=limits,
+                    session_id=session_id,
+                    egress=policy is not None,
+                    wait_s=KERNEL_WAIT_S,
                 )
-        except KernelRequestError as exc:
+        except BaseException as exc:
             self.egress.forget(session_id or "")
-            if exc.code not in ("bad_limits", "bad_request"):
-                raise
-            return Refused(worker=self.id, reason=str(exc)).model_dump()
-        except KernelError as exc:  # the sandbox is failing: let the client try elsewhere
-            self.egress.forget(session_id or "")
-            return {"busy": True, "worker": self.id, "reason": f"sandbox failed: {exc}"}
+            self.gate.release(ticket)
+            return self._open_failed(exc)
         session_id, epoch = opened["session_id"], opened["epoch"]
         with self._lock:
-            self.sessions[session_id] = HeldSession(self.keeper.generation, epoch, time.monotonic())
+            self.sessions[session_id] = HeldSession(
+                self.keeper.generation, epoch, time.monotonic(), ticket=ticket
+            )
         self.registry.put_session(*self.session_entry(session_id, epoch))
         log.info("session %s opened on worker %s", session_id, self.id)
-        return {
-            "session_id": session_id,
-            "epoch": epoch,
-            "worker": self.id,
-            "generation": self.generation,
-            "queue": self.queue,
-        }
+        return Opened(
+            session_id=session_id,
+            epoch=epoch,
+            worker=self.id,
+            generation=self.generation,
+            queue=self.queue,
+            queue_s=ticket.waited_s + opened["queue_s"],
+        ).model_dump()
+
+    def _open_failed(self, exc: BaseException) -> dict[str, Any]:
+        """The reply to an open the kernel refused or failed: busy for what waiting (or
+        another sandbox) may cure, refused for bad limits; anything else is raised."""
+        if isinstance(exc, KernelRequestError):
+            if exc.code in INPUT_CODES:
+                return Refused(worker=self.id, reason=str(exc)).model_dump()
+            return self._busy(str(exc))  # too_many_sessions, unavailable: nothing opened
+        if isinstance(exc, KernelError):  # the sandbox is failing: let the client try elsewhere
+            return self._busy(f"sandbox failed: {exc}")
+        raise exc
+
+    def _busy(self, why: str) -> dict[str, Any]:
+        room = self.room()
+        reason = (
+            f"{why} ({room['in_use']} of {room['boxes']} boxes in use, {room['sessions']} sessions)"
+        )
+        return Busy(worker=self.id, reason=reason).model_dump()
+
+    def _let_go(self, held: HeldSession) -> None:
+        """A session's room goes back to the gate (once: a ticket released twice is idle)."""
+        if held.ticket is not None:
+            self.gate.release(held.ticket)
 
     def session_entry(self, session_id: str, epoch: int) -> tuple[str, dict[str, Any], float]:
         """The registry's entry of a session held here at ``epoch`` (id, fields, ttl): written
@@ -334,4 +427,6 @@ class Worker:
                     kernel.close_session(session_id)
             except KernelError as exc:
                 log.info("closing session %s: %s", session_id, exc)
+        if held is not None:
+            self._let_go(held)
         return {"session_id": session_id, "closed": held is not None}

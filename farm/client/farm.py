@@ -37,7 +37,7 @@ from farm.judge.front import judge_one
 from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused
 from farm.models.batch import BatchItem
 from farm.models.judge import JudgeResult
-from farm.registry import Registry
+from farm.registry import Registry, chunks_key
 from farm.settings import FarmSettings
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -127,11 +127,11 @@ class Farm:
         return self.registry.workers()
 
     def queue_depths(self) -> dict[str, int]:
-        """Messages waiting in each shared and direct queue of the live workers."""
+        """Messages waiting in each shared and direct queue of the live workers, and map
+        chunks in each image's list of them (``chunks_key``: the batch backlog)."""
         workers = self.registry.workers()
-        names = {ImageName(str(w["image"])).queue for w in workers} | {
-            str(w["queue"]) for w in workers
-        }
+        shared = {ImageName(str(w["image"])).queue for w in workers}
+        names = shared | {chunks_key(q) for q in shared} | {str(w["queue"]) for w in workers}
         return {name: self.registry.queue_length(name) for name in sorted(names)}
 
     def require_image(self, image: str | ImageName) -> None:
@@ -195,16 +195,25 @@ class Farm:
         wanted = _limits(limits)
         hosts = _egress(egress)
         self.require_image(name)
-        deadline = time.monotonic() + (open_wait_s or self.settings.open_wait_s)
+        asked = time.monotonic()
+        deadline = asked + (open_wait_s or self.settings.open_wait_s)
         for backoff in delays(0.05, 1.0):
             open_id = uuid.uuid4().hex
-            kwargs = {"tools": tools, "open_id": open_id, "limits": wanted, "egress": hosts}
+            sent = time.monotonic()
+            kwargs = {
+                "tools": tools,
+                "open_id": open_id,
+                "limits": wanted,
+                "egress": hosts,
+                "wait_s": max(deadline - sent, 0.0),  # a worker waits for room at most so long
+            }
             pending, mark = self.broker.send(TASK_OPEN, name.queue, kwargs=kwargs)
             try:
                 reply = self._open_reply(pending, open_id, mark, deadline + QUEUE_WAIT_S)
             except (SessionLost, BrokerLost) as exc:  # the open died with its worker or broker
                 reply = Busy(reason=str(exc))
             if isinstance(reply, Opened):
+                reply.queue_s += sent - asked  # the opens that found no room, and their pauses
                 return Session(self, reply, timeout_s, on_state_lost, hooks)
             if isinstance(reply, Refused):
                 raise InvalidRequest(f"worker {reply.worker} refused the session: {reply.reason}")
@@ -298,10 +307,13 @@ class Farm:
                 request["egress"] = hosts
             try:
                 self.require_image(name)
-                pending, mark = self.broker.send(TASK_RUN, name.queue, args=[request])
-                deadline = time.monotonic() + timeout_s + QUEUE_WAIT_S
-                watch = Watch(exec_id=request["exec_id"], mark=mark)
-                raw = self.broker.wait(pending, deadline, watch)
+                raw = self._run_reply(name, request, timeout_s)
+                if raw.get("busy"):  # nothing ran, and no worker had room all that while
+                    busy = Busy.model_validate(raw)
+                    raise FarmBusy(
+                        f"every worker of image {name.asked!r} stayed full for "
+                        f"{self.settings.open_wait_s:g} s (last: {busy.reason}); nothing ran"
+                    )
                 result = ExecResult.model_validate(raw)
             except SessionLost as exc:
                 result = ExecResult.failure(
@@ -317,12 +329,35 @@ class Farm:
                 return ExecResult.failure(
                     ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
                 )
-            except (WorkerFailed, FarmBusy) as exc:
+            except WorkerFailed as exc:
                 result = ExecResult.failure(
                     ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
                 )
             if result.kind not in RETRYABLE or attempt == retries or self._started(request):
                 return result
+        raise AssertionError("unreachable")
+
+    def _run_reply(
+        self, name: ImageName, request: dict[str, Any], timeout_s: float
+    ) -> dict[str, Any]:
+        """A worker's answer to a one-shot run, asked again after a pause while the worker
+        that took it had no room for its box (nothing ran), for up to ``open_wait_s``: then
+        the last busy reply. A call sent that stays unanswered is ``FarmBusy`` (an ``infra``
+        result for the caller: it may have run)."""
+        deadline = time.monotonic() + self.settings.open_wait_s
+        for backoff in delays(0.05, 1.0):
+            request["wait_s"] = max(deadline - time.monotonic(), 0.0)
+            pending, mark = self.broker.send(TASK_RUN, name.queue, args=[request])
+            watch = Watch(exec_id=request["exec_id"], mark=mark)
+            try:
+                raw = self.broker.wait(pending, time.monotonic() + timeout_s + QUEUE_WAIT_S, watch)
+            except FarmBusy as exc:  # sent, never answered: it may have run
+                return ExecResult.failure(
+                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
+                ).model_dump(mode="json")
+            if not raw.get("busy") or time.monotonic() + backoff > deadline:
+                return raw
+            time.sleep(backoff)  # back off before asking the shared queue again
         raise AssertionError("unreachable")
 
     def map(

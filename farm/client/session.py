@@ -79,6 +79,9 @@ class Session:
         self.on_state_lost = on_state_lost
         self.restores: list[RestoreReport] = []  # what each replay restore re-ran
         self.callbacks = callbacks  # host callbacks its code may call (``farm.client.callbacks``)
+        # How long opening it waited for room (its worker's and kernel's queues, and asking
+        # again while every worker was full): queueing, told apart from slowness.
+        self.queue_s = opened.queue_s
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"

@@ -31,6 +31,9 @@ class SessionInfo(Model):
     image: str | None = None
     worker: str | None = None
     epoch: int = 0
+    queue_s: float | None = Field(
+        None, description="when it was opened: how long it waited for room (a full farm)"
+    )
 
 
 class RunRequest(Model):

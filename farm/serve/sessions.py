@@ -71,7 +71,7 @@ async def create_session(body: SessionCreate, token: Caller, request: Request) -
     options = body.model_dump(exclude_none=True)
     options["limits"] = body.limits.model_dump(exclude_none=True) if body.limits else None
     session = await sessions_of(request).open(token, **options)
-    return info(session, body.image)
+    return info(session, body.image).model_copy(update={"queue_s": session.queue_s})
 
 
 @router.get("", response_model=list[SessionInfo], responses=PROBLEMS)

@@ -93,7 +93,14 @@ def status(as_json: bool = typer.Option(False, "--json")) -> None:
     left_out = [c for c in STATUS_COLUMNS if c not in shown]
     if left_out:
         console.print(f"not shown at {console.width} columns: {', '.join(left_out)} (see --json)")
+    bindings = sorted({str((w.get("kernel") or {}).get("binding")) for w in workers})
+    console.print(
+        f"boxes: in use/all a sandbox holds (set by its {', '.join(bindings) or '?'}); "
+        "waiting: opens/map items at the worker"
+    )
     console.print("queues: " + (", ".join(f"{q}={n}" for q, n in queues.items()) or "none"))
+    if any(n for q, n in queues.items() if q.endswith(".chunks")):
+        console.print("(a *.chunks list holds map chunks waiting for a worker with room)")
 
 
 # `farm status`'s columns in the order shown; STATUS_WANTED ranks them: a terminal too narrow
@@ -103,6 +110,8 @@ STATUS_COLUMNS = (
     "image",
     "gen",
     "ready",
+    "boxes",
+    "waiting",
     "sessions",
     "restarts",
     "backend",
@@ -112,6 +121,8 @@ STATUS_COLUMNS = (
 STATUS_WANTED = (
     "worker",
     "ready",
+    "boxes",
+    "waiting",
     "sessions",
     "image",
     "restarts",
@@ -124,12 +135,19 @@ STATUS_WANTED = (
 
 def _status_row(w: dict[str, Any]) -> dict[str, str]:
     sandbox = w.get("sandbox") or {}
+    room = w.get("room") or {}
+    waiting = room.get("waiting") or {}
+    full = room.get("free") == 0 and room.get("boxes")
     return {
         "worker": str(w["id"]),
         "image": str(w.get("image")),
         "gen": str(w.get("generation")),
         "ready": "yes" if w.get("ready") else "[red]no[/]",
-        "sessions": f"{w.get('sessions')}/{w.get('capacity')}",
+        # boxes in use of all it holds (yellow: none free); opens and map items waiting for one
+        "boxes": f"{'[yellow]' if full else ''}{room.get('in_use')}/{w.get('capacity')}"
+        f"{'[/]' if full else ''}",
+        "waiting": f"{waiting.get('open', 0)}/{waiting.get('item', 0)}",
+        "sessions": f"{w.get('sessions')}/{room.get('max_sessions', '?')}",
         "restarts": str(w.get("restarts")),
         "backend": str(sandbox.get("backend")),
         "image digest": str(sandbox.get("image_digest"))[:19],

@@ -74,7 +74,7 @@ def run_checks(settings: FarmSettings) -> Iterator[Check]:
         )
         return
     yield Check("sandbox image", True, f"{served.tag} {served.image_id[:19]}")
-    yield _kernel_check(settings, served)
+    yield from _kernel_checks(settings, served)
 
 
 def egress_check(settings: FarmSettings) -> Check:
@@ -206,7 +206,8 @@ def exposure(rights: list[str]) -> str:
     return f"anyone who reaches it can {' and '.join(what)}"
 
 
-def _kernel_check(settings: FarmSettings, image: ServedImage | None = None) -> Check:
+def _kernel_checks(settings: FarmSettings, image: ServedImage | None = None) -> Iterator[Check]:
+    """A kernel round trip in a sandbox of these settings, then what such a sandbox holds."""
     import tempfile
 
     from farm.sandbox.docker import DockerSandbox
@@ -226,27 +227,54 @@ def _kernel_check(settings: FarmSettings, image: ServedImage | None = None) -> C
             session = kernel.open_session()
             result = kernel.execute(session["session_id"], "6 * 7", epoch=1, timeout_s=10)
             fallback = box.info().isolation_fallback
-        value = result["value"]["text"] if result["value"] is not None else None
-        ok = value == "42"
-        if ok and fallback:  # works, but boxes share the loopback network, disk and processes
-            return Check(
-                "kernel round trip",
-                True,
-                f"6 * 7 -> {value}, but BOXES HAVE NO NAMESPACES: {fallback}",
-                "load farm's AppArmor profile (deploy/apparmor/farm-sandbox, README Security "
-                "model) or run rootful Docker with its default seccomp profile",
-                warn=True,
-            )
-        return Check(
-            "kernel round trip",
-            ok,
-            f"6 * 7 -> {value} in a hardened sandbox, boxes with namespaces",
-            "see the worker/container logs; rebuild with `farm image build --force`",
-        )
+            pong = kernel.ping()
     except Exception as exc:
-        return Check(
+        yield Check(
             "kernel round trip",
             False,
             str(exc)[:300],
             "rebuild the image with `farm image build --force`",
         )
+        return
+    value = result["value"]["text"] if result["value"] is not None else None
+    ok = value == "42"
+    if ok and fallback:  # works, but boxes share the loopback network, disk and processes
+        yield Check(
+            "kernel round trip",
+            True,
+            f"6 * 7 -> {value}, but BOXES HAVE NO NAMESPACES: {fallback}",
+            "load farm's AppArmor profile (deploy/apparmor/farm-sandbox, README Security "
+            "model) or run rootful Docker with its default seccomp profile",
+            warn=True,
+        )
+    else:
+        yield Check(
+            "kernel round trip",
+            ok,
+            f"6 * 7 -> {value} in a hardened sandbox, boxes with namespaces",
+            "see the worker/container logs; rebuild with `farm image build --force`",
+        )
+    yield capacity_check(settings, pong["capacity"]["boxes"], pong["capacity"]["binding"])
+
+
+def capacity_check(settings: FarmSettings, boxes: int, binding: str) -> Check:
+    """What one worker of ``settings`` holds: boxes of the default limits (the kernel's count,
+    from the sandbox's budgets) and sessions; a warning when sessions could not all fit."""
+    limits = settings.limits
+    why = {
+        "disk_mb": f"FARM_SANDBOX_DISK_MB={limits.disk_mb} over the boxes' disks",
+        "pids": f"FARM_SANDBOX_PIDS={limits.pids} over the boxes' processes",
+    }.get(binding, binding)
+    detail = (
+        f"a worker holds {boxes} boxes at once (set by {why}), of which up to "
+        f"FARM_MAX_SESSIONS={settings.max_sessions} sessions; more work waits for room"
+    )
+    if boxes < settings.max_sessions:
+        return Check(
+            "box capacity",
+            True,
+            detail + f": only {boxes} of those sessions fit at once, the rest wait",
+            f"raise {why.split('=')[0]} or lower FARM_MAX_SESSIONS to {boxes}",
+            warn=True,
+        )
+    return Check("box capacity", True, detail)

@@ -127,12 +127,16 @@ def test_the_box_filter_is_built_for_both_architectures() -> None:
 
 @pytest.mark.docker
 def test_farm_doctor_warns_when_boxes_fell_back_to_uids(tmp_path_factory: Any) -> None:
-    from farm.diagnose import _kernel_check
+    from farm.diagnose import _kernel_checks
     from farm.settings import FarmSettings
 
     settings = FarmSettings(limits=no_mount_limits(tmp_path_factory))
-    check = _kernel_check(settings)
+    check, _ = _kernel_checks(settings)
     assert check.ok and check.warn, check
     assert "BOXES HAVE NO NAMESPACES" in check.detail and "mount" in check.detail
     assert "apparmor" in check.fix.lower()
-    assert not _kernel_check(FarmSettings()).warn  # boxes with namespaces: no warning
+    check, capacity = _kernel_checks(FarmSettings())
+    assert not check.warn  # boxes with namespaces: no warning
+    # the default sandbox: 6144 MB of disks, 128 MB a box (its pids would allow 62)
+    assert capacity.ok and not capacity.warn and "holds 48 boxes" in capacity.detail, capacity
+    assert "FARM_SANDBOX_DISK_MB=6144" in capacity.detail, capacity

@@ -88,17 +88,21 @@ def test_status_in_80_columns_shows_whole_columns_that_fit(up: tuple[dict[str, s
     assert "…" not in out, out
     assert max(len(line) for line in out.splitlines()) <= 80, out
     header = next(line for line in out.splitlines() if "┃ worker " in line)
-    for column in ("worker", "image", "ready", "sessions", "restarts"):
+    for column in ("worker", "image", "ready", "boxes", "waiting", "sessions", "restarts"):
         assert f" {column} " in header, out
     assert f" {state['workers'][0]} " in out, out
-    assert "not shown at 80 columns: image digest, metrics (see --json)" in out, out
+    assert "not shown at 80 columns: gen, backend, image digest, metrics (see --json)" in out, out
+    # what a worker holds and what waits for it: boxes in use of all, opens/items waiting
+    row = next(line for line in out.splitlines() if f" {state['workers'][0]} " in line)
+    assert re.search(r"│ 0/[1-9][0-9]* +│ 0/0 +│ 0/32 ", row), out
+    assert "boxes: in use/all a sandbox holds (set by its " in out, out
 
 
 def test_status_in_a_wide_terminal_shows_every_column(up: tuple[dict[str, str], Any]) -> None:
     env, state = up
     out = status(env, 200)
     header = next(line for line in out.splitlines() if "┃ worker " in line)
-    for column in ("worker", "image", "gen", "ready", "sessions", "restarts", "backend"):
+    for column in ("worker", "image", "gen", "ready", "boxes", "waiting", "sessions", "backend"):
         assert f" {column} " in header, out
     assert " image digest " in header and " metrics " in header, out
     assert "not shown" not in out and "…" not in out, out

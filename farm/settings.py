@@ -203,10 +203,16 @@ class FarmSettings(BaseSettings):
     concurrency: int | None = Field(
         default=None,
         ge=1,
-        description="calls a worker runs at once (threads; default max_sessions + 8, so that "
-        "every session can have a call waiting and opens still get through)",
+        description="calls a worker runs at once (threads; default max_sessions + 16, so that "
+        "every session can have a call waiting, 8 opens wait for room and others still get "
+        "through)",
     )
-    max_sessions: int = Field(default=32, ge=1, description="sessions one worker holds at most")
+    max_sessions: int = Field(
+        default=32,
+        ge=1,
+        description="sessions one worker holds at most (within the boxes its sandbox holds; "
+        "map items take the rest)",
+    )
     judge_parallel: int | None = Field(
         default=None,
         ge=1,
@@ -312,7 +318,7 @@ class FarmSettings(BaseSettings):
 
     @property
     def worker_threads(self) -> int:
-        return self.concurrency or self.max_sessions + 8
+        return self.concurrency or self.max_sessions + 16
 
     @field_validator("image")
     @classmethod

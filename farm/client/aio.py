@@ -78,6 +78,7 @@ class AsyncSession:
     def __init__(self, session: Session) -> None:
         self.sync = session
         self.id = session.id
+        self.queue_s = session.queue_s  # how long opening it waited for room
 
     async def arun(self, code: str, timeout_s: float | None = None, **kwargs: Any) -> ExecResult:
         return await asyncio.to_thread(self.sync.run, code, timeout_s, **kwargs)

@@ -127,3 +127,21 @@ def test_a_lent_kernel_client_is_dropped_on_a_failure_and_kept_on_a_refusal(
             assert worker._clients == {fresh}
     finally:
         server.stop()
+
+
+def test_a_cancelled_map_takes_its_waiting_chunks_out_of_the_list(tmp_path: Any) -> None:
+    """Chunks no worker took yet leave the list when their map is left: the backlog (what an
+    autoscaler reads) is work someone still wants, and no worker pops them for nothing."""
+    server = RedisServer(tmp_path).start()
+    try:
+        with farm_worker(server.url) as worker, Farm(worker.settings) as farm:
+            key = chunks_key(ImageName("default").queue)
+            other = '{"a chunk": "of another map"}'
+            farm.registry.redis.lpush(key, other)
+            run = farm.map([f"{n}" for n in range(20)])
+            run._fill()  # queues its first chunks; no worker takes them (none consumes)
+            assert farm.registry.redis.llen(key) > 2
+            run.close()
+            assert farm.registry.redis.lrange(key, 0, -1) == [other]
+    finally:
+        server.stop()

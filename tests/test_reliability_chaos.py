@@ -205,11 +205,11 @@ class SentChunks:
         self._lock = threading.Lock()
         queue_chunk = farm.broker.queue_chunk
 
-        def recording(queue: str, chunk: Chunk) -> tuple[int, int]:
+        def recording(queue: str, body: str) -> tuple[int, int]:
             with self._lock:
-                for item in chunk.items:
+                for item in Chunk.model_validate_json(body).items:
                     self.exec_ids.setdefault(tuple(item.cells), set()).add(item.exec_id)
-            return queue_chunk(queue, chunk)
+            return queue_chunk(queue, body)
 
         monkeypatch.setattr(farm.broker, "queue_chunk", recording)
 

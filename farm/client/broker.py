@@ -31,7 +31,6 @@ from farm.errors import (
     SessionLost,
     WorkerFailed,
 )
-from farm.models.batch import Chunk
 from farm.registry import Registry
 
 T = TypeVar("T")
@@ -89,11 +88,10 @@ class Broker:
 
         return self.call(attempt, sent=False)
 
-    def queue_chunk(self, queue: str, chunk: Chunk) -> tuple[int, int]:
-        """Queue a map chunk on list ``queue`` (``registry.chunks_key``), where a worker with
-        room takes it: its place in the list and the list's taken count then
-        (``Registry.push_chunk``). A copy queued twice after an outage runs once (claims)."""
-        body = chunk.model_dump_json()
+    def queue_chunk(self, queue: str, body: str) -> tuple[int, int]:
+        """Queue a map chunk (a ``Chunk``'s JSON) on list ``queue`` (``registry.chunks_key``),
+        where a worker with room takes it: its place in the list and the list's taken count
+        then (``Registry.push_chunk``). A copy queued twice after an outage runs once (claims)."""
         return self.call(lambda: self.registry.push_chunk(queue, body), sent=False)
 
     def call(self, fn: Callable[[], T], *, sent: bool, deadline: float | None = None) -> T:

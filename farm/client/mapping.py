@@ -77,6 +77,7 @@ class _Chunk:
     queue: str  # the list of chunks it waits in (``chunks_key``)
     place: int  # it is taken once the list's taken count grew by this much since ``taken``
     taken: int
+    body: str  # as queued: what a cancelled map takes back out of the list
     due_at: float | None = None  # when its turn was seen to have come (claimed soon after)
 
 
@@ -169,10 +170,17 @@ class MapRun:
         self._exhausted = True
         self._ahead = []
         farm = self.farm
-        farm.broker.quietly(
-            lambda: farm.registry.redis.set(cancel_key(self.map_id), 1, ex=CANCEL_TTL_S)
-        )
-        farm.broker.quietly(lambda: farm.registry.redis.expire(self.results, 60))
+        chunks = list(self._chunks.values())
+
+        def cancel() -> None:  # and its chunks no worker took yet leave the lists at once
+            with farm.registry.redis.pipeline(transaction=False) as pipe:
+                pipe.set(cancel_key(self.map_id), 1, ex=CANCEL_TTL_S)
+                pipe.expire(self.results, 60)
+                for chunk in chunks:
+                    pipe.lrem(chunk.queue, 1, chunk.body)
+                pipe.execute()
+
+        farm.broker.quietly(cancel)
 
     # --- sending -------------------------------------------------------------------------
 
@@ -246,9 +254,10 @@ class MapRun:
             items=[self._chunk_item(attempt) for attempt in batch],
             sent_at=time.time(),
         )
-        place, taken = self.farm.broker.queue_chunk(queue, payload)
+        body = payload.model_dump_json()
+        place, taken = self.farm.broker.queue_chunk(queue, body)
         keys = {a.key for a in batch}
-        self._chunks[chunk_id] = _Chunk(chunk_id, keys, queue, place, taken)
+        self._chunks[chunk_id] = _Chunk(chunk_id, keys, queue, place, taken, body)
         for attempt in batch:
             attempt.chunk_id = chunk_id
             self._pending[attempt.key] = attempt

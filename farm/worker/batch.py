@@ -54,8 +54,11 @@ class BatchRunner:
         self._open: dict[str, set[str]] = {}  # map id -> kernel sessions of its running items
         self._cancel_seen: dict[str, tuple[float, bool]] = {}  # map id -> (asked at, cancelled)
         self._lock = threading.Lock()
+        self._stopped = threading.Event()
 
     def stop(self) -> None:
+        """Start nothing more; drivers stop waiting (the client sends what never ran again)."""
+        self._stopped.set()
         self.drivers.shutdown(wait=False, cancel_futures=True)
         self.items.shutdown(wait=False, cancel_futures=True)
 
@@ -105,13 +108,14 @@ class BatchRunner:
             finally:
                 self.gate.release(ticket)
 
-        return lambda ticket: self._submit(run, ticket)
+        def start(ticket: Ticket) -> None:
+            try:
+                self.items.submit(run, ticket)
+            except RuntimeError:  # the worker stops: it never ran, its client sends it again
+                future.cancel()
+                self.gate.release(ticket)
 
-    def _submit(self, run: Callable[[Ticket], None], ticket: Ticket) -> None:
-        try:
-            self.items.submit(run, ticket)
-        except RuntimeError:  # the worker stops: the item never ran, its client sends it again
-            self.gate.release(ticket)
+        return start
 
     def _drive(
         self, chunk: Chunk, pending: dict[Future[str | None], tuple[ChunkItem, Ticket]]
@@ -119,7 +123,7 @@ class BatchRunner:
         """Publish each item's result as it ends (those that end together in one push), and
         stop the chunk's items when its map is cancelled."""
         ran = 0
-        while pending:
+        while pending and not self._stopped.is_set():
             done, _ = wait(pending, timeout=CANCEL_POLL_S, return_when=FIRST_COMPLETED)
             if done and len(done) < len(pending):  # its neighbours may be about to end too
                 more, _ = wait(set(pending) - done, timeout=LINGER_S, return_when=ALL_COMPLETED)

@@ -266,6 +266,13 @@ class FarmSettings(BaseSettings):
         ge=1,
         description="calls a new API token may have running at once (its default cap)",
     )
+    api_threads: int = Field(
+        default=512,
+        ge=8,
+        description="calls into the farm `farm serve` runs at once, each on a thread: a map "
+        "holds one while it runs, an open one while it waits for room (asyncio's default, "
+        "cores + 4, would let a handful of clients stall every other)",
+    )
     event_stream_max_events: int = Field(
         default=10000, ge=10, description="events one streamed run keeps"
     )

@@ -275,6 +275,49 @@ def test_leaving_a_map_cancels_it(farm: Farm, alice: httpx.Client) -> None:
     assert wait_for(lambda: stopped() == len(items) - 1, 20), stopped()
 
 
+def test_many_maps_streaming_at_once_stall_no_other_call(server: Server) -> None:
+    """Each streaming map holds one of the server's threads into the farm for as long as it
+    runs (so does an open waiting for room): a few more maps than asyncio's default threads
+    (cores + 4) must not stall a session's open and run behind them."""
+    maps = (os.cpu_count() or 1) + 4 + 4
+    token = server.token("mapper", "run", concurrency=maps + 4)
+    started = threading.Barrier(maps + 1)
+    answers: list[int] = []
+
+    def hold() -> None:  # a map whose one item runs for 20 s
+        with (
+            server.client(token) as client,
+            client.stream(
+                "POST",
+                "/v1/map",
+                params={"concurrency": 1},  # one slot of the token's each (a map holds its window)
+                content=json.dumps("import time; time.sleep(20)").encode(),
+            ) as response,
+        ):
+            answers.append(response.status_code)
+            started.wait(30)
+            for _ in response.iter_lines():
+                pass
+
+    holders = [threading.Thread(target=hold) for _ in range(maps)]
+    for thread in holders:
+        thread.start()
+    try:
+        started.wait(30)  # every map's response began: its thread in the server is held
+        with server.client(token) as client:  # answered in seconds, not after the maps
+            opened = client.post("/v1/sessions", json={}, timeout=15)
+            assert opened.status_code == 201, opened.text
+            run = client.post(
+                f"/v1/sessions/{opened.json()['id']}/run", json={"code": "6 * 7"}, timeout=15
+            )
+            assert run.json()["value"]["text"] == "42", run.text
+            client.delete(f"/v1/sessions/{opened.json()['id']}")
+    finally:
+        for thread in holders:
+            thread.join(60)
+    assert answers == [200] * maps
+
+
 def test_a_token_past_its_concurrency_cap_gets_429(server: Server) -> None:
     with server.client(server.token("carol", "run", concurrency=1)) as carol:
         session = carol.post("/v1/sessions", json={}).json()["id"]

@@ -9,10 +9,12 @@ each line bounded by the map). The OpenAPI document is the app's own (``docs/ope
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
@@ -52,6 +54,10 @@ def make_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # every route reaches the farm through asyncio.to_thread: its threads are the calls
+        # the server runs at once, and a map, or an open waiting for room, holds one
+        threads = ThreadPoolExecutor(settings.api_threads, thread_name_prefix="farm-api")
+        asyncio.get_running_loop().set_default_executor(threads)
         async with contextlib.AsyncExitStack() as stack:
             if mcp is not None:
                 await stack.enter_async_context(mcp.session_manager.run())

@@ -10,6 +10,7 @@ import re
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,41 @@ def test_many_maps_streaming_at_once_stall_no_other_call(server: Server) -> None
         for thread in holders:
             thread.join(60)
     assert answers == [200] * maps
+
+
+def test_maps_whose_bodies_come_slowly_never_deadlock_a_small_server(
+    farm: Farm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A map's thread waits for the items its body's reader hands over; a reader that took a
+    thread to wait for room would deadlock a server whose threads the maps all hold. With 8
+    threads, 10 maps whose lines come half a second apart all end, every record there."""
+    monkeypatch.setenv("FARM_API_THREADS", "8")
+
+    def slow_body() -> Iterator[bytes]:
+        for n in range(3):
+            time.sleep(0.5)  # the client's own pace: a body that arrives slowly
+            yield (json.dumps({"id": n, "code": f"{n} * 2"}) + "\n").encode()
+
+    with farm_serve(farm.settings.redis_url, tmp_path) as small:
+        token = small.token("slow", "run", concurrency=64)
+        records: list[list[dict[str, Any]]] = []
+
+        def one_map() -> None:
+            with (
+                small.client(token) as client,
+                client.stream(
+                    "POST", "/v1/map", params={"concurrency": 1}, content=slow_body()
+                ) as response,
+            ):
+                records.append([json.loads(line) for line in response.iter_lines() if line])
+
+        maps = [threading.Thread(target=one_map) for _ in range(10)]
+        for thread in maps:
+            thread.start()
+        for thread in maps:
+            thread.join(90)
+        assert not any(thread.is_alive() for thread in maps), "the server deadlocked"
+    assert sorted(len(r) for r in records) == [3] * 10, records
 
 
 def test_a_token_past_its_concurrency_cap_gets_429(server: Server) -> None:

@@ -157,25 +157,28 @@ async def _read_body(
                     batch.append(_item(line, count, limit))
                     count += 1
             if batch:
-                await asyncio.to_thread(_put, items, batch, stop)
+                await _put(items, batch, stop)
         if tail.strip():
-            await asyncio.to_thread(_put, items, [_item(tail, count, limit)], stop)
-        await asyncio.to_thread(_put, items, None, stop)
+            await _put(items, [_item(tail, count, limit)], stop)
+        await _put(items, None, stop)
         while (await request.receive())["type"] != "http.disconnect":
             pass
     finally:
         stop.set()  # the client left (or the response ended): the map is cancelled
 
 
-def _put(
+async def _put(
     items: queue.Queue[list[Any] | None], batch: list[Any] | None, stop: threading.Event
 ) -> None:
+    """Hand ``batch`` to the map's thread once its queue has room, waiting on the loop: a
+    reader that took a thread to wait would deadlock the server once the maps' own threads
+    held them all (each map's thread waits for its reader's items)."""
     while not stop.is_set():
         try:
-            items.put(batch, timeout=POLL_S)
+            items.put_nowait(batch)
             return
         except queue.Full:
-            continue
+            await asyncio.sleep(POLL_S)  # the poll interval of a queue.Queue from the loop
 
 
 def _item(line: bytes, key: int, limit: int) -> Any:

@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 import redis
 
+from farm.celeryconf import TASK_OPEN
 from farm.client import Farm
+from farm.client.broker import release
 from farm.diagnose import broker_checks
 from farm.errors import BrokerAuthFailed, BrokerUnavailable, InvalidRequest
 from farm.local import LocalFarm
@@ -32,7 +34,7 @@ from farm.settings import FarmSettings
 from farm.worker.startup import EXIT_REFUSED
 from tests.certs import Pki, make_pki
 from tests.raw_sockets import raw_ping
-from tests.waiting import wait_for
+from tests.waiting import stays, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST_S = 5.0  # a refusal is immediate; an outage would be waited out for broker_wait_s (30 s)
@@ -500,3 +502,20 @@ def test_farm_up_keeps_its_password_out_of_command_lines_logs_and_output(tmp_pat
     finally:
         down = farm_cli("down", env=env)
     assert down.returncode == 0, down.stderr
+
+
+def test_a_worker_takes_no_call_for_another_image(tmp_path: Path) -> None:
+    """A worker consumes its image's queue and its own, nothing else: Celery's default queue
+    is ``farm.default``, and a worker of another image that consumed it opened the default
+    image's sessions in its own sandbox."""
+    with LocalFarm({"elsewhere": 1}, backend="process") as local, Farm(local.settings()) as farm:
+        (worker,) = farm.workers()
+        elsewhere, _ = farm.broker.send(TASK_OPEN, "farm.elsewhere", kwargs={})
+        assert elsewhere.get(timeout=30)["worker"] == worker["id"]  # its own: answered
+        default, _ = farm.broker.send(TASK_OPEN, "farm.default", kwargs={})
+        try:
+            assert stays(lambda: not default.ready(), 5.0), default.get(timeout=1)
+        finally:
+            release(default)
+            release(elsewhere, unsubscribe=False)
+        assert farm.registry.queue_length("farm.default") == 1  # left for a default worker

@@ -74,8 +74,12 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
                 log.error("farm worker %s cannot start: %s", started.id, exc)
                 raise SystemExit(f"farm worker cannot start its sandbox: {exc}") from exc
             state["worker"] = started
+            queues = instance.app.amqp.queues
             for queue in started.queues:
-                instance.app.amqp.queues.select_add(queue)
+                queues.select_add(queue)
+            # Only these: Celery would also consume its default queue, farm.default, and a
+            # worker of another image would open the default image's sessions in its own.
+            queues.select(started.queues)
             started.intake.start()  # map chunks: taken while it has room, beside its queues
 
         @worker_shutdown.connect(weak=False)

@@ -23,6 +23,9 @@ PREFIX = "farm:"
 # (within the broker's visibility timeout, 60 s) and a client's wait; a day of them cost ~0.5 kB
 # an exec of Redis memory (a million-exec day: 500 MB). One hour, as Celery's results.
 EXEC_TTL_S = 3600
+# A map item's claim is never answered with a result (that goes to its map's list): it only has
+# to outlive the item's run and the minutes in which its map may send a copy of it again.
+ITEM_CLAIM_S = 600
 BROKER_MARK = f"{PREFIX}broker"
 
 
@@ -168,12 +171,17 @@ class Registry:
     # --- exec records -------------------------------------------------------------------
 
     def claim_exec(
-        self, exec_id: str, worker_id: str, generation: int, timeout_s: float = 0.0
+        self,
+        exec_id: str,
+        worker_id: str,
+        generation: int,
+        timeout_s: float = 0.0,
+        keep_s: int = EXEC_TTL_S,
     ) -> dict[str, Any] | None:
-        """Claim ``exec_id`` for running (the claim outlives a run of ``timeout_s``); ``None``
-        if claimed, else the existing record."""
+        """Claim ``exec_id`` for running (the claim outlives a run of ``timeout_s`` by
+        ``keep_s``); ``None`` if claimed, else the existing record."""
         record = {"state": "running", "worker": worker_id, "generation": generation}
-        if self._record_first(exec_id, record, EXEC_TTL_S + int(timeout_s)):
+        if self._record_first(exec_id, record, keep_s + int(timeout_s)):
             return None
         return self.exec_record(exec_id) or record
 

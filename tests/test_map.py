@@ -16,7 +16,7 @@ from typing import Any
 from farm.client import AsyncFarm, Farm
 from farm.client.mapping import MAX_CHUNK
 from farm.models.batch import BatchItem
-from farm.registry import PREFIX, Registry, results_key
+from farm.registry import ITEM_CLAIM_S, PREFIX, Registry, results_key
 from tests.waiting import stays, wait_for
 
 
@@ -213,6 +213,15 @@ def test_the_async_twin_yields_the_same_records(inproc_farm: Farm) -> None:
 
     records = asyncio.run(collect())
     assert [r.cells[0].value.text for r in records] == [str(i + 1) for i in range(20)]
+
+
+def test_an_items_claim_is_kept_minutes_not_an_hour(inproc_farm: Farm) -> None:
+    """A map item's claim only has to outlive its run and its map's resends: kept for an hour,
+    a busy farm's Redis would hold one for each of the last hour's items."""
+    (record,) = inproc_farm.map(["6 * 7"], timeout_s=5)
+    exec_id = record.cells[0].exec_id.rsplit("-", 1)[0]  # the item's: its cells' ids end -<n>
+    ttl = inproc_farm.registry.redis.ttl(f"{PREFIX}exec:{exec_id}")
+    assert ITEM_CLAIM_S - 60 < ttl <= ITEM_CLAIM_S + 5, ttl
 
 
 def test_the_first_record_does_not_wait_for_the_map_to_be_sent(inproc_farm: Farm) -> None:

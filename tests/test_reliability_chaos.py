@@ -226,9 +226,9 @@ def runs_problems(
     dead: tuple[str, int],
 ) -> list[str]:
     """Items that ran other than once, by the exec claims in Redis (a batch item's claim names
-    the worker generation that took it, and stays for an hour): every attempt sent was claimed
-    once; the one the item's record comes from was claimed by the worker the record names;
-    every earlier attempt was claimed by the killed generation (why it was retried)."""
+    the worker generation that took it, and stays ten minutes past its run): every attempt sent
+    was claimed once; the one the item's record comes from was claimed by the worker the record
+    names; every earlier attempt was claimed by the killed generation (why it was retried)."""
     by_id = {str(r["id"]): r for r in records}
     problems = []
     for item in items:

@@ -23,7 +23,7 @@ from farm.kernel.wire.protocol import INPUT_CODES, CellEvent
 from farm.models import ErrorKind, ExecResult
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.frames import ItemResults
-from farm.registry import cancel_key
+from farm.registry import ITEM_CLAIM_S, cancel_key
 from farm.worker.admission import KERNEL_WAIT_S, Ticket, weight
 from farm.worker.egress import PolicyError
 from farm.worker.judging import Judging
@@ -214,7 +214,7 @@ class BatchRunner:
         ``queued_s``: how long it waited for room so far (in the list, at the gate)."""
         worker = self.worker
         claim = worker.registry.claim_exec(
-            item.exec_id, worker.id, worker.generation, item.timeout_s
+            item.exec_id, worker.id, worker.generation, item.timeout_s, keep_s=ITEM_CLAIM_S
         )
         if claim is not None:  # ran (or runs) elsewhere: this copy runs nothing
             return None

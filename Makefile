@@ -5,7 +5,7 @@ VPY = $(VENV)/bin/python
 STAMP = $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: venv setup test test-fast lint bench run clean images compose-up compose-down
+.PHONY: venv setup test test-fast lint bench load run clean images compose-up compose-down
 
 venv: $(STAMP)
 
@@ -56,6 +56,12 @@ $(BENCH_STAMP): pyproject.toml $(STAMP)
 
 bench: setup $(BENCH_STAMP)
 	@set -e; for b in $(BENCHMARKS); do echo "== bench/$$b.py"; $(VPY) bench/$$b.py; done
+
+# The overload suite (bench/load.py): a local farm and `farm serve` at 1x, 2x and 4x their
+# capacity with a mixed workload at once, then a map beside 120 sessions opening at once; about
+# half an hour on 2 cores, so not in BENCHMARKS. `make reliability` runs its --quick version.
+load: setup
+	$(VPY) bench/load.py
 
 # The quick start: an embedded local farm (redis + 2 workers with Docker sandboxes) runs the
 # example sweep, prints the summary and removes everything it started.

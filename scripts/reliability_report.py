@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """``make reliability``: run the reliability suite and the soak, then write docs/reliability.md.
 
-1. pytest runs the three reliability modules (adversarial code, protocol abuse, chaos) with a
-   junit report; each test records what it expected and what it observed as junit properties
+1. pytest runs the reliability modules (adversarial code, protocol abuse, chaos, co-tenancy,
+   egress, and load: ``bench/load.py --quick``, a case per goal) with a junit report; each
+   test records what it expected and what it observed as junit properties
    (``record_property``), so the table shows both even when a test fails.
 2. ``bench/soak.py`` runs with ``--json`` (skip it with ``--no-soak``).
 3. docs/reliability.md gets one row per case (area, case, expected, observed, result, time),
@@ -37,6 +38,7 @@ MODULES = {
     "tests/test_cotenancy.py": "co-tenancy",
     "tests/test_box_machines.py": "co-tenancy",
     "tests/test_egress.py": "egress",
+    "tests/test_reliability_load.py": "load",
 }
 COTENANCY = "co-tenancy"  # its cases get a section of their own, not rows of the main table
 GENERIC_TESTS = {"test_hostile_code_gets_its_kind_and_harms_no_one_else"}

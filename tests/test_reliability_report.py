@@ -63,3 +63,22 @@ def test_a_report_without_co_tenancy_cases_says_so(tmp_path: Path) -> None:
     )
     doc = script.render(script.read_junit(junit), 1.0, None, 0.0, "skipped", [])
     assert "## Co-tenancy" in doc and "Not run: the junit report has no co-tenancy case." in doc
+
+
+def test_the_load_suite_is_an_area_of_its_own(tmp_path: Path) -> None:
+    script = report_script()
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        JUNIT.split('<testcase classname="tests.test_cotenancy"')[0]
+        + '<testcase classname="tests.test_reliability_load" '
+        'name="test_at_4x_no_record_is_lost_or_duplicated" time="300.0"><properties>'
+        '<property name="expected" value="at 4x no record lost or duplicated"/>'
+        '<property name="observed" value="0 lost, 0 duplicated"/></properties></testcase>'
+        "</testsuite></testsuites>"
+    )
+    doc = script.render(script.read_junit(junit), 1.0, None, 0.0, "skipped", [])
+    assert "| load | 1 | 1 | 0 |" in doc
+    assert (
+        "| load | at 4x no record is lost or duplicated | at 4x no record lost or duplicated | "
+        "0 lost, 0 duplicated | pass | 300.0 |"
+    ) in doc

@@ -1,0 +1,333 @@
+"""Overload: the farm at 1x, 2x and 4x its capacity, with a mixed workload at once.
+
+Run with the project venv: ``.venv/bin/python bench/load.py [--quick] [--json PATH]``.
+
+One ``Farm.local(images={"default": 2, "judge": 1})`` (Docker sandboxes; the judge worker is
+started up front so that it is neither started nor counted in the middle of a level) and the
+real ``farm serve`` over it in a process of its own, called with a token of ``farm token
+create`` whose cap fits every HTTP client. Capacity is counted per image, in boxes: the sum of
+the live workers' ``capacity`` (``farm status``); C is the default image's (2 x 48 = 96 with
+the default sandbox, set by its disk budget), the judge worker's is printed beside it.
+
+A level L runs these parts at once, each checking every answer (``load_mix``):
+- agent sessions, Python API: L*C/4 threads, each opening sessions one after the other
+  (``x = 0``, then 20 runs of ``x += 1; x`` whose values are checked, close);
+- a map, Python API: 10,000 one-line items (``--quick``: 1,500) at concurrency L*C/2, every
+  record checked by id and value; it sets the level's length, the other parts loop until it
+  ends and then wind down;
+- HTTP clients of ``farm serve``: 50*L (``--quick``: 10*L), half of them sessions (open, 5
+  checked runs, delete), half maps of 20 items (NDJSON, concurrency 1: one box at a time);
+- judge items: a judge map (python3 and cpp17 submissions to a sum problem, all accepted) at
+  concurrency L*C/8, on the judge worker.
+"Nx" names the level: the default image is offered L*(C/4 + C/2) + 50*L boxes at once
+(agents' sessions, the map's window, one per HTTP client), 1.27 x L x C for C = 96, and the
+judge worker L*C/8 items. Per level: goodput (items/s of the three maps, runs/s of both
+kinds of sessions, finished within the map's span) and its ratio to 1x, the latency of a run,
+of an item's running (``duration_s - queue_s``) and of its queueing (``queue_s``), of an open
+and its ``queue_s``, errors by kind, busy answers (``FarmBusy``; HTTP 503 ``busy``), lost and
+duplicated records, sessions that lost their variables.
+
+The warm-up, left out: a 1x level with a short map (every path, thread and connection used
+once), then a short burst (below), so that every worker has held its most boxes once: a kernel
+keeps an emptied box's pid 1 for its number's next box, a high-water mark rather than growth.
+The RSS of each worker's process tree (the worker, its sandbox container's processes) and of
+redis-server is read from ``/proc`` (run as root) after it, every ``SAMPLE_S`` during the run,
+and at its end (after the burst, once the farm is idle); the goal is end within 10% of start.
+
+Then the burst (the issue's own goal): ``Farm.map`` of 3,000 items (``--quick``: 1,000) at
+concurrency 512 while 120 sessions open at once from threads (each sets a variable, runs
+twice, checks it, closes). Goals are printed PASS/FAIL and never asserted: the exit status is
+0 either way; ``--json PATH`` writes every figure (``tests/test_reliability_load.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import docker
+from benchlib import machine
+from load_mix import ITEM_PARTS, RUN_PARTS, Tally, agent, batch, http_clients, judge
+from load_report import goals, render
+from serve import FARM, start_server
+from soak import descendants, process_table, rss_kb
+
+from farm.client import Farm
+from farm.errors import SessionLost, StateLost
+from farm.local import LocalFarm
+
+SAMPLE_S = 2.0
+WIND_DOWN_S = 120.0  # a part still running this long after its level ended counts as hung
+IDLE_S = 60.0  # how long the farm may take to be idle again between levels
+ID = re.compile(r"[0-9a-f]{8}[0-9a-f-]*.*$")  # a key's name from its first id on
+TOKEN_CAP = 4096  # the HTTP clients' token: calls at once on the server
+
+
+@dataclass(frozen=True)
+class Plan:
+    items: int  # the map that sets a level's length
+    http: int  # HTTP clients per level of 1x
+    burst_items: int
+    burst_window: int = 512
+    burst_sessions: int = 120
+
+
+FULL = Plan(items=10_000, http=50, burst_items=3_000)
+QUICK = Plan(items=1_500, http=10, burst_items=1_000)
+
+
+def capacity(farm: Farm) -> dict[str, dict[str, Any]]:
+    """Per image: workers, boxes (the sum of their capacity), the binding budgets and the
+    kernel's refusals so far (boxes it had no room for after waiting: sent again)."""
+    images: dict[str, dict[str, Any]] = {}
+    for w in farm.workers():
+        kernel = w.get("kernel") or {}
+        entry = images.setdefault(
+            str(w["image"]), {"workers": 0, "boxes": 0, "binding": [], "refused": 0}
+        )
+        entry["workers"] += 1
+        entry["boxes"] += int(w.get("capacity") or 0)
+        entry["binding"] = sorted({*entry["binding"], str(kernel.get("binding"))})
+        entry["refused"] += int(kernel.get("refused") or 0)
+    return images
+
+
+def key_kinds(farm: Farm) -> dict[str, int]:
+    """Redis keys by kind (their name up to the first id), the most numerous first."""
+    kinds = Counter(ID.sub("*", str(key)) for key in farm.registry.redis.scan_iter(count=1000))
+    return dict(kinds.most_common(8))
+
+
+def wait_idle(farm: Farm) -> bool:
+    """Until no worker has a box in use nor work waiting (heartbeats: once a second)."""
+    deadline = time.monotonic() + IDLE_S
+    while time.monotonic() < deadline:
+        rooms = [w.get("room") or {} for w in farm.workers()]
+        if all(not r.get("in_use") and not any(r.get("waiting", {}).values()) for r in rooms):
+            return True
+        time.sleep(0.5)  # poll interval of the deadline-bounded wait
+    return False
+
+
+class Memory:
+    """RSS (kB) of each worker's process tree, its sandbox container's processes included,
+    and of redis-server, sampled on a thread of its own."""
+
+    def __init__(self, local: LocalFarm) -> None:
+        self.local = local
+        self.docker = docker.from_env()
+        self.samples: list[dict[str, int]] = []
+        self.stop = threading.Event()
+        self.names = {}
+        for image in sorted(set(local.worker_images.values())):
+            mine = [w for w, i in local.worker_images.items() if i == image]
+            self.names.update({w: f"worker {image}-{n + 1}" for n, w in enumerate(mine)})
+        self.thread = threading.Thread(target=self._run, name="load-rss", daemon=True)
+
+    def read(self) -> dict[str, int]:
+        table = process_table()
+        out = {}
+        for worker_id, proc in self.local.workers.items():
+            pids = set(descendants(table, proc.pid)) if proc.poll() is None else set()
+            for c in self.docker.containers.list(filters={"label": f"farm.owner={worker_id}"}):
+                pids.update(descendants(table, int(c.attrs["State"]["Pid"])))
+            out[self.names.get(worker_id, worker_id)] = sum(rss_kb(pid) for pid in pids)
+        assert self.local.redis.proc is not None  # started, and stopped only at the end
+        out["redis-server"] = rss_kb(self.local.redis.proc.pid)
+        self.samples.append(out)
+        return out
+
+    def _run(self) -> None:
+        while not self.stop.wait(SAMPLE_S):
+            self.read()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+        self.docker.close()
+
+
+def level(
+    farm: Farm, url: str, token: str, mult: int, c: int, items: int, http: int
+) -> dict[str, Any]:
+    """One level: every part at once until the map of ``items`` ends; its figures."""
+    stop = threading.Event()
+    tallies = {name: Tally() for name in (*ITEM_PARTS, *RUN_PARTS)}
+    parts: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
+        (agent, (farm, stop, tallies["agent"])) for _ in range(mult * c // 4)
+    ]
+    parts.append((judge, (farm, stop, tallies["judge"], mult * c // 8, f"j{mult}-")))
+    parts.append((http_clients, (url, token, http * mult, stop, tallies)))
+    threads = [threading.Thread(target=f, args=a, daemon=True) for f, a in parts]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    batch(farm, items, mult * c // 2, tallies["map"], f"m{mult}-")
+    ended = time.monotonic()
+    stop.set()
+    for thread in threads:
+        thread.join(max(0.0, ended + WIND_DOWN_S - time.monotonic()))
+    span = ended - started
+    out = {name: t.summary(started, ended) for name, t in tallies.items()}
+    return {
+        "level": mult,
+        "offered": {
+            "default_boxes": mult * (c // 4 + c // 2) + http * mult,
+            "judge": mult * c // 8,
+        },
+        "span_s": span,
+        "wind_down_s": time.monotonic() - ended,
+        "hung_parts": sum(t.is_alive() for t in threads),
+        "items_per_s": sum(out[p]["done"] for p in ITEM_PARTS) / span,
+        "runs_per_s": sum(out[p]["done"] for p in RUN_PARTS) / span,
+        "parts": out,
+        "idle_after": wait_idle(farm),
+    }
+
+
+def burst(farm: Farm, plan: Plan) -> dict[str, Any]:
+    """A map at concurrency ``burst_window`` while ``burst_sessions`` sessions open at once."""
+    items, sessions, go = Tally(), Tally(), threading.Event()
+
+    def one(i: int) -> None:
+        go.wait()
+        started = time.perf_counter()
+        try:
+            with farm.session() as s:
+                sessions.sample("open", time.perf_counter() - started)
+                sessions.sample("open_queue", s.queue_s)
+                results = [s.run(code) for code in (f"v = {i}", "v += 1", "v")]
+        except (StateLost, SessionLost) as exc:
+            sessions.count("lost_variables")
+            sessions.error(type(exc).__name__)
+            return
+        except Exception as exc:
+            sessions.error(type(exc).__name__)
+            return
+        failed = [r for r in results if not r.ok]
+        if failed:
+            sessions.error(str(failed[0].kind))
+        elif results[-1].value is None or results[-1].value.text != str(i + 1):
+            sessions.count("lost_variables")
+        else:
+            sessions.ok()
+
+    threads = [
+        threading.Thread(target=one, args=(i,), daemon=True) for i in range(plan.burst_sessions)
+    ]
+    for thread in threads:
+        thread.start()
+    started = time.monotonic()
+    mapper = threading.Thread(
+        target=batch, args=(farm, plan.burst_items, plan.burst_window, items, "b"), daemon=True
+    )
+    mapper.start()
+    while not items.done_at and mapper.is_alive() and time.monotonic() < started + 30:
+        time.sleep(0.01)  # the map's chunks are queued and running: now the sessions open
+    go.set()
+    for thread in [mapper, *threads]:
+        thread.join(max(0.0, started + 600 - time.monotonic()))
+    return {
+        "took_s": time.monotonic() - started,
+        "hung": sum(t.is_alive() for t in [mapper, *threads]),
+        "map": items.summary(started, time.monotonic()),
+        "sessions": sessions.summary(started, time.monotonic()),
+        "idle_after": wait_idle(farm),
+    }
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def create_token(broker_url: str) -> str:
+    env = {**os.environ, "FARM_BROKER_URL": broker_url}
+    args = [FARM, "token", "create", "load", "--concurrency", str(TOKEN_CAP)]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60, check=True)
+    return done.stdout.strip()
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    plan = QUICK if args.quick else FULL
+    if args.items:
+        plan = replace(plan, items=args.items, burst_items=args.items)
+    out: dict[str, Any] = {"machine": machine(), "quick": args.quick, "plan": asdict(plan)}
+    with (
+        Farm.local(images={"default": 2, "judge": 1}) as farm,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        local = farm.local_farm
+        out["capacity"] = capacity(farm)
+        c = out["c"] = out["capacity"]["default"]["boxes"]
+        proc, url, _ = start_server(farm, Path(tmp))
+        memory = Memory(local)
+        try:
+            token = create_token(local.broker_url)
+            level(farm, url, token, 1, c, max(200, plan.items // 10), plan.http)  # warm-up
+            burst(farm, replace(plan, burst_items=4 * c))
+            start = memory.read()
+            keys = [key_kinds(farm)]
+            memory.thread.start()
+            out["levels"] = []
+            for mult in args.levels:
+                out["levels"].append(level(farm, url, token, mult, c, plan.items, plan.http))
+                print(f"level {mult}x done", file=sys.stderr, flush=True)
+            out["burst"] = burst(farm, plan)
+            out["capacity_end"] = capacity(farm)
+            memory.stop.set()
+            end = memory.read()
+            keys.append(key_kinds(farm))
+        finally:
+            memory.close()
+            stop_server(proc)
+    out["rss_kb"] = {
+        name: {
+            "start": start[name],
+            "end": end.get(name, 0),
+            "max": max(s.get(name, 0) for s in memory.samples),
+        }
+        for name in start
+    }
+    out["redis_keys"] = {"start": keys[0], "end": keys[1]}
+    out["goals"] = goals(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller maps, fewer HTTP clients")
+    parser.add_argument("--json", type=Path, help="also write every figure to this file")
+    parser.add_argument("--levels", default="1,2,4", help="the levels to run (development)")
+    parser.add_argument("--items", type=int, help="the map's and the burst's items (development)")
+    args = parser.parse_args(argv)
+    args.levels = [int(x) for x in args.levels.split(",")]
+    out = run(args)
+    print(render(out))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,10 +44,15 @@ class Ticket:
     weight: int
     group: str  # a map's id, or "" for a session
     start: Callable[[Ticket], None] | None = None  # an item's: runs it once admitted
-    admitted: bool = False
-    given_up: bool = False
+    state: Literal["waiting", "admitted", "released", "given up"] = "waiting"
     since: float = field(default_factory=time.monotonic)
     waited_s: float = 0.0
+    # An open's: set once admitted (each waiting open wakes alone, never all of them at once)
+    admitted_event: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def admitted(self) -> bool:
+        return self.state == "admitted"
 
 
 class BoxGate:
@@ -69,18 +74,18 @@ class BoxGate:
         """Room for a session's box, waiting up to ``wait_s`` (ahead of every map item);
         ``None`` when there was none in time."""
         ticket = Ticket("open", box_weight, "")
-        deadline = ticket.since + wait_s
         with self.cond:
             self._opens.append(ticket)
             started = self._dispatch()
-            while not ticket.admitted:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    started += self._give_up(ticket)  # items it kept waiting may go now
-                    break
-                self.cond.wait(left)
         self._start(started)
-        return ticket if ticket.admitted else None
+        if ticket.admitted_event.wait(wait_s):
+            return ticket
+        with self.cond:
+            if ticket.admitted:  # admitted as its wait ended
+                return ticket
+            started = self._give_up(ticket)  # items it kept waiting may go now
+        self._start(started)
+        return None
 
     def submit(self, ticket: Ticket) -> None:
         """Queue a map item; ``ticket.start`` runs it (in this thread or a releasing one)
@@ -93,7 +98,7 @@ class BoxGate:
     def cancel(self, ticket: Ticket) -> bool:
         """Take back a waiting ticket: ``True`` when it was never admitted (and never will)."""
         with self.cond:
-            if ticket.admitted:
+            if ticket.state != "waiting":
                 return False
             started = self._give_up(ticket)
         self._start(started)
@@ -104,7 +109,7 @@ class BoxGate:
         with self.cond:
             if not ticket.admitted:
                 return
-            ticket.admitted = False
+            ticket.state = "released"
             self.in_use -= ticket.weight
             self.held[ticket.kind] -= 1
             started = self._dispatch()
@@ -153,7 +158,7 @@ class BoxGate:
         """Admit what fits, in order (the caller holds the lock); the items admitted, to
         start outside it."""
         started: list[Ticket] = []
-        self.cond.notify_all()  # opens admitted here, or room for the intake
+        self.cond.notify_all()  # room for the intake, maybe
         while self._opens and self.held["open"] < self.max_sessions:
             head = self._opens[0]
             if not self._fits(head):
@@ -191,14 +196,15 @@ class BoxGate:
         return ticket.kind == "judge" and self.held["judge"] >= self.judge_parallel
 
     def _admit(self, ticket: Ticket) -> None:
-        ticket.admitted = True
+        ticket.state = "admitted"
         ticket.waited_s = time.monotonic() - ticket.since
         self.in_use += ticket.weight
         self.held[ticket.kind] += 1
+        ticket.admitted_event.set()
 
     def _give_up(self, ticket: Ticket) -> list[Ticket]:
         """Take a waiting ticket out of its queue; the items that may go now it left."""
-        ticket.given_up = True
+        ticket.state = "given up"
         if ticket.kind == "open":
             if ticket in self._opens:
                 self._opens.remove(ticket)

@@ -192,6 +192,7 @@ class Worker:
         return {
             "boxes": self.gate.capacity,
             "in_use": self.gate.in_use,
+            "held": dict(self.gate.held),  # boxes admitted, by kind: open, item, judge
             "free": self.gate.room(),
             "waiting": self.gate.waiting(),
             "sessions": len(self.sessions),

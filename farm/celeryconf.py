@@ -13,7 +13,6 @@ from celery import Celery
 
 from farm.settings import FarmSettings
 
-TASK_OPEN = "farm.open_session"
 TASK_EXEC = "farm.exec"
 TASK_CLOSE = "farm.close_session"
 TASK_RUN = "farm.run"

@@ -26,6 +26,7 @@ EXEC_TTL_S = 3600
 # A map item's claim is never answered with a result (that goes to its map's list): it only has
 # to outlive the item's run and the minutes in which its map may send a copy of it again.
 ITEM_CLAIM_S = 600
+ANSWER_TTL_S = 300  # an open's answer its client never read (it gave up) expires
 BROKER_MARK = f"{PREFIX}broker"
 
 
@@ -252,14 +253,52 @@ class Registry:
             length, taken = pipe.execute()
         return int(length), int(taken or 0)
 
-    def pop_chunk(self, key: str, block_s: float) -> str | None:
-        """The oldest chunk of list ``key``, waiting up to ``block_s`` for one; counted as
-        taken (a client whose chunk's turn came and went without a claim sends it again)."""
-        found = self.redis.brpop([key], timeout=block_s)
+    def pop_work(self, keys: list[str], block_s: float) -> tuple[str, str] | None:
+        """The oldest entry of the first of ``keys`` that has one (a list of opens before one
+        of chunks: an open goes first), waiting up to ``block_s``: ``(key, body)``. A chunk is
+        counted as taken (a client whose chunk's turn came and went without a claim sends it
+        again)."""
+        found = self.redis.brpop(keys, timeout=block_s)
         if found is None:
             return None
-        self.redis.incr(taken_key(key))
-        return str(found[1])
+        key, body = str(found[0]), str(found[1])
+        if key.endswith(".chunks"):
+            self.redis.incr(taken_key(key))
+        return key, body
+
+    # --- session opens waiting for a worker with room -------------------------------------
+
+    def push_open(self, key: str, body: str) -> None:
+        """Queue a session open (an ``OpenRequest``'s JSON) on list ``key`` (``opens_key``)."""
+        self.redis.lpush(key, body)
+
+    def take_back(self, key: str, body: str) -> bool:
+        """Take a queued entry (an open its client gave up) back out of list ``key``: whether
+        it was still there."""
+        return bool(self.redis.lrem(key, 1, body))
+
+    def answer(self, key: str, body: str) -> None:
+        """Answer an open on its list ``key``; unread, the answer expires."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.rpush(key, body)
+            pipe.expire(key, ANSWER_TTL_S)
+            pipe.execute()
+
+    def wait_answer(self, key: str, block_s: float) -> str | None:
+        """The answer on list ``key``, waiting up to ``block_s`` for it."""
+        found = self.redis.blpop([key], timeout=block_s)
+        return None if found is None else str(found[1])
+
+
+def opens_key(queue: str) -> str:
+    """The list of session opens for the workers of an image's ``queue``: a worker takes the
+    oldest when it has room for a session's box, ahead of any map chunk."""
+    return f"{queue}.opens"
+
+
+def answer_key(open_id: str) -> str:
+    """The list an open's answer comes on."""
+    return f"{PREFIX}open:{open_id}:answer"
 
 
 def chunks_key(queue: str) -> str:

@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 import redis
 
-from farm.celeryconf import TASK_OPEN
+from farm.celeryconf import TASK_RUN
 from farm.client import Farm
 from farm.client.broker import release
+from farm.client.session import exec_request
 from farm.diagnose import broker_checks
 from farm.errors import BrokerAuthFailed, BrokerUnavailable, InvalidRequest
 from farm.local import LocalFarm
@@ -506,13 +507,16 @@ def test_farm_up_keeps_its_password_out_of_command_lines_logs_and_output(tmp_pat
 
 def test_a_worker_takes_no_call_for_another_image(tmp_path: Path) -> None:
     """A worker consumes its image's queue and its own, nothing else: Celery's default queue
-    is ``farm.default``, and a worker of another image that consumed it opened the default
-    image's sessions in its own sandbox."""
+    is ``farm.default``, and a worker of another image that consumed it ran the default
+    image's one-shot runs (and opened its sessions) in its own sandbox."""
     with LocalFarm({"elsewhere": 1}, backend="process") as local, Farm(local.settings()) as farm:
         (worker,) = farm.workers()
-        elsewhere, _ = farm.broker.send(TASK_OPEN, "farm.elsewhere", kwargs={})
+        call = exec_request("6 * 7", 10.0, None)
+        elsewhere, _ = farm.broker.send(TASK_RUN, "farm.elsewhere", args=[call])
         assert elsewhere.get(timeout=30)["worker"] == worker["id"]  # its own: answered
-        default, _ = farm.broker.send(TASK_OPEN, "farm.default", kwargs={})
+        default, _ = farm.broker.send(
+            TASK_RUN, "farm.default", args=[exec_request("1", 10.0, None)]
+        )
         try:
             assert stays(lambda: not default.ready(), 5.0), default.get(timeout=1)
         finally:

@@ -10,15 +10,15 @@ heartbeat, so a dead worker turns into ``SessionLost`` within seconds instead of
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from farm.backoff import delays
-from farm.celeryconf import TASK_OPEN, TASK_RUN, make_app
+from farm.celeryconf import TASK_RUN, make_app
 from farm.client.broker import Broker, Watch
 from farm.client.callbacks import Callbacks
 from farm.client.mapping import MapRun
+from farm.client.opening import open_once
 from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
 from farm.egress.policy import PolicyError, parse_rules
 from farm.errors import (
@@ -42,9 +42,6 @@ from farm.settings import FarmSettings
 
 DEFAULT_TIMEOUT_S = 30.0
 IMAGE_CHECK_S = 1.0
-# An open that no worker has claimed by then is sent again: a busy farm claims one well within
-# it, and a message that a killed worker took without a trace never would be.
-OPEN_CLAIM_S = 90.0
 RETRYABLE = (ErrorKind.SANDBOX_LOST, ErrorKind.INFRA)
 
 
@@ -197,20 +194,12 @@ class Farm:
         self.require_image(name)
         asked = time.monotonic()
         deadline = asked + (open_wait_s or self.settings.open_wait_s)
+        fields = {"tools": tools, "limits": wanted, "egress": hosts}
         for backoff in delays(0.05, 1.0):
-            open_id = uuid.uuid4().hex
-            sent = time.monotonic()
-            kwargs = {
-                "tools": tools,
-                "open_id": open_id,
-                "limits": wanted,
-                "egress": hosts,
-                "wait_s": max(deadline - sent, 0.0),  # a worker waits for room at most so long
-            }
-            pending, mark = self.broker.send(TASK_OPEN, name.queue, kwargs=kwargs)
+            sent = time.monotonic()  # queued until a worker has room, or the deadline
             try:
-                reply = self._open_reply(pending, open_id, mark, deadline + QUEUE_WAIT_S)
-            except (SessionLost, BrokerLost) as exc:  # the open died with its worker or broker
+                reply = open_once(self.broker, self.registry, name.queue, fields, deadline)
+            except BrokerLost as exc:  # the open died with the broker's data
                 reply = Busy(reason=str(exc))
             if isinstance(reply, Opened):
                 reply.queue_s += sent - asked  # the opens that found no room, and their pauses
@@ -219,35 +208,27 @@ class Farm:
                 raise InvalidRequest(f"worker {reply.worker} refused the session: {reply.reason}")
             if time.monotonic() + backoff > deadline:
                 raise FarmBusy(
-                    f"every worker of image {name.asked!r} is full or not ready "
-                    f"(last: {reply.reason}); retry later or add workers"
+                    f"every worker of image {name.asked!r} is full or not ready: "
+                    f"{reply.reason} ({self._room(name)}); retry later or add workers"
                 )
-            time.sleep(backoff)  # back off before asking the shared queue again
+            time.sleep(backoff)  # back off before asking again
         raise AssertionError("unreachable")
+
+    def _room(self, name: ImageName) -> str:
+        """What the workers of image ``name`` hold now, in words (for a busy error)."""
+        workers = self.broker.quietly(self.registry.workers) or []
+        rooms = [w.get("room") or {} for w in workers if w.get("image") == name.asked]
+        in_use, boxes = (
+            sum(r.get("in_use", 0) for r in rooms),
+            sum(r.get("boxes", 0) for r in rooms),
+        )
+        sessions = sum(r.get("sessions", 0) for r in rooms)
+        return f"{in_use} of {boxes} boxes in use, {sessions} sessions, on {len(rooms)} workers"
 
     def replay(self, session_id: str) -> Iterator[Event]:
         """The events of a session's runs as its journal holds them (any process, any time
         within ``journal_ttl_s``): the same types ``Session.stream`` yields."""
         return self.journal.events(session_id)
-
-    def _open_reply(
-        self, pending: Any, open_id: str, mark: str, deadline: float
-    ) -> Opened | Busy | Refused:
-        """The answer to one open; an open that no worker claimed within ``OPEN_CLAIM_S`` is
-        abandoned (a dead worker may have taken its message without a trace) and reported
-        busy, so the caller asks again; a late delivery of it then opens nothing."""
-        watch = Watch(exec_id=open_id, mark=mark)
-        try:
-            first_wait = min(deadline, time.monotonic() + OPEN_CLAIM_S)
-            raw = self.broker.wait(pending, first_wait, watch, final=False)
-        except FarmBusy:
-            if self.registry.abandon(open_id):
-                return Busy(reason=f"no worker took the open in {OPEN_CLAIM_S:g}s")
-            # a worker claimed it meanwhile: wait for it there, watching its heartbeat
-            raw = self.broker.wait(pending, deadline, watch)
-        if raw.get("refused"):
-            return Refused.model_validate(raw)
-        return Busy.model_validate(raw) if raw.get("busy") else Opened.model_validate(raw)
 
     def attach(
         self,

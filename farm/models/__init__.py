@@ -8,7 +8,7 @@ checks with ``frames``; the models here are what callers get: ``ExecResult`` is 
 """
 
 from farm.models.base import Model
-from farm.models.replies import Busy, Opened, Refused
+from farm.models.replies import Busy, Opened, OpenRequest, Refused
 from farm.models.results import (
     BoxLimits,
     CallAnswer,
@@ -32,6 +32,7 @@ __all__ = [
     "ExecError",
     "ExecResult",
     "Model",
+    "OpenRequest",
     "Opened",
     "Refused",
     "ReplayedCell",

@@ -73,12 +73,21 @@ class BoxGate:
     def open(self, box_weight: int, wait_s: float) -> Ticket | None:
         """Room for a session's box, waiting up to ``wait_s`` (ahead of every map item);
         ``None`` when there was none in time."""
+        return self.admitted(self.queue_open(box_weight), wait_s)
+
+    def queue_open(self, box_weight: int) -> Ticket:
+        """Queue a session's box, ahead of every map item, without waiting (``admitted``)."""
         ticket = Ticket("open", box_weight, "")
         with self.cond:
             self._opens.append(ticket)
             started = self._dispatch()
         self._start(started)
-        if ticket.admitted_event.wait(wait_s):
+        return ticket
+
+    def admitted(self, ticket: Ticket, wait_s: float) -> Ticket | None:
+        """``ticket`` (an open's) once admitted, waiting up to ``wait_s``; ``None`` when it
+        was not in time (it gives up its place)."""
+        if ticket.admitted_event.wait(max(wait_s, 0.0)):
             return ticket
         with self.cond:
             if ticket.admitted:  # admitted as its wait ended
@@ -136,11 +145,13 @@ class BoxGate:
         with self.cond:
             return max(self.capacity - self.in_use - self._owed(), 0)
 
-    def wait_for_room(self, timeout_s: float) -> bool:
-        """Block until a box is free with nothing queued for it (the intake may take more
-        work), or ``timeout_s`` passes."""
+    def wait_for_room(self, timeout_s: float) -> tuple[bool, bool]:
+        """Wait until a box is free with nothing queued for it, or ``timeout_s`` passes: may
+        the intake take an open (sessions are not all held), may it take a chunk."""
         with self.cond:
-            return self.cond.wait_for(self._has_room, timeout_s)
+            self.cond.wait_for(self._has_room, timeout_s)
+            room = self._has_room()
+            return room and self.held["open"] + len(self._opens) < self.max_sessions, room
 
     def _has_room(self) -> bool:
         return self.capacity - self.in_use - self._owed() > 0

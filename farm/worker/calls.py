@@ -202,10 +202,10 @@ class SessionCalls:
         """A one-shot run: a fresh session for this code alone, closed afterwards; the busy
         reply of its open when there was no room in time (nothing ran: the client asks
         again)."""
-        opened = self.worker.open_session(
-            limits=request.get("limits"),
-            egress=request.get("egress"),
-            wait_s=float(request.get("wait_s") or OPEN_WAIT_S),
+        opened = self.worker.opens.for_run(
+            request.get("limits"),
+            request.get("egress"),
+            float(request.get("wait_s") or OPEN_WAIT_S),
         )
         if opened.get("refused"):
             return self._failure(request, ErrorKind.INPUT, "InvalidRequest", opened["reason"])

@@ -1,10 +1,11 @@
-"""``Intake``: a worker takes map chunks from its image's list only while it has room.
+"""``Intake``: a worker takes session opens and map chunks from Redis only while it has room.
 
-Chunks wait in Redis (``registry.chunks_key``), not on a worker: one thread per worker takes
-the oldest whenever a box is free with no item queued for it (``BoxGate.wait_for_room``), so a
-worker holds at most its capacity of items running plus the chunk it took last, the others stay
-in the list for any worker with room, and the list's length is the backlog an autoscaler reads.
-A chunk is claimed as soon as it is taken (``BatchRunner.take``). Design: docs/design/admission.md.
+Opens and chunks wait in Redis, one list of each per image (``registry.opens_key``,
+``chunks_key``), not on a worker: one thread per worker takes the oldest open, else the oldest
+chunk, whenever a box is free with no work queued for it (``BoxGate.wait_for_room``; an open
+only while its sessions are not all held). So a worker holds at most its capacity running and
+what it took last; the rest stays in the lists for any worker with room, and the lists'
+lengths are the backlog an autoscaler reads. Design: docs/design/admission.md.
 """
 
 from __future__ import annotations
@@ -26,29 +27,30 @@ NOT_READY_POLL_S = 0.1
 
 
 class Intake:
-    """Takes chunks from list ``key`` for a worker (``name``) while ``gate`` has room and
-    its sandbox is ``ready``; each goes to ``take`` (``BatchRunner.take``)."""
+    """Takes opens from list ``opens`` and chunks from list ``chunks`` for a worker
+    (``name``) while ``gate`` has room and its sandbox is ``ready``; each goes to its taker
+    (``Worker.take_open``, ``BatchRunner.take``), which queues it at the gate at once."""
 
     def __init__(
         self,
         name: str,
-        key: str,
+        lists: tuple[str, str],
         registry: Registry,
         gate: BoxGate,
         ready: Callable[[], bool],
-        take: Callable[[str], None],
+        takers: tuple[Callable[[str], None], Callable[[str], None]],
     ) -> None:
         self.name = name
-        self.key = key
+        self.opens, self.chunks = lists
         self.registry = registry
         self.gate = gate
         self.ready = ready
-        self.take = take
+        self.takers = dict(zip(lists, takers, strict=True))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        """Take chunks from now on (with the worker's Celery consumer: ``farm.worker.tasks``)."""
+        """Take work from now on (with the worker's Celery consumer: ``farm.worker.tasks``)."""
         if self._thread is not None:
             return
         self._stop = threading.Event()
@@ -58,7 +60,7 @@ class Intake:
         self._thread.start()
 
     def stop(self) -> None:
-        """Take no more chunks; one taken meanwhile still starts (a pop ends within
+        """Take no more work; what was taken meanwhile still starts (a pop ends within
         ``POP_BLOCK_S``)."""
         self._stop.set()
         thread, self._thread = self._thread, None
@@ -70,17 +72,22 @@ class Intake:
             if not self.ready():  # its sandbox is being replaced: poll until it is up
                 stop.wait(NOT_READY_POLL_S)
                 continue
-            if not self.gate.wait_for_room(ROOM_POLL_S):
+            open_room, chunk_room = self.gate.wait_for_room(ROOM_POLL_S)
+            lists = [
+                name for name, room in ((self.opens, open_room), (self.chunks, chunk_room)) if room
+            ]
+            if not lists:
                 continue
             try:
-                body = self.registry.pop_chunk(self.key, POP_BLOCK_S)
+                found = self.registry.pop_work(lists, POP_BLOCK_S)
             except BROKER_DOWN as exc:
-                log.warning("worker %s cannot take chunks: %s", self.name, exc)
+                log.warning("worker %s cannot take work: %s", self.name, exc)
                 stop.wait(OUTAGE_PAUSE_S)  # the broker's outage, not a readiness wait
                 continue
-            if body is None:
+            if found is None:
                 continue
+            key, body = found
             try:
-                self.take(body)
-            except Exception:  # a chunk that breaks the worker's own code: say it, go on
-                log.exception("worker %s could not take a chunk", self.name)
+                self.takers[key](body)
+            except Exception:  # work that breaks the worker's own code: say it, go on
+                log.exception("worker %s could not take work from %s", self.name, key)

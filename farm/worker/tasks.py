@@ -24,13 +24,11 @@ from farm.celeryconf import (
     TASK_ECHO,
     TASK_EXEC,
     TASK_FILE,
-    TASK_OPEN,
     TASK_RUN,
     make_app,
 )
 from farm.errors import FarmError
 from farm.settings import FarmSettings
-from farm.worker.admission import OPEN_WAIT_S
 from farm.worker.startup import check_broker
 from farm.worker.worker import Worker
 
@@ -90,16 +88,6 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
 
     # shared=False: Celery otherwise lends a decorated task to every app of the process, so a
     # second worker in one process (the in-process tests) would answer with the first's tasks.
-    @app.task(name=TASK_OPEN, shared=False)
-    def open_session(
-        tools: bool = True,
-        open_id: str | None = None,
-        limits: dict[str, Any] | None = None,
-        egress: list[str] | None = None,
-        wait_s: float = OPEN_WAIT_S,
-    ) -> dict[str, Any]:
-        return current().open_session(tools, open_id, limits, egress, wait_s)
-
     @app.task(name=TASK_EXEC, shared=False)
     def exec_code(request: dict[str, Any]) -> dict[str, Any]:
         return current().calls.execute(request)

@@ -17,7 +17,6 @@ import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,26 +28,22 @@ from farm.celeryconf import direct_queue
 from farm.image_name import ImageName
 from farm.journal import Journal
 from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
-from farm.kernel.wire.protocol import INPUT_CODES
-from farm.models import BoxCapacity, Busy, Opened, Refused, SandboxHealth
-from farm.registry import Registry, chunks_key
+from farm.models import BoxCapacity, SandboxHealth
+from farm.registry import Registry, chunks_key, opens_key
 from farm.sandbox.factory import sandboxes
 from farm.sandbox.keeper import SandboxKeeper
 from farm.settings import FarmSettings
 from farm.worker import metrics
 from farm.worker.admission import (
-    KERNEL_WAIT_S,
-    OPEN_WAIT_S,
-    OPEN_WAITERS,
     BoxGate,
     Ticket,
-    weight,
 )
 from farm.worker.batch import BatchRunner
 from farm.worker.calls import SessionCalls
-from farm.worker.egress import PolicyError, WorkerEgress
+from farm.worker.egress import WorkerEgress
 from farm.worker.intake import Intake
 from farm.worker.judging import parallel as judge_parallel
+from farm.worker.opens import SessionOpens
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +84,15 @@ class Worker:
         self._http: Any = None
         self.metrics_url = ""
         self.batch = BatchRunner(self)
+        self.opens = SessionOpens(self)
+        shared = ImageName(self.image).queue
         self.intake = Intake(
             self.id,
-            chunks_key(ImageName(self.image).queue),
+            (opens_key(shared), chunks_key(shared)),
             self.registry,
             self.gate,
             lambda: self.keeper.ready,
-            self.batch.take,
+            (self.opens.take, self.batch.take),
         )
         self.calls = SessionCalls(self)
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
@@ -130,6 +127,7 @@ class Worker:
             held, self.sessions = self.sessions, {}
             clients, self._clients = self._clients, set()
         self.batch.stop()
+        self.opens.stop()
         self.egress.close()
         for client in clients:  # every thread's connection to the kernel
             client.close()
@@ -293,112 +291,14 @@ class Worker:
 
     # --- tasks ----------------------------------------------------------------------------
 
-    def open_session(
-        self,
-        tools: bool = True,
-        open_id: str | None = None,
-        limits: dict[str, Any] | None = None,
-        egress: list[str] | None = None,
-        wait_s: float = OPEN_WAIT_S,
-    ) -> dict[str, Any]:
-        """Open a session in a box of its own (``limits`` over ``FarmSettings.box``, which the
-        sandbox's kernel holds as its boxes' defaults; ``egress``: the hosts it may reach,
-        within the farm's ceiling), waiting up to ``wait_s`` for room (at most
-        ``OPEN_WAIT_S``); ``open_id`` is claimed first, like an exec id.
-
-        The claim names this worker generation, so a client whose open was taken by a worker
-        that then died sees the death (heartbeat) and asks again, instead of waiting for an
-        answer that will never come (the message was acked when the task started).
-        """
-        if open_id is not None:
-            claim = self.registry.claim_exec(open_id, self.id, self.generation)
-            if claim is not None:  # a duplicate delivery: answer what the first one did
-                recorded = claim.get("result")
-                return (
-                    recorded
-                    if recorded
-                    else {
-                        "busy": True,
-                        "worker": self.id,
-                        "reason": "this open was abandoned or is under way",
-                    }
-                )
-            reply = self._open_session(tools, limits, egress, wait_s)
-            self.registry.finish_exec(open_id, reply)
-            return reply
-        return self._open_session(tools, limits, egress, wait_s)
-
-    def _open_session(
-        self,
-        tools: bool,
-        limits: dict[str, Any] | None,
-        egress: list[str] | None = None,
-        wait_s: float = OPEN_WAIT_S,
-    ) -> dict[str, Any]:
-        """Open a session once the gate has room for its box (ahead of map items), waiting
-        up to ``wait_s``; a busy reply when none came (the client asks again, maybe
-        elsewhere), and at once when ``OPEN_WAITERS`` opens wait here already (each holds a
-        thread that sessions' calls need)."""
-        if not self.keeper.ready:
-            return Busy(worker=self.id, reason=self.keeper.last_error).model_dump()
-        try:
-            policy = self.egress.policy(egress)
-        except PolicyError as exc:
-            return Refused(worker=self.id, reason=str(exc)).model_dump()
-        if self.gate.waiting()["open"] >= OPEN_WAITERS:
-            return self._busy(f"{OPEN_WAITERS} opens wait for room here already")
-        ticket = self.gate.open(weight(limits, self.box_defaults()), min(wait_s, OPEN_WAIT_S))
-        if ticket is None:
-            return self._busy(f"no room for a box within {min(wait_s, OPEN_WAIT_S):g} s")
-        session_id = uuid.uuid4().hex if policy is not None else None
-        try:  # the box's defaults are the kernel's own (FarmSettings.box, given at its start)
-            if session_id is not None and policy is not None:
-                self.egress.expect(session_id, policy)
-            with self.kernel() as kernel:
-                opened = kernel.open_session(
-                    tools=tools,
-                    limits=limits,
-                    session_id=session_id,
-                    egress=policy is not None,
-                    wait_s=KERNEL_WAIT_S,
-                )
-        except BaseException as exc:
-            self.egress.forget(session_id or "")
-            self.gate.release(ticket)
-            return self._open_failed(exc)
-        session_id, epoch = opened["session_id"], opened["epoch"]
+    def hold(self, session_id: str, epoch: int, ticket: Ticket) -> None:
+        """A session just opened here (``SessionOpens``), its box's room held by ``ticket``."""
         with self._lock:
             self.sessions[session_id] = HeldSession(
                 self.keeper.generation, epoch, time.monotonic(), ticket=ticket
             )
         self.registry.put_session(*self.session_entry(session_id, epoch))
         log.info("session %s opened on worker %s", session_id, self.id)
-        return Opened(
-            session_id=session_id,
-            epoch=epoch,
-            worker=self.id,
-            generation=self.generation,
-            queue=self.queue,
-            queue_s=ticket.waited_s + opened["queue_s"],
-        ).model_dump()
-
-    def _open_failed(self, exc: BaseException) -> dict[str, Any]:
-        """The reply to an open the kernel refused or failed: busy for what waiting (or
-        another sandbox) may cure, refused for bad limits; anything else is raised."""
-        if isinstance(exc, KernelRequestError):
-            if exc.code in INPUT_CODES:
-                return Refused(worker=self.id, reason=str(exc)).model_dump()
-            return self._busy(str(exc))  # too_many_sessions, unavailable: nothing opened
-        if isinstance(exc, KernelError):  # the sandbox is failing: let the client try elsewhere
-            return self._busy(f"sandbox failed: {exc}")
-        raise exc
-
-    def _busy(self, why: str) -> dict[str, Any]:
-        room = self.room()
-        reason = (
-            f"{why} ({room['in_use']} of {room['boxes']} boxes in use, {room['sessions']} sessions)"
-        )
-        return Busy(worker=self.id, reason=reason).model_dump()
 
     def _let_go(self, held: HeldSession) -> None:
         """A session's room goes back to the gate (once: a ticket released twice is idle)."""

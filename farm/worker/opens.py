@@ -1,0 +1,161 @@
+"""``SessionOpens``: a worker's side of session opens — taken from Redis when it has room,
+opened in a box of its own, answered on the open's own list.
+
+Invariants: an open is claimed (its ``open_id``) before anything of it opens, so one its client
+abandoned opens nothing; a session's box holds its room at the gate from its open to its close
+or loss (``Worker._let_go``); every open taken gets an answer (opened, busy: ask again;
+refused: never ask again), never silence. Design: docs/design/admission.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from farm.kernel.wire.client import KernelError, KernelRequestError
+from farm.kernel.wire.protocol import INPUT_CODES
+from farm.models import Busy, Opened, OpenRequest, Refused
+from farm.worker.admission import KERNEL_WAIT_S, OPEN_WAIT_S, OPEN_WAITERS, Ticket, weight
+from farm.worker.egress import PolicyError
+
+if TYPE_CHECKING:
+    from farm.worker.worker import Worker
+
+log = logging.getLogger(__name__)
+
+OPEN_THREADS = 64  # started as needed: opens taken from Redis wait for their box on these
+OPEN_CLAIM_KEEP_S = 600  # an open's claim outlives its client's wait (its deadline)
+
+
+class SessionOpens:
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.pool = ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="open")
+
+    def stop(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def take(self, body: str) -> None:
+        """An open the intake took: claimed, its box queued at the gate at once (ahead of map
+        items: the intake takes no more while it waits there), then opened on a thread of
+        its own, which answers it. One past its deadline is its client's to abandon."""
+        worker = self.worker
+        taken = time.time()
+        request = OpenRequest.model_validate_json(body)
+        if taken > request.deadline:
+            return
+        claim = worker.registry.claim_exec(
+            request.open_id, worker.id, worker.generation, keep_s=OPEN_CLAIM_KEEP_S
+        )
+        if claim is not None:  # abandoned by its client, or a copy of it taken elsewhere
+            return
+        try:
+            policy = worker.egress.policy(request.egress)
+        except PolicyError as exc:
+            self._answer(request, Refused(worker=worker.id, reason=str(exc)).model_dump())
+            return
+        ticket = worker.gate.queue_open(weight(request.limits, worker.box_defaults()))
+        queued_s = max(taken - request.sent_at, 0.0)
+        try:
+            self.pool.submit(self._open_queued, request, policy, ticket, queued_s)
+        except RuntimeError:  # the worker stops
+            if not worker.gate.cancel(ticket):
+                worker.gate.release(ticket)
+            self._answer(request, self.busy("the worker is stopping"))
+
+    def _open_queued(
+        self, request: OpenRequest, policy: Any, ticket: Ticket, queued_s: float
+    ) -> None:
+        try:
+            admitted = self.worker.gate.admitted(ticket, request.deadline - time.time())
+            if admitted is None:
+                reply = self.busy("no room for its box before its client's deadline")
+            else:
+                reply = self.open_admitted(request.tools, request.limits, policy, ticket, queued_s)
+        except Exception as exc:  # farm's own failure: an answer still, the client asks again
+            log.exception("worker %s could not open %s", self.worker.id, request.open_id)
+            reply = self.busy(f"the worker failed to open it: {exc!r}")
+        self._answer(request, reply)
+
+    def _answer(self, request: OpenRequest, reply: dict[str, Any]) -> None:
+        self.worker.registry.answer(request.reply, json.dumps(reply))
+
+    def for_run(
+        self, limits: dict[str, Any] | None, egress: list[str] | None, wait_s: float
+    ) -> dict[str, Any]:
+        """A session for a one-shot run (``SessionCalls.run_once``), whose message holds one
+        of the worker's threads: it waits at the gate for at most ``OPEN_WAIT_S``, and busy
+        at once when ``OPEN_WAITERS`` such opens wait here already."""
+        worker = self.worker
+        if not worker.keeper.ready:
+            return Busy(worker=worker.id, reason=worker.keeper.last_error).model_dump()
+        try:
+            policy = worker.egress.policy(egress)
+        except PolicyError as exc:
+            return Refused(worker=worker.id, reason=str(exc)).model_dump()
+        if worker.gate.waiting()["open"] >= OPEN_WAITERS:
+            return self.busy(f"{OPEN_WAITERS} opens wait for room here already")
+        waited = min(wait_s, OPEN_WAIT_S)
+        ticket = worker.gate.open(weight(limits, worker.box_defaults()), waited)
+        if ticket is None:
+            return self.busy(f"no room for a box within {waited:g} s")
+        return self.open_admitted(True, limits, policy, ticket, 0.0)
+
+    def open_admitted(
+        self,
+        tools: bool,
+        limits: dict[str, Any] | None,
+        policy: Any,
+        ticket: Ticket,
+        queued_s: float,
+    ) -> dict[str, Any]:
+        """Open a session whose box the gate admitted (``ticket``): the reply; the ticket goes
+        back when nothing opened."""
+        worker = self.worker
+        session_id = uuid.uuid4().hex if policy is not None else None
+        try:  # the box's defaults are the kernel's own (FarmSettings.box, given at its start)
+            if session_id is not None and policy is not None:
+                worker.egress.expect(session_id, policy)
+            with worker.kernel() as kernel:
+                opened = kernel.open_session(
+                    tools=tools,
+                    limits=limits,
+                    session_id=session_id,
+                    egress=policy is not None,
+                    wait_s=KERNEL_WAIT_S,
+                )
+        except BaseException as exc:
+            worker.egress.forget(session_id or "")
+            worker.gate.release(ticket)
+            return self._failed(exc)
+        session_id, epoch = opened["session_id"], opened["epoch"]
+        worker.hold(session_id, epoch, ticket)
+        return Opened(
+            session_id=session_id,
+            epoch=epoch,
+            worker=worker.id,
+            generation=worker.generation,
+            queue=worker.queue,
+            queue_s=queued_s + ticket.waited_s + opened["queue_s"],
+        ).model_dump()
+
+    def _failed(self, exc: BaseException) -> dict[str, Any]:
+        """The reply to an open the kernel refused or failed: busy for what waiting (or
+        another sandbox) may cure, refused for bad limits; anything else is raised."""
+        if isinstance(exc, KernelRequestError):
+            if exc.code in INPUT_CODES:
+                return Refused(worker=self.worker.id, reason=str(exc)).model_dump()
+            return self.busy(str(exc))  # too_many_sessions, unavailable: nothing opened
+        if isinstance(exc, KernelError):  # the sandbox is failing: let the client try elsewhere
+            return self.busy(f"sandbox failed: {exc}")
+        raise exc
+
+    def busy(self, why: str) -> dict[str, Any]:
+        """A busy reply saying why, and the worker's room."""
+        room = self.worker.room()
+        held = f"{room['in_use']} of {room['boxes']} boxes in use, {room['sessions']} sessions"
+        return Busy(worker=self.worker.id, reason=f"{why} ({held})").model_dump()

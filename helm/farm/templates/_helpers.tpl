@@ -98,9 +98,9 @@ app.kubernetes.io/part-of: farm
 
 {{/*
 The worker pools (values `pools`), each with every field filled in: what a pool does not say
-comes from worker.*, sandbox.* and autoscaling.*. Its work waits in two Redis lists: queue
-(farm.<farmImage>: session opens, one-shot runs) and chunks (<queue>.chunks: map chunks that
-workers take only when they have room). Fields are overlaid key by key (hasKey), so a
+comes from worker.*, sandbox.* and autoscaling.*. Its work waits in three Redis lists: queue
+(farm.<farmImage>: one-shot runs), opens (<queue>.opens: session opens) and chunks
+(<queue>.chunks: map chunks); workers take an open or a chunk only when they have room. Fields are overlaid key by key (hasKey), so a
 pool may set false or 0 (no autoscaling, minReplicas 0) over a default that is not. As JSON:
   {{- range $pool := (include "farm.pools" . | fromJson).pools }}
 */}}
@@ -114,6 +114,7 @@ pool may set false or 0 (no autoscaling, minReplicas 0) over a default that is n
 {{- $farmImage := $p.farmImage | default $p.name -}}
 {{- $defaultImage := ternary $sb.image (printf "%s:%s" $repository $farmImage) (eq $farmImage "default") -}}
 {{- $pool := dict "name" $p.name "farmImage" $farmImage "queue" (printf "farm.%s" $farmImage) -}}
+{{- $_ := set $pool "opens" (printf "%s.opens" $pool.queue) -}}
 {{- $_ := set $pool "chunks" (printf "%s.chunks" $pool.queue) -}}
 {{- $_ := set $pool "sandboxImage" ($p.sandboxImage | default $defaultImage) -}}
 {{- range $key := list "replicas" "concurrency" "maxSessions" "idleTimeoutS" "resources" "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" -}}
@@ -129,7 +130,7 @@ pool may set false or 0 (no autoscaling, minReplicas 0) over a default that is n
 {{- $_ := set $pool "sandbox" $limits -}}
 {{- $scaling := dict -}}
 {{- $given = $p.autoscaling | default dict -}}
-{{- range $key := list "enabled" "minReplicas" "maxReplicas" "queueLengthPerWorker" "chunksPerWorker" "waitingPerWorker" -}}
+{{- range $key := list "enabled" "minReplicas" "maxReplicas" "queueLengthPerWorker" "opensPerWorker" "chunksPerWorker" "waitingPerWorker" -}}
 {{- $_ := set $scaling $key (ternary (index $given $key) (index $a $key) (hasKey $given $key)) -}}
 {{- end -}}
 {{- $_ := set $pool "autoscaling" $scaling -}}

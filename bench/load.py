@@ -22,17 +22,24 @@ A level L runs these parts at once, each checking every answer (``load_mix``):
 "Nx" names the level: the default image is offered L*(C/4 + C/2) + 50*L boxes at once
 (agents' sessions, the map's window, one per HTTP client), 1.27 x L x C for C = 96, and the
 judge worker L*C/8 items. Per level: goodput (items/s of the three maps, runs/s of both
-kinds of sessions, finished within the map's span) and its ratio to 1x, the latency of a run,
+kinds of sessions, finished within the map's span; the goal is on their sum: sessions go
+ahead of map items, so the more sessions a level offers, the more of the boxes they hold and
+the fewer items are done) and its ratio to 1x, who got the farm (``load_shares``: boxes held
+by sessions and by map items, CPU of the farm's parts against the load generator's, which
+shares the cores), the latency of a run,
 of an item's running (``duration_s - queue_s``) and of its queueing (``queue_s``), of an open
 and its ``queue_s``, errors by kind, busy answers (``FarmBusy``; HTTP 503 ``busy``), lost and
 duplicated records, sessions that lost their variables.
 
 The warm-up, left out: a 1x level with a short map (every path, thread and connection used
 once), then a short burst (below), so that every worker has held its most boxes once: a kernel
-keeps an emptied box's pid 1 for its number's next box, a high-water mark rather than growth.
-The RSS of each worker's process tree (the worker, its sandbox container's processes) and of
-redis-server is read from ``/proc`` (run as root) after it, every ``SAMPLE_S`` during the run,
-and at its end (after the burst, once the farm is idle); the goal is end within 10% of start.
+keeps an emptied box's pid 1 for its number's next box, a high-water mark rather than growth;
+and the judge part at the top level's concurrency. The RSS of each worker's process tree (the
+worker, its sandbox container's processes) is read from ``/proc`` (run as root) after it,
+every ``SAMPLE_S`` during the run, and at its end (after the burst, once the farm is idle);
+so is redis-server's memory less what keys kept for a fixed time hold (exec records: an hour,
+a map item's ten minutes; journals: ``FARM_JOURNAL_TTL_S``), which is retention, not growth.
+The goal is end within 10% of start.
 
 Then the burst (the issue's own goal): ``Farm.map`` of 3,000 items (``--quick``: 1,000) at
 concurrency 512 while 120 sessions open at once from threads (each sets a variable, runs
@@ -43,6 +50,7 @@ twice, checks it, closes). Goals are printed PASS/FAIL and never asserted: the e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -61,6 +69,7 @@ import docker
 from benchlib import machine
 from load_mix import ITEM_PARTS, RUN_PARTS, Tally, agent, batch, http_clients, judge
 from load_report import goals, render
+from load_shares import Shares
 from serve import FARM, start_server
 from soak import descendants, process_table, rss_kb
 
@@ -71,6 +80,7 @@ from farm.local import LocalFarm
 SAMPLE_S = 2.0
 WIND_DOWN_S = 120.0  # a part still running this long after its level ended counts as hung
 IDLE_S = 60.0  # how long the farm may take to be idle again between levels
+JUDGE_WARM_S = 20.0
 ID = re.compile(r"[0-9a-f]{8}[0-9a-f-]*.*$")  # a key's name from its first id on
 TOKEN_CAP = 4096  # the HTTP clients' token: calls at once on the server
 
@@ -108,6 +118,28 @@ def key_kinds(farm: Farm) -> dict[str, int]:
     """Redis keys by kind (their name up to the first id), the most numerous first."""
     kinds = Counter(ID.sub("*", str(key)) for key in farm.registry.redis.scan_iter(count=1000))
     return dict(kinds.most_common(8))
+
+
+def redis_memory(farm: Farm) -> dict[str, int]:
+    """Redis' used memory (``INFO``), and what its keys hold (``MEMORY USAGE`` each): those
+    kept for a fixed time (exec records, journals: each with its TTL) and those never expiring,
+    which must not grow (the rest is Redis' own: its keyspace's tables, clients' buffers)."""
+    redis = farm.registry.redis
+    used = int(redis.info("memory")["used_memory"])
+    keys = list(redis.scan_iter(count=1000))
+    expiring = kept = 0
+    for start in range(0, len(keys), 1000):
+        with redis.pipeline(transaction=False) as pipe:
+            for key in keys[start : start + 1000]:
+                pipe.ttl(key)
+                pipe.memory_usage(key)
+            replies = pipe.execute()
+        for ttl, size in zip(replies[::2], replies[1::2], strict=True):
+            if ttl > 0:
+                expiring += size or 0
+            else:
+                kept += size or 0
+    return {"used": used, "expiring": expiring, "kept": kept, "keys": len(keys)}
 
 
 def wait_idle(farm: Farm) -> bool:
@@ -160,9 +192,17 @@ class Memory:
 
 
 def level(
-    farm: Farm, url: str, token: str, mult: int, c: int, items: int, http: int
+    farm: Farm,
+    url: str,
+    token: str,
+    mult: int,
+    c: int,
+    items: int,
+    http: int,
+    shares: Shares | None = None,
 ) -> dict[str, Any]:
-    """One level: every part at once until the map of ``items`` ends; its figures."""
+    """One level: every part at once until the map of ``items`` ends; its figures, and with
+    ``shares`` who got the farm meanwhile (boxes by kind, CPU by part)."""
     stop = threading.Event()
     tallies = {name: Tally() for name in (*ITEM_PARTS, *RUN_PARTS)}
     parts: list[tuple[Callable[..., None], tuple[Any, ...]]] = [
@@ -174,7 +214,8 @@ def level(
     for thread in threads:
         thread.start()
     started = time.monotonic()
-    batch(farm, items, mult * c // 2, tallies["map"], f"m{mult}-")
+    with shares or contextlib.nullcontext():
+        batch(farm, items, mult * c // 2, tallies["map"], f"m{mult}-")
     ended = time.monotonic()
     stop.set()
     for thread in threads:
@@ -192,9 +233,22 @@ def level(
         "hung_parts": sum(t.is_alive() for t in threads),
         "items_per_s": sum(out[p]["done"] for p in ITEM_PARTS) / span,
         "runs_per_s": sum(out[p]["done"] for p in RUN_PARTS) / span,
+        "units_per_s": sum(out[p]["done"] for p in (*ITEM_PARTS, *RUN_PARTS)) / span,
+        "shares": shares.summary(span) if shares is not None else None,
         "parts": out,
         "idle_after": wait_idle(farm),
     }
+
+
+def warm_judge(farm: Farm, concurrency: int) -> None:
+    """The judge worker's warm-up at the top level's concurrency: its compile cache and the
+    boxes it keeps reach the sizes the run will have, before memory's first sample."""
+    stop = threading.Event()
+    thread = threading.Thread(target=judge, args=(farm, stop, Tally(), concurrency, "w-"))
+    thread.start()
+    stop.wait(JUDGE_WARM_S)  # the warm-up's length, not a wait for readiness
+    stop.set()
+    thread.join(WIND_DOWN_S)
 
 
 def burst(farm: Farm, plan: Plan) -> dict[str, Any]:
@@ -251,6 +305,25 @@ def burst(farm: Farm, plan: Plan) -> dict[str, Any]:
 # --- the run ----------------------------------------------------------------------------------
 
 
+def parts_of(local: LocalFarm, serve: subprocess.Popen[bytes]) -> dict[str, list[int]]:
+    """The farm's processes by part, for CPU: the workers, redis-server, farm serve."""
+    assert local.redis.proc is not None
+    return {
+        "workers": [p.pid for p in local.workers.values()],
+        "redis-server": [local.redis.proc.pid],
+        "farm serve": [serve.pid],
+    }
+
+
+def containers_of(memory: Memory) -> list[str]:
+    """The ids of the workers' sandbox containers (their CPU is in their cgroups)."""
+    return [
+        str(c.id)
+        for worker_id in memory.local.workers
+        for c in memory.docker.containers.list(filters={"label": f"farm.owner={worker_id}"})
+    ]
+
+
 def create_token(broker_url: str) -> str:
     env = {**os.environ, "FARM_BROKER_URL": broker_url}
     args = [FARM, "token", "create", "load", "--concurrency", str(TOKEN_CAP)]
@@ -285,18 +358,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             token = create_token(local.broker_url)
             level(farm, url, token, 1, c, max(200, plan.items // 10), plan.http)  # warm-up
             burst(farm, replace(plan, burst_items=4 * c))
+            warm_judge(farm, max(args.levels) * c // 8)
             start = memory.read()
             keys = [key_kinds(farm)]
+            redis = [redis_memory(farm)]
             memory.thread.start()
             out["levels"] = []
             for mult in args.levels:
-                out["levels"].append(level(farm, url, token, mult, c, plan.items, plan.http))
+                shares = Shares(farm, parts_of(local, proc), containers_of(memory))
+                out["levels"].append(
+                    level(farm, url, token, mult, c, plan.items, plan.http, shares)
+                )
                 print(f"level {mult}x done", file=sys.stderr, flush=True)
             out["burst"] = burst(farm, plan)
             out["capacity_end"] = capacity(farm)
             memory.stop.set()
             end = memory.read()
             keys.append(key_kinds(farm))
+            redis.append(redis_memory(farm))
         finally:
             memory.close()
             stop_server(proc)
@@ -309,6 +388,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name in start
     }
     out["redis_keys"] = {"start": keys[0], "end": keys[1]}
+    out["redis_memory"] = {"start": redis[0], "end": redis[1]}
     out["goals"] = goals(out)
     return out
 

@@ -103,6 +103,7 @@ POOLS: dict[str, Any] = {
                 "minReplicas": 0,
                 "maxReplicas": 6,
                 "chunksPerWorker": 1,
+                "opensPerWorker": 2,
             },
         },
         {
@@ -461,6 +462,8 @@ def test_pool_values_that_make_no_sense_are_refused() -> None:
         render({"pools": []})
     with pytest.raises(helm.HelmError, match="/pools/0/autoscaling/chunksPerWorker"):
         render({"pools": [{"name": "ds", "autoscaling": {"chunksPerWorker": 0}}]})
+    with pytest.raises(helm.HelmError, match="/pools/0/autoscaling/opensPerWorker"):
+        render({"pools": [{"name": "ds", "autoscaling": {"opensPerWorker": 0}}]})
     with pytest.raises(helm.HelmError, match='"ds" is given twice'):
         render({"pools": [{"name": "ds"}, {"name": "ds"}]})
     with pytest.raises(helm.HelmError, match="worker.farmImage is gone"):
@@ -699,27 +702,29 @@ def test_disruption_budget_covers_the_workers(default: list[dict[str, Any]]) -> 
     assert selects(pdb["spec"]["selector"], worker_pod(default)["metadata"]["labels"])
 
 
-def test_keda_scales_workers_on_the_shared_queue_and_the_chunks_backlog() -> None:
+def test_keda_scales_workers_on_the_shared_queue_and_the_opens_and_chunks_backlog() -> None:
     objects = render(VALUE_SETS["dind-keda-kata"])
     deployment = find(objects, "Deployment", f"{FULLNAME}-worker-default")
     assert "replicas" not in deployment["spec"], "the autoscaler owns the replica count"
     scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-default")
     assert scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
     by_name = triggers(scaled)
-    assert set(by_name) == {"queue", "chunks"}, "no Prometheus address: no prometheus trigger"
-    queue, chunks = by_name["queue"], by_name["chunks"]
-    assert queue["type"] == chunks["type"] == "redis"
+    assert set(by_name) == {"queue", "opens", "chunks"}, "no Prometheus address: no prometheus"
+    queue, opens, chunks = by_name["queue"], by_name["opens"], by_name["chunks"]
+    assert queue["type"] == opens["type"] == chunks["type"] == "redis"
     assert queue["metadata"]["listName"] == "farm.default"
     assert queue["metadata"]["listLength"] == "4"
-    # map chunks wait in a list of their own, with a target of their own
+    # session opens and map chunks wait in lists of their own, each with a target of its own
+    assert opens["metadata"]["listName"] == "farm.default.opens"
+    assert opens["metadata"]["listLength"] == "4"
     assert chunks["metadata"]["listName"] == "farm.default.chunks"
     assert chunks["metadata"]["listLength"] == "2"
-    for trigger in (queue, chunks):
+    for trigger in (queue, opens, chunks):
         assert trigger["metadata"]["address"] == f"{FULLNAME}-redis.{NAMESPACE}.svc:6379"
         assert trigger["metadata"]["enableTLS"] == "false"
-    # one TriggerAuthentication, the chart's, for both lists
+    # one TriggerAuthentication, the chart's, for every list
     (auth,) = [o for o in objects if o["kind"] == "TriggerAuthentication"]
-    for trigger in (queue, chunks):
+    for trigger in (queue, opens, chunks):
         assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
     redis_policy = find(objects, "NetworkPolicy", f"{FULLNAME}-redis")
     peers = [p for rule in redis_policy["spec"]["ingress"] for p in rule["from"]]
@@ -748,18 +753,19 @@ def test_keda_reads_the_queues_in_the_brokers_database() -> None:
     assert {t["metadata"]["databaseIndex"] for t in scaled["spec"]["triggers"]} == {"0"}
 
 
-def test_hpa_scales_workers_on_external_metrics_of_both_lists(hpa: list[dict[str, Any]]) -> None:
+def test_hpa_scales_workers_on_external_metrics_of_every_list(hpa: list[dict[str, Any]]) -> None:
     """The same signals as KEDA's: one External metric (the adapter's, labelled with the list)
     per list, each with its target per worker."""
     scaler = find(hpa, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-default")
     assert scaler["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-default"
     assert scaler["spec"]["maxReplicas"] == 20
     metrics = external_metrics(scaler)
-    assert list(metrics) == ["farm.default", "farm.default.chunks"]
+    assert list(metrics) == ["farm.default", "farm.default.opens", "farm.default.chunks"]
     for metric in metrics.values():
         assert metric["metric"]["name"] == "farm_queue_length"
         assert metric["target"]["type"] == "AverageValue"
     assert metrics["farm.default"]["target"]["averageValue"] == "4"
+    assert metrics["farm.default.opens"]["target"]["averageValue"] == "4"
     assert metrics["farm.default.chunks"]["target"]["averageValue"] == "2"
     adapter = {"enabled": True, "engine": "hpa", "hpa": {"metricName": "redis_key_size"}}
     renamed = render({**VALUE_SETS["gvisor-hpa"], "autoscaling": adapter})
@@ -874,6 +880,8 @@ def test_an_autoscaled_pool_scales_on_its_own_queue(pools: list[dict[str, Any]])
     # the pool's own target for its chunks (a map wakes a pool at zero too)
     assert by_name["chunks"]["metadata"]["listName"] == "farm.ds.chunks"
     assert by_name["chunks"]["metadata"]["listLength"] == "1"
+    assert by_name["opens"]["metadata"]["listName"] == "farm.ds.opens"
+    assert by_name["opens"]["metadata"]["listLength"] == "2"
     # KEDA reads the queue's length in Redis, though autoscaling.enabled (the default) is false
     redis_policy = find(pools, "NetworkPolicy", f"{FULLNAME}-redis")
     peers = [p for rule in redis_policy["spec"]["ingress"] for p in rule["from"]]
@@ -885,7 +893,7 @@ def test_an_hpa_scaled_pool_scales_on_its_own_queue(pools_hpa: list[dict[str, An
     (scaler,) = [o for o in pools_hpa if o["kind"] == "HorizontalPodAutoscaler"]
     assert scaler["spec"]["scaleTargetRef"]["name"] == f"{FULLNAME}-worker-ds"
     targets = {q: m["target"]["averageValue"] for q, m in external_metrics(scaler).items()}
-    assert targets == {"farm.ds": "4", "farm.ds.chunks": "1"}
+    assert targets == {"farm.ds": "4", "farm.ds.opens": "2", "farm.ds.chunks": "1"}
 
 
 def test_keda_asks_prometheus_for_the_work_waiting_inside_the_workers() -> None:
@@ -911,25 +919,26 @@ def test_keda_asks_prometheus_for_the_work_waiting_inside_the_workers() -> None:
     assert waiting["node"]["metadata"]["query"] == 'sum(farm_work_waiting{image="js-tools"})'
     # the Redis triggers stay, with their TriggerAuthentication
     ds = triggers(find(objects, "ScaledObject", f"{FULLNAME}-worker-ds"))
-    assert [ds[name]["type"] for name in ("queue", "chunks")] == ["redis", "redis"]
+    assert [ds[name]["type"] for name in ("queue", "opens", "chunks")] == ["redis"] * 3
     assert "waiting" in notes(values) and PROMETHEUS in notes(values)
     # KEDA's operator reaches Prometheus, not farm: farm's policies are the same without it
     without = render({**values, "autoscaling": {"enabled": True}})
     policies = [o for o in objects if o["kind"] == "NetworkPolicy"]
     assert policies == [o for o in without if o["kind"] == "NetworkPolicy"]
     for scaled in (o for o in without if o["kind"] == "ScaledObject"):
-        assert set(triggers(scaled)) == {"queue", "chunks"}
+        assert set(triggers(scaled)) == {"queue", "opens", "chunks"}
     assert "farm_work_waiting" not in notes({**values, "autoscaling": {"enabled": True}})
     # the HPA engine has no Prometheus trigger: the address changes nothing there
     hpa = render({**values, "autoscaling": {**values["autoscaling"], "engine": "hpa"}})
     scaler = find(hpa, "HorizontalPodAutoscaler", f"{FULLNAME}-worker-ds")
-    assert [m["type"] for m in scaler["spec"]["metrics"]] == ["External", "External"]
+    assert [m["type"] for m in scaler["spec"]["metrics"]] == ["External"] * 3
 
 
 @pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
-def test_every_autoscaler_watches_both_lists_of_its_pool(values: dict[str, Any]) -> None:
-    """Whatever the engine and pools, a pool that scales reads both places its work waits in
-    Redis: without the chunks list a backlog of maps would never add a worker."""
+def test_every_autoscaler_watches_every_list_of_its_pool(values: dict[str, Any]) -> None:
+    """Whatever the engine and pools, a pool that scales reads every place its work waits in
+    Redis: without the opens or chunks list, a backlog of sessions or maps would never add a
+    worker."""
     objects = render(values)
     scalers = [o for o in objects if o["kind"] in ("ScaledObject", "HorizontalPodAutoscaler")]
     for scaler in scalers:
@@ -941,7 +950,7 @@ def test_every_autoscaler_watches_both_lists_of_its_pool(values: dict[str, Any])
             lists = [t["metadata"]["listName"] for t in redis]
         else:
             lists = list(external_metrics(scaler))
-        assert lists == [queue, f"{queue}.chunks"], scaler["metadata"]["name"]
+        assert lists == [queue, f"{queue}.opens", f"{queue}.chunks"], scaler["metadata"]["name"]
         if scaler["kind"] == "ScaledObject" and "waiting" in triggers(scaler):
             # the label is the image the pool's workers serve, not the pool's name
             query = triggers(scaler)["waiting"]["metadata"]["query"]

@@ -276,9 +276,9 @@ def test_tls_puts_redis_workers_and_keda_on_tls_with_client_certificates() -> No
     assert volumes["broker-client"]["secret"]["secretName"] == "farm-client-tls"
 
     scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-default")
-    queue, chunks = scaled["spec"]["triggers"]
-    assert queue["metadata"]["enableTLS"] == chunks["metadata"]["enableTLS"] == "true"
-    assert queue["authenticationRef"] == chunks["authenticationRef"]
+    queue, opens, chunks = scaled["spec"]["triggers"]
+    assert {t["metadata"]["enableTLS"] for t in (queue, opens, chunks)} == {"true"}
+    assert queue["authenticationRef"] == opens["authenticationRef"] == chunks["authenticationRef"]
     auth = find(objects, "TriggerAuthentication", queue["authenticationRef"]["name"])
     params = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
     assert params == {
@@ -313,7 +313,7 @@ def test_every_pool_reaches_redis_over_tls_and_every_scaled_object_authenticates
         assert {v["name"] for v in spec["volumes"]} >= {"broker-tls", "broker-client"}
         scaled = find(objects, "ScaledObject", f"{FULLNAME}-worker-{name}")
         redis_triggers = [t for t in scaled["spec"]["triggers"] if t["type"] == "redis"]
-        assert len(redis_triggers) == 2  # the shared queue and the map chunks
+        assert len(redis_triggers) == 3  # the shared queue, the session opens, the map chunks
         for trigger in redis_triggers:
             assert trigger["metadata"]["enableTLS"] == "true"
             assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]

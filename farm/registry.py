@@ -296,9 +296,9 @@ def opens_key(queue: str) -> str:
     return f"{queue}.opens"
 
 
-def answer_key(open_id: str) -> str:
-    """The list an open's answer comes on."""
-    return f"{PREFIX}open:{open_id}:answer"
+def answers_key(client_id: str) -> str:
+    """The list the answers to one client's opens come on (each names its open)."""
+    return f"{PREFIX}answers:{client_id}"
 
 
 def chunks_key(queue: str) -> str:

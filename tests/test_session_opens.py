@@ -16,7 +16,7 @@ from farm.errors import FarmBusy
 from farm.image_name import ImageName
 from farm.models import OpenRequest
 from farm.redis_server import RedisServer
-from farm.registry import answer_key, opens_key
+from farm.registry import answers_key, opens_key
 from tests.conftest import consuming, farm_worker
 from tests.waiting import stays, wait_for
 
@@ -58,7 +58,7 @@ def test_an_open_given_up_at_its_deadline_is_taken_back_and_never_opens(tmp_path
                 # a copy of an abandoned open (one the list kept, say): claimed for nobody
                 abandoned = OpenRequest(
                     open_id="gone",
-                    reply=answer_key("gone"),
+                    reply=answers_key("gone"),
                     sent_at=time.time(),
                     deadline=time.time() + 60,
                 )

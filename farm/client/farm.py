@@ -18,7 +18,7 @@ from farm.celeryconf import TASK_RUN, make_app
 from farm.client.broker import Broker, Watch
 from farm.client.callbacks import Callbacks
 from farm.client.mapping import MapRun
-from farm.client.opening import open_once
+from farm.client.opening import Answers, open_once
 from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
 from farm.egress.policy import PolicyError, parse_rules
 from farm.errors import (
@@ -62,6 +62,7 @@ class Farm:
         )
         self._owned = owned
         self._served: dict[str, float] = {}
+        self.answers = Answers(self.registry)  # to this client's session opens
 
     @classmethod
     def connect(cls, broker_url: str | None = None) -> Farm:
@@ -106,6 +107,7 @@ class Farm:
         return self._owned
 
     def close(self) -> None:
+        self.answers.close()
         self.registry.close()
         self.app.close()
         if self._owned is not None:
@@ -198,7 +200,7 @@ class Farm:
         for backoff in delays(0.05, 1.0):
             sent = time.monotonic()  # queued until a worker has room, or the deadline
             try:
-                reply = open_once(self.broker, self.registry, name.queue, fields, deadline)
+                reply = open_once(self.broker, self.answers, name.queue, fields, deadline)
             except BrokerLost as exc:  # the open died with the broker's data
                 reply = Busy(reason=str(exc))
             if isinstance(reply, Opened):

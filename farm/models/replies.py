@@ -18,7 +18,7 @@ class OpenRequest(Model):
     it claims ``open_id`` first: an id its client abandoned opens nothing."""
 
     open_id: str
-    reply: str = Field(description="the Redis list the client waits on for the answer")
+    reply: str = Field(description="the Redis list of its client's answers (each names its open)")
     tools: bool = True
     limits: dict[str, int] | None = None
     egress: list[str] | None = None

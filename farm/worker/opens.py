@@ -82,7 +82,8 @@ class SessionOpens:
         self._answer(request, reply)
 
     def _answer(self, request: OpenRequest, reply: dict[str, Any]) -> None:
-        self.worker.registry.answer(request.reply, json.dumps(reply))
+        message = {"open_id": request.open_id, "answer": reply}
+        self.worker.registry.answer(request.reply, json.dumps(message))
 
     def for_run(
         self, limits: dict[str, Any] | None, egress: list[str] | None, wait_s: float

@@ -28,15 +28,26 @@ EXEC_TTL_S = 3600
 ITEM_CLAIM_S = 600
 ANSWER_TTL_S = 300  # an open's answer its client never read (it gave up) expires
 BROKER_MARK = f"{PREFIX}broker"
+MAX_CONNECTIONS = 1024  # a process's connections to the registry at once
+POOL_WAIT_S = 30.0  # past them, how long a command waits for one to be free
 
 
 class Registry:
     def __init__(
         self, url: str, *, heartbeat_ttl_s: float = 3.0, tls: Mapping[str, Any] | None = None
     ) -> None:
-        self.redis = redis.Redis.from_url(
-            url, decode_responses=True, socket_timeout=10, **(tls or {})
+        # A pool that waits for a free connection rather than failing: redis-py's own stops
+        # at 100 connections with an error, which a worker's or farm serve's threads at once
+        # (items, opens, calls) would reach under load.
+        pool = redis.BlockingConnectionPool.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=10,
+            max_connections=MAX_CONNECTIONS,
+            timeout=POOL_WAIT_S,
+            **(tls or {}),
         )
+        self.redis = redis.Redis(connection_pool=pool)
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self._blmpop = True  # until the server says it has no BLMPOP (Redis < 7)
 
@@ -50,6 +61,7 @@ class Registry:
 
     def close(self) -> None:
         self.redis.close()
+        self.redis.connection_pool.disconnect()  # a pool given to Redis is not closed by it
 
     # --- the broker's data set -----------------------------------------------------------
 
@@ -278,14 +290,14 @@ class Registry:
         return bool(self.redis.lrem(key, 1, body))
 
     def answer(self, key: str, body: str) -> None:
-        """Answer an open on its list ``key``; unread, the answer expires."""
+        """Answer an open on its client's list ``key``; unread, the answers expire."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.rpush(key, body)
             pipe.expire(key, ANSWER_TTL_S)
             pipe.execute()
 
     def wait_answer(self, key: str, block_s: float) -> str | None:
-        """The answer on list ``key``, waiting up to ``block_s`` for it."""
+        """The next answer on list ``key``, waiting up to ``block_s`` for one."""
         found = self.redis.blpop([key], timeout=block_s)
         return None if found is None else str(found[1])
 

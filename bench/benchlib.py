@@ -15,6 +15,7 @@ import platform
 import socket
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -67,6 +68,13 @@ def parse_args(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     return args
+
+
+def write_json(path: Path | None, data: dict[str, Any]) -> None:
+    """Write every figure of a run to ``path`` (a benchmark's ``--json FILE``), if one is given."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, default=str))
 
 
 def emit(table: str, data: dict[str, Any], *, as_json: bool) -> int:

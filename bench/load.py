@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import re
 import subprocess
@@ -66,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from benchlib import machine
+from benchlib import machine, write_json
 from load_mix import ITEM_PARTS, RUN_PARTS, Tally, agent, batch, http_clients, judge
 from load_report import goals, render
 from load_shares import Shares
@@ -403,9 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     args.levels = [int(x) for x in args.levels.split(",")]
     out = run(args)
     print(render(out))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2, default=str))
+    write_json(args.json, out)
     return 0
 
 

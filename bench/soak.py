@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import queue
 import statistics
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
-from benchlib import machine
+from benchlib import machine, write_json
 
 from farm.client import Farm, Session
 from farm.local import LocalFarm
@@ -344,9 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = soak(args)
     print(render(out))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2, default=str))
+    write_json(args.json, out)
     return 0
 
 

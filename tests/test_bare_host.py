@@ -34,10 +34,20 @@ pytestmark = pytest.mark.skipif(
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 UID_BASE = 60_000  # below the docker sandboxes' blocks (farm.sandbox.docker.UID_FIRST)
+FRESH = (Path("/tmp"), Path("/var/tmp"))  # the root's own: what was there is hidden
+
+
+def kept_paths() -> list[str]:
+    """The checkout and the Python it runs on, where they live under a directory the root
+    makes fresh (a clone in /tmp, as CI may make): bound again at the same path."""
+    ours = {Path(__file__).resolve().parents[1], Path(sys.prefix).resolve()}
+    return sorted(str(p) for p in ours if any(p.is_relative_to(f) for f in FRESH))
+
 
 # In new mount, IPC and pid namespaces: a root of tmpfs holding this machine's directories
 # (bound), a fresh /proc, /tmp, /var/tmp and /dev (its device nodes bound, a fresh /dev/shm),
-# a /workspace ($1: yes or no) and a /dev/mqueue ($2), pivoted to; then the command.
+# a /workspace ($1: yes or no) and a /dev/mqueue ($2), pivoted to; then the command. $KEEP
+# names directories under the fresh /tmp or /var/tmp to bind again (a checkout in /tmp).
 ROOT_SCRIPT = r"""
 set -e
 workspace=$1 mqueue=$2; shift 2
@@ -55,6 +65,7 @@ mount -t proc proc "$R/proc"
 mount -t tmpfs -o mode=1777 farm-tmp "$R/tmp"
 mount --rbind /var "$R/var"
 mount -t tmpfs -o mode=1777 farm-var-tmp "$R/var/tmp"
+for k in $KEEP; do mkdir -p "$R$k" && mount --rbind "$k" "$R$k"; done
 mount -t tmpfs -o mode=0755 farm-dev "$R/dev"
 for n in null zero full random urandom tty; do
     touch "$R/dev/$n" && mount --bind "/dev/$n" "$R/dev/$n"
@@ -91,6 +102,7 @@ def kernel_in_root(tmp_path: Path, *, workspace: bool, mqueue: bool) -> Iterator
     kernel += ["--box-uid-base", str(UID_BASE), "--isolation", "namespaces"]
     flags = ["yes" if workspace else "no", "yes" if mqueue else "no"]
     env = {**os.environ, "FARM_KERNEL_TOKEN": token, "FARM_KERNEL_LOG_LEVEL": "INFO"}
+    env["KEEP"] = " ".join(kept_paths())
     with (
         log.open("wb") as stderr,
         subprocess.Popen(

@@ -9,6 +9,7 @@ fault shows in the figures instead of ending the run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -337,17 +338,23 @@ def http_clients(
     """``clients`` HTTP clients on one event loop (this thread), half of them sessions."""
 
     async def main() -> None:
-        limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+        # A client each, with its own connection, as separate users have: one shared pool of
+        # 200 connections costs httpx a scan of them all per request (the generator's CPU).
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
         headers = {"Authorization": f"Bearer {token}"}
-        async with httpx.AsyncClient(
-            base_url=url, headers=headers, timeout=HTTP_TIMEOUT_S, limits=limits
-        ) as http:
-            sessions = [
-                http_sessions(http, stop, tallies["http_session"]) for _ in range(clients // 2)
+        async with contextlib.AsyncExitStack() as stack:
+            https = [
+                await stack.enter_async_context(
+                    httpx.AsyncClient(
+                        base_url=url, headers=headers, timeout=HTTP_TIMEOUT_S, limits=limits
+                    )
+                )
+                for _ in range(clients)
             ]
+            half = clients // 2
+            sessions = [http_sessions(h, stop, tallies["http_session"]) for h in https[:half]]
             maps = [
-                http_maps(http, stop, tallies["http_map"], f"h{i}")
-                for i in range(clients - clients // 2)
+                http_maps(h, stop, tallies["http_map"], f"h{i}") for i, h in enumerate(https[half:])
             ]
             await asyncio.gather(*sessions, *maps)
 

@@ -34,12 +34,12 @@ duplicated records, sessions that lost their variables.
 The warm-up, left out: a 1x level with a short map (every path, thread and connection used
 once), then a short burst (below), so that every worker has held its most boxes once: a kernel
 keeps an emptied box's pid 1 for its number's next box, a high-water mark rather than growth;
-and the judge part at the top level's concurrency. The RSS of each worker's process tree (the
-worker, its sandbox container's processes) is read from ``/proc`` (run as root) after it,
-every ``SAMPLE_S`` during the run, and at its end (after the burst, once the farm is idle);
+and the judge part at the top level's concurrency. The RSS and PSS of each worker's process
+tree (the worker, its sandbox container's processes) are read from ``/proc`` (run as root)
+after it, every ``SAMPLE_S`` during the run, and at its end (after the burst, once the farm is idle);
 so is redis-server's memory less what keys kept for a fixed time hold (exec records: an hour,
 a map item's ten minutes; journals: ``FARM_JOURNAL_TTL_S``), which is retention, not growth.
-The goal is end within 10% of start.
+The goal is end within 10% of start (PSS: RSS counts a zygote's shared pages in each fork).
 
 Then the burst (the issue's own goal): ``Farm.map`` of 3,000 items (``--quick``: 1,000) at
 concurrency 512 while 120 sessions open at once from threads (each sets a variable, runs
@@ -70,7 +70,7 @@ from load_mix import ITEM_PARTS, RUN_PARTS, Tally, agent, batch, http_clients, j
 from load_report import goals, render
 from load_shares import Shares
 from serve import FARM, start_server
-from soak import descendants, process_table, rss_kb
+from soak import descendants, process_table, pss_kb, rss_kb
 
 from farm.client import Farm
 from farm.errors import SessionLost, StateLost
@@ -153,13 +153,16 @@ def wait_idle(farm: Farm) -> bool:
 
 
 class Memory:
-    """RSS (kB) of each worker's process tree, its sandbox container's processes included,
-    and of redis-server, sampled on a thread of its own."""
+    """RSS and PSS (kB) of each worker's process tree, its sandbox container's processes
+    included, and of redis-server, sampled on a thread of its own. The goal reads PSS: a box's
+    processes are forks of its kernel's zygote, and RSS counts their shared pages once per
+    process, so one box more alive at the end reads as ~20 MB of growth."""
 
     def __init__(self, local: LocalFarm) -> None:
         self.local = local
         self.docker = docker.from_env()
         self.samples: list[dict[str, int]] = []
+        self.pss: list[dict[str, int]] = []
         self.stop = threading.Event()
         self.names = {}
         for image in sorted(set(local.worker_images.values())):
@@ -169,15 +172,17 @@ class Memory:
 
     def read(self) -> dict[str, int]:
         table = process_table()
-        out = {}
+        trees = {}
         for worker_id, proc in self.local.workers.items():
             pids = set(descendants(table, proc.pid)) if proc.poll() is None else set()
             for c in self.docker.containers.list(filters={"label": f"farm.owner={worker_id}"}):
                 pids.update(descendants(table, int(c.attrs["State"]["Pid"])))
-            out[self.names.get(worker_id, worker_id)] = sum(rss_kb(pid) for pid in pids)
+            trees[self.names.get(worker_id, worker_id)] = pids
         assert self.local.redis.proc is not None  # started, and stopped only at the end
-        out["redis-server"] = rss_kb(self.local.redis.proc.pid)
+        trees["redis-server"] = {self.local.redis.proc.pid}
+        out = {name: sum(rss_kb(pid) for pid in pids) for name, pids in trees.items()}
         self.samples.append(out)
+        self.pss.append({name: sum(map(pss_kb, pids)) for name, pids in trees.items()})
         return out
 
     def _run(self) -> None:
@@ -314,6 +319,18 @@ def parts_of(local: LocalFarm, serve: subprocess.Popen[bytes]) -> dict[str, list
     }
 
 
+def _over_run(samples: list[dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Each name's first, last and largest sample (the first is the start, the last the end)."""
+    return {
+        name: {
+            "start": samples[0][name],
+            "end": samples[-1].get(name, 0),
+            "max": max(s.get(name, 0) for s in samples),
+        }
+        for name in samples[0]
+    }
+
+
 def containers_of(memory: Memory) -> list[str]:
     """The ids of the workers' sandbox containers (their CPU is in their cgroups)."""
     return [
@@ -358,7 +375,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             level(farm, url, token, 1, c, max(200, plan.items // 10), plan.http)  # warm-up
             burst(farm, replace(plan, burst_items=4 * c))
             warm_judge(farm, max(args.levels) * c // 8)
-            start = memory.read()
+            memory.read()  # the start
             keys = [key_kinds(farm)]
             redis = [redis_memory(farm)]
             memory.thread.start()
@@ -372,20 +389,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["burst"] = burst(farm, plan)
             out["capacity_end"] = capacity(farm)
             memory.stop.set()
-            end = memory.read()
+            memory.read()  # the end
             keys.append(key_kinds(farm))
             redis.append(redis_memory(farm))
         finally:
             memory.close()
             stop_server(proc)
-    out["rss_kb"] = {
-        name: {
-            "start": start[name],
-            "end": end.get(name, 0),
-            "max": max(s.get(name, 0) for s in memory.samples),
-        }
-        for name in start
-    }
+    out["rss_kb"] = _over_run(memory.samples)
+    out["pss_kb"] = _over_run(memory.pss)
     out["redis_keys"] = {"start": keys[0], "end": keys[1]}
     out["redis_memory"] = {"start": redis[0], "end": redis[1]}
     out["goals"] = goals(out)

@@ -2,7 +2,7 @@
 
 ``goals`` turns the figures into what was expected, what was observed and whether it was met,
 keyed for ``tests/test_reliability_load.py``; ``render`` prints the levels side by side, the
-RSS of the farm's processes, the burst and the goals as PASS/FAIL lines.
+RSS and PSS of the farm's processes, the burst and the goals as PASS/FAIL lines.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from load_mix import ITEM_PARTS, RUN_PARTS
 
-RSS_FLAT = 0.10  # end over start, each worker's process tree and redis-server
+RSS_FLAT = 0.10  # end over start, each worker's process tree (PSS) and redis-server
 KEPT_SLACK = 256 << 10  # bytes Redis' never-expiring keys may grow by (bounded indexes fill)
 GOODPUT_KEPT = 0.9  # at 4x, of the 1x figure
 RUN_P99_GROWTH = 2.0  # an agent's run at 4x, over 1x
@@ -57,14 +57,14 @@ def goals(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
         )
     grew = {
         name: r["end"] / r["start"] - 1
-        for name, r in out["rss_kb"].items()
+        for name, r in out["pss_kb"].items()
         if name != "redis-server"
     }
     redis = out["redis_memory"]
     kept = {k: redis[k]["kept"] for k in ("start", "end")}
     found["rss_flat"] = goal(
         f"memory at the end within {RSS_FLAT:.0%} of the start: each worker's process tree "
-        f"(RSS); redis-server's keys that never expire (or within {KEPT_SLACK >> 10} kB: "
+        f"(PSS); redis-server's keys that never expire (or within {KEPT_SLACK >> 10} kB: "
         "bounded indexes, such as the journals' 1,000 newest, fill up)",
         ", ".join(f"{name} {g:+.0%}" for name, g in grew.items())
         + f"; redis keys that never expire {kept['start'] >> 10} -> {kept['end'] >> 10} kB; "
@@ -239,12 +239,16 @@ def render(out: dict[str, Any]) -> str:
     for lv in levels:
         errors = {f"{p} {k}": n for p, t in lv["parts"].items() for k, n in t["errors"].items()}
         lines.append(f"  {lv['level']}x: {_kinds(errors)}")
-    lines += ["", f"{'RSS MB':<32}{'start':>10}{'end':>10}{'max':>10}{'end/start':>11}"]
-    for name, r in out["rss_kb"].items():
-        lines.append(
-            f"{name:<32}{r['start'] / 1024:>10.0f}{r['end'] / 1024:>10.0f}"
-            f"{r['max'] / 1024:>10.0f}{r['end'] / r['start']:>11.2f}"
-        )
+    for kind in ("rss", "pss"):
+        lines += [
+            "",
+            f"{kind.upper() + ' MB':<32}{'start':>10}{'end':>10}{'max':>10}{'end/start':>11}",
+        ]
+        for name, r in out[f"{kind}_kb"].items():
+            lines.append(
+                f"{name:<32}{r['start'] / 1024:>10.0f}{r['end'] / 1024:>10.0f}"
+                f"{r['max'] / 1024:>10.0f}{r['end'] / r['start']:>11.2f}"
+            )
     start, end = out["redis_keys"]["start"], out["redis_keys"]["end"]
     lines.append(
         f"redis keys at the start {sum(start.values())}, at the end {sum(end.values())}: "

@@ -71,6 +71,17 @@ def rss_kb(pid: int) -> int:
     return int(_status(pid).get("VmRSS", "0 kB").split()[0])
 
 
+def pss_kb(pid: int) -> int:
+    """Proportional set size: each shared page counted once over the processes sharing it."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def fds(pid: int) -> int:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))

@@ -1,14 +1,17 @@
 """The judge's pure parts, without a sandbox: the checkers, what a judge item accepts, what it
-becomes on its way to a worker, and how verdicts read as Judge0 statuses."""
+becomes on its way to a worker, how a compile's messages are clipped, and how verdicts read as
+Judge0 statuses."""
 
 from __future__ import annotations
 
 import base64
+import os
 
 import pytest
 from pydantic import ValidationError
 
 from farm.judge.specs import judge_spec
+from farm.kernel.boxes.testrun import read_all
 from farm.kernel.judge import checkers
 from farm.models.batch import BatchItem, BatchRecord
 from farm.models.judge import JudgeResult, TestResult, Verdict
@@ -120,3 +123,16 @@ def result(verdict: Verdict, **test: object) -> BatchRecord:
 )
 def test_verdicts_read_as_judge0_statuses(record: BatchRecord, status: int) -> None:
     assert _status(record.judge, record) == status
+
+
+def test_a_long_output_is_kept_as_its_head_and_tail() -> None:
+    data = bytes(range(256)) * 4
+    fd = os.memfd_create("output")
+    try:
+        os.write(fd, data)
+        clipped = data[:10] + b"\n[... 1009 bytes cut ...]\n" + data[-5:]
+        assert read_all(fd, 10, 5) == (clipped, 1024)
+        assert read_all(fd, 1000, 24) == (data, 1024)  # nothing to cut
+        assert read_all(fd, 10) == (data[:10], 1024)  # a test's stdout: its head only
+    finally:
+        os.close(fd)

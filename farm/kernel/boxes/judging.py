@@ -30,8 +30,9 @@ from . import testrun
 from .box_protocol import BoxInfo
 
 BUILD_DIR = ".judge"
-COMPILE_FILE_BYTES = 512 << 20  # RLIMIT_FSIZE of a compile: a linker writes the binary
-MESSAGE_BYTES = 16 * 1024
+COMPILE_OUTPUT_BYTES = 8 << 20  # a compiler's messages past this: a flood, killed
+MESSAGE_HEAD = 8 * 1024  # of each of a compile's outputs, the first bytes kept
+MESSAGE_TAIL = 4 * 1024  # and the last, with how many were cut between them
 ARTIFACT_BYTES = 32 << 20
 OUTPUTS_BYTES = 8 << 20  # the outputs returned (special judge, keep_outputs), all tests
 STACK_BYTES = 256 << 20
@@ -102,13 +103,35 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     return _named(judged, named)
 
 
+def _failed(why: str, done: testrun.Measured | None = None) -> CompileOutcome:
+    """A compile that failed, with why and what the compiler said."""
+    said = (done.stdout + done.stderr).decode(errors="replace") if done is not None else ""
+    return {
+        "status": "error",
+        "output": f"{why}\n{said}" if why and said else why or said or "failed",
+        "time_s": done.cpu_s if done is not None else 0.0,
+        "wall_s": done.wall_s if done is not None else 0.0,
+        "cached": False,
+    }
+
+
+def _stopped(killed: str, limits: testrun.Limits) -> str:
+    """Why the runner stopped a compile: a verdict's words, never a failure of the runner."""
+    return {
+        "wall": f"the compilation took over {limits.wall_s:g} s of wall time",
+        "cpu": f"the compilation took over {limits.cpu_s:g} s of CPU time",
+        "memory": f"the compiler used over {limits.memory_kb // 1024} MB of memory",
+        "output": f"the compiler wrote over {limits.output_bytes >> 20} MB of messages",
+    }.get(killed, f"the compiler was stopped ({killed})")
+
+
 def _compile(
     spec: JudgeSpec, language: dict[str, Any], box: BoxInfo, isolation: str, build: str
 ) -> tuple[CompileOutcome, dict[str, str] | None]:
     """Write the source (and a cached build) with the box's rights, compile unless cached:
     what the compile did, and its artifact (the build's files, for the worker's cache) when
     it ran. The runner's working directory is the build's from here on: the compiler's and
-    the tests'."""
+    the tests'. A compile killed (a flood of messages, a hang) is a compile error."""
     cached = spec.get("artifact")
     argv = language.get("compile") or []
     with testrun.as_box(box, isolation):  # the box's files, made with its rights
@@ -125,7 +148,7 @@ def _compile(
         cpu_s=seconds,
         wall_s=seconds * 2 + 5.0,
         memory_kb=int(spec.get("compile_memory_mb") or 2048) * 1024,
-        output_bytes=COMPILE_FILE_BYTES,
+        output_bytes=COMPILE_OUTPUT_BYTES,
         stack_bytes=STACK_BYTES,
     )
     compiled: CompileOutcome = {
@@ -138,19 +161,23 @@ def _compile(
     if not argv or cached is not None:
         return compiled, ({} if not argv else None)
     done = testrun.run(
-        argv, box, isolation, limits, keep_stdout=MESSAGE_BYTES, keep_stderr=MESSAGE_BYTES
+        argv,
+        box,
+        isolation,
+        limits,
+        keep_stdout=MESSAGE_HEAD,
+        keep_stderr=MESSAGE_HEAD,
+        keep_tail=MESSAGE_TAIL,
+        watch_output=True,
     )
+    if done.killed is not None:
+        return _failed(_stopped(done.killed, limits), done), None
+    if done.signal is not None:
+        return _failed(f"the compiler died of signal {done.signal}", done), None
+    if done.exit_code != 0:
+        return _failed("", done), None
     text = (done.stdout + done.stderr).decode(errors="replace")
     compiled["output"], compiled["time_s"], compiled["wall_s"] = text, done.cpu_s, done.wall_s
-    if done.killed or done.exit_code != 0:
-        why = {"wall": "compilation timed out", "memory": "compilation ran out of memory"}
-        compiled["status"] = "error"
-        compiled["output"] = text or why.get(done.killed or "", "failed")
-        if done.killed:
-            compiled["output"] = f"{why[done.killed]}\n{text}"
-        elif done.signal is not None:
-            compiled["output"] = f"the compiler died of signal {done.signal}\n{text}"
-        return compiled, None
     with testrun.as_box(box, isolation):  # root here has no CAP_DAC_OVERRIDE
         return compiled, _artifact(build, language["file"])
 

@@ -181,8 +181,10 @@ SPECIAL_TESTS = [{"stdin": f"{n}\n", "expected": f"1 {n - 1}\n"} for n in (5, 10
 SPECIAL_OTHER = "n = int(input())\nprint(n // 2, n - n // 2)\n"  # another right answer
 SPECIAL_WRONG = "n = int(input())\nprint(n, 0)\n"
 
-# Submissions as other judges take them (Codeforces, DMOJ, CodeContests): compilers that
-# flood or hang. Id -> (language, source, verdict on SUM_TESTS).
+# Submissions as other judges take them (Codeforces, DMOJ, CodeContests): Java classes of any
+# name and modifiers, compilers that flood or hang. Id -> (language, source, verdict on
+# SUM_TESTS).
+_JAVA_SUM = "{public static void main(String[] a){java.util.Scanner s=new java.util.Scanner(System.in);System.out.println(s.nextLong()+s.nextLong());}}"
 FLOOD_CPP = (  # a million errors, each with five macro notes: a GB of messages, unstopped
     "#define A x();x();x();x();x();x();x();x();x();x();\n#define B A A A A A A A A A A\n"
     "#define C B B B B B B B B B B\n#define D C C C C C C C C C C\n#define E D D D D D D D D D D\n"
@@ -193,6 +195,27 @@ SLOW_CPP = (  # 10^10 steps of constant evaluation: minutes of g++
     "constexpr long v=f();\nint main(){return v&1;}\n"
 )
 BORDER_CASES: dict[str, tuple[str, str, str]] = {
+    "java/Solution": ("java17", f"import java.util.*;\npublic class Solution{_JAVA_SUM}", "AC"),
+    "java/final-A": ("java17", f"final class A{_JAVA_SUM}", "AC"),
+    "java/abstract-strictfp": (
+        "java17",
+        f"public abstract strictfp class CF1234A{_JAVA_SUM}",
+        "AC",
+    ),
+    "java/unicode": ("java17", f"public class Решение{_JAVA_SUM}", "AC"),
+    "java/decoys": (
+        "java17",
+        '// public class Foo\n/* public class Bar { */\nclass Helper{static String s="public class Baz {";}\n'
+        f"public final class Real{_JAVA_SUM}",
+        "AC",
+    ),
+    "java/main-elsewhere": ("java17", f"public class Sol{{}}\nclass Runner{_JAVA_SUM}", "AC"),
+    "java/no-main": ("java17", "public class Solution{static long f(long x){return x;}}", "RE"),
+    "java/throws": (
+        "java17",
+        'public class Solution{public static void main(String[] a){throw new IllegalStateException("boom");}}',
+        "RE",
+    ),
     "cpp17/flood": ("cpp17", FLOOD_CPP, "CE"),
     "cpp17/slow-compile": ("cpp17", SLOW_CPP, "CE"),
 }

@@ -1,8 +1,8 @@
 """The judge, end to end: a problem set judged in every language of the judge image through one
 ``Farm.map`` on a real local farm (Docker, Redis, Celery), every verdict checked per test;
 checkers, files, the special judge, the compile cache, border cases as other judges take them
-(compiles that flood or hang), and submissions that attack their box without changing any
-other item's verdict."""
+(Java's class names, compiles that flood or hang), and submissions that attack their box
+without changing any other item's verdict."""
 
 from __future__ import annotations
 
@@ -194,6 +194,16 @@ def test_border_cases_get_the_verdicts_other_judges_give(
         assert [t.verdict for t in result.tests] == ["AC"] * 3
 
 
+def test_a_java_class_without_main_or_that_throws_fails_at_run_time(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    no_main, throws = records["java/no-main"].judge, records["java/throws"].judge
+    assert no_main is not None and throws is not None
+    assert "Main method not found in class Solution" in no_main.tests[0].stderr
+    assert "IllegalStateException: boom" in throws.tests[0].stderr
+    assert throws.tests[0].exit_code == 1
+
+
 def test_a_compile_that_floods_or_hangs_is_a_compile_error_with_its_messages_clipped(
     records: dict[str | int, BatchRecord],
 ) -> None:
@@ -206,6 +216,15 @@ def test_a_compile_that_floods_or_hangs_is_a_compile_error_with_its_messages_cli
     slow = records["cpp17/slow-compile"].judge
     assert slow is not None and slow.compile is not None
     assert slow.message.startswith("the compilation took over "), slow.message  # CPU or wall
+
+
+def test_a_java_class_of_its_own_name_runs_from_the_compile_cache(
+    judge_farm: Farm, records: dict[str | int, BatchRecord]
+) -> None:
+    assert records["java/Solution"].judge is not None  # compiled by the map, on this one worker
+    language, source, _ = BORDER_CASES["java/Solution"]
+    again = judge_farm.judge(language, source, SUM_TESTS, limits={"time_s": 3.0})
+    assert again.verdict == Verdict.AC and again.compile is not None and again.compile.cached
 
 
 def test_large_inputs_come_from_the_items_files(records: dict[str | int, BatchRecord]) -> None:

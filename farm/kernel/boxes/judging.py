@@ -17,7 +17,7 @@ import signal
 import stat
 from typing import Any
 
-from ..judge import checkers, languages
+from ..judge import checkers, entries, languages
 from ..wire.protocol import (
     CompileOutcome,
     JudgeOutcome,
@@ -65,13 +65,16 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
         refused["kind"] = "input"
         return refused
     named = (spec["language"], language.get("version_text", ""))
-    workspace = box["workspace"]
-    build = os.path.join(workspace, BUILD_DIR)
-    compiled, artifact = _compile(spec, language, box, isolation, build)
+    try:
+        entry = entries.find(language.get("entry"), spec["source"], language["file"])
+    except entries.EntryError as exc:
+        return _named(outcome("CE", str(exc), compile=_failed(str(exc))), named)
+    build = os.path.join(box["workspace"], BUILD_DIR)
+    compiled, artifact = _compile(spec, language, entry, box, isolation, build)
     if compiled["status"] == "error":
         return _named(outcome("CE", compiled["output"], compile=compiled), named)
     memory_mb = int(spec["memory_mb"])
-    run_argv = [arg.replace("{memory_mb}", str(memory_mb)) for arg in language["run"]]
+    run_argv = _filled(language["run"], entry, memory_mb=str(memory_mb))
     limits = testrun.Limits(
         cpu_s=float(spec["time_s"]),
         wall_s=float(spec.get("wall_s") or float(spec["time_s"]) * 3 + 5.0),
@@ -103,6 +106,17 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     return _named(judged, named)
 
 
+def _filled(argv: list[str], entry: entries.Entry, **more: str) -> list[str]:
+    """``argv`` of the table with ``{file}``, ``{main}`` (``entry``'s) and ``more`` filled."""
+    values = {"file": entry.file, "main": entry.main, **more}
+    filled = []
+    for arg in argv:
+        for name, value in values.items():
+            arg = arg.replace("{" + name + "}", value)
+        filled.append(arg)
+    return filled
+
+
 def _failed(why: str, done: testrun.Measured | None = None) -> CompileOutcome:
     """A compile that failed, with why and what the compiler said."""
     said = (done.stdout + done.stderr).decode(errors="replace") if done is not None else ""
@@ -126,18 +140,23 @@ def _stopped(killed: str, limits: testrun.Limits) -> str:
 
 
 def _compile(
-    spec: JudgeSpec, language: dict[str, Any], box: BoxInfo, isolation: str, build: str
+    spec: JudgeSpec,
+    language: dict[str, Any],
+    entry: entries.Entry,
+    box: BoxInfo,
+    isolation: str,
+    build: str,
 ) -> tuple[CompileOutcome, dict[str, str] | None]:
     """Write the source (and a cached build) with the box's rights, compile unless cached:
     what the compile did, and its artifact (the build's files, for the worker's cache) when
     it ran. The runner's working directory is the build's from here on: the compiler's and
     the tests'. A compile killed (a flood of messages, a hang) is a compile error."""
     cached = spec.get("artifact")
-    argv = language.get("compile") or []
+    argv = _filled(language.get("compile") or [], entry)
     with testrun.as_box(box, isolation):  # the box's files, made with its rights
         os.makedirs(build, mode=0o700, exist_ok=True)
         os.chdir(build)
-        files = {language["file"]: spec["source"].encode()}
+        files = {entry.file: spec["source"].encode()}
         files.update({name: base64.b64decode(data) for name, data in (cached or {}).items()})
         for name, data in files.items():
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
@@ -179,7 +198,7 @@ def _compile(
     text = (done.stdout + done.stderr).decode(errors="replace")
     compiled["output"], compiled["time_s"], compiled["wall_s"] = text, done.cpu_s, done.wall_s
     with testrun.as_box(box, isolation):  # root here has no CAP_DAC_OVERRIDE
-        return compiled, _artifact(build, language["file"])
+        return compiled, _artifact(build, entry.file)
 
 
 def _artifact(build: str, source_name: str) -> dict[str, str] | None:

@@ -182,8 +182,8 @@ SPECIAL_OTHER = "n = int(input())\nprint(n // 2, n - n // 2)\n"  # another right
 SPECIAL_WRONG = "n = int(input())\nprint(n, 0)\n"
 
 # Submissions as other judges take them (Codeforces, DMOJ, CodeContests): Java classes of any
-# name and modifiers, compilers that flood or hang. Id -> (language, source, verdict on
-# SUM_TESTS).
+# name and modifiers, Go's package clause, compilers that flood or hang. Id -> (language,
+# source, verdict on SUM_TESTS).
 _JAVA_SUM = "{public static void main(String[] a){java.util.Scanner s=new java.util.Scanner(System.in);System.out.println(s.nextLong()+s.nextLong());}}"
 FLOOD_CPP = (  # a million errors, each with five macro notes: a GB of messages, unstopped
     "#define A x();x();x();x();x();x();x();x();x();x();\n#define B A A A A A A A A A A\n"
@@ -216,6 +216,8 @@ BORDER_CASES: dict[str, tuple[str, str, str]] = {
         'public class Solution{public static void main(String[] a){throw new IllegalStateException("boom");}}',
         "RE",
     ),
+    "go/package-foo": ("go", "package foo\nfunc main(){}\n", "CE"),
+    "go/commented-package": ("go", "// package foo\n" + SUM["go"]["AC"], "AC"),
     "cpp17/flood": ("cpp17", FLOOD_CPP, "CE"),
     "cpp17/slow-compile": ("cpp17", SLOW_CPP, "CE"),
 }

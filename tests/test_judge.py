@@ -1,8 +1,8 @@
 """The judge, end to end: a problem set judged in every language of the judge image through one
 ``Farm.map`` on a real local farm (Docker, Redis, Celery), every verdict checked per test;
 checkers, files, the special judge, the compile cache, border cases as other judges take them
-(Java's class names, compiles that flood or hang), and submissions that attack their box
-without changing any other item's verdict."""
+(Java's class names, Go's package, compiles that flood or hang), and submissions that attack
+their box without changing any other item's verdict."""
 
 from __future__ import annotations
 
@@ -216,6 +216,14 @@ def test_a_compile_that_floods_or_hangs_is_a_compile_error_with_its_messages_cli
     slow = records["cpp17/slow-compile"].judge
     assert slow is not None and slow.compile is not None
     assert slow.message.startswith("the compilation took over "), slow.message  # CPU or wall
+
+
+def test_a_go_package_other_than_main_is_a_compile_error(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    result = records["go/package-foo"].judge
+    assert result is not None and result.compile is not None
+    assert result.message.startswith("main.go: package foo is not a program"), result.message
 
 
 def test_a_java_class_of_its_own_name_runs_from_the_compile_cache(

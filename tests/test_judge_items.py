@@ -162,6 +162,23 @@ def test_a_java_class_name_too_long_for_a_file_is_a_compile_error() -> None:
         entries.find("java", f"public class {'A' * 300}{MAIN}", "Main.java")
 
 
+@pytest.mark.parametrize(
+    ("source", "package"),
+    [
+        ("package foo\nfunc main(){}", "foo"),
+        ("\ufeff/* a library */ package lib", "lib"),
+        ("// package foo\npackage main\nfunc main(){}", None),
+        ("func main(){}", None),  # go build says what is missing
+    ],
+)
+def test_only_a_go_package_main_is_a_program(source: str, package: str | None) -> None:
+    if package is None:
+        assert entries.find("go", source, "main.go") == ("main.go", "main")
+        return
+    with pytest.raises(entries.EntryError, match=f"package {package} is not a program"):
+        entries.find("go", source, "main.go")
+
+
 def test_a_language_without_a_rule_keeps_the_tables_file() -> None:
     assert entries.find(None, "public class Solution{}", "Main.java") == ("Main.java", "Main")
 

@@ -22,7 +22,7 @@ class Language(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     file: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the source's file name")
-    entry: Literal["java"] | None = Field(
+    entry: Literal["java", "go"] | None = Field(
         default=None,
         description="the rule reading {file} and {main} from the source "
         "(farm.kernel.judge.entries); none: 'file' and its stem",
@@ -105,6 +105,7 @@ LANGUAGES: dict[str, Language] = {
     ),
     "go": Language(
         file="main.go",
+        entry="go",  # package main, or CE
         compile=("go", "build", "-o", "main", "main.go"),
         run=("./main",),
         version=("go", "version"),

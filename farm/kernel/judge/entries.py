@@ -2,9 +2,9 @@
 
 ``java``: the source file is named after its public top-level type (javac insists) and the
 type holding ``static void main`` runs, whatever their names (``Solution``, ``CF1234A``,
-unicode), as on Codeforces and DMOJ. Comments and literals are blanked first:
-``// public class Foo`` names nothing. A source that cannot be a program is a compile error
-(``EntryError``), never a failure of the runner.
+unicode), as on Codeforces and DMOJ. ``go``: only ``package main`` is a program. Comments and
+literals are blanked first: ``// public class Foo`` names nothing. A source that cannot be a
+program is a compile error (``EntryError``), never a failure of the runner.
 """
 
 from __future__ import annotations
@@ -124,4 +124,21 @@ def java(source: str, default_file: str) -> Entry:
     return Entry(file, main)
 
 
-RULES: dict[str, Callable[[str, str], Entry]] = {"java": java}
+_GO_COMMENTS = re.compile(r"//[^\n]*|/\*.*?(?:\*/|\Z)", re.S)
+_GO_PACKAGE = re.compile(r"\s*package\s+([^\W\d]\w*)")
+
+
+def go(source: str, default_file: str) -> Entry:
+    """The table's file, if its package clause (the first thing after comments) says
+    ``main``: ``go build`` of another package makes no program."""
+    code = _GO_COMMENTS.sub(_blank, source.removeprefix("\ufeff"))
+    clause = _GO_PACKAGE.match(code)
+    if clause is not None and clause[1] != "main":
+        raise EntryError(
+            f"{default_file}: package {clause[1]} is not a program: a Go submission must be "
+            "package main, with func main"
+        )
+    return Entry(default_file, _stem(default_file))
+
+
+RULES: dict[str, Callable[[str, str], Entry]] = {"java": java, "go": go}

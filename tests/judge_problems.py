@@ -180,3 +180,44 @@ def check(input, expected, output):
 SPECIAL_TESTS = [{"stdin": f"{n}\n", "expected": f"1 {n - 1}\n"} for n in (5, 10, 100)]
 SPECIAL_OTHER = "n = int(input())\nprint(n // 2, n - n // 2)\n"  # another right answer
 SPECIAL_WRONG = "n = int(input())\nprint(n, 0)\n"
+
+# Submissions as other judges take them (Codeforces, DMOJ, CodeContests): Java classes of any
+# name and modifiers, Go's package clause, compilers that flood or hang. Id -> (language,
+# source, verdict on SUM_TESTS).
+_JAVA_SUM = "{public static void main(String[] a){java.util.Scanner s=new java.util.Scanner(System.in);System.out.println(s.nextLong()+s.nextLong());}}"
+FLOOD_CPP = (  # a million errors, each with five macro notes: a GB of messages, unstopped
+    "#define A x();x();x();x();x();x();x();x();x();x();\n#define B A A A A A A A A A A\n"
+    "#define C B B B B B B B B B B\n#define D C C C C C C C C C C\n#define E D D D D D D D D D D\n"
+    "int main(){int x;E E E E E E E E E E}\n"
+)
+SLOW_CPP = (  # 10^10 steps of constant evaluation: minutes of g++
+    "constexpr long f(){long s=0;for(long i=0;i<100000;i++)for(long j=0;j<100000;j++)s+=i^j;return s;}\n"
+    "constexpr long v=f();\nint main(){return v&1;}\n"
+)
+BORDER_CASES: dict[str, tuple[str, str, str]] = {
+    "java/Solution": ("java17", f"import java.util.*;\npublic class Solution{_JAVA_SUM}", "AC"),
+    "java/final-A": ("java17", f"final class A{_JAVA_SUM}", "AC"),
+    "java/abstract-strictfp": (
+        "java17",
+        f"public abstract strictfp class CF1234A{_JAVA_SUM}",
+        "AC",
+    ),
+    "java/unicode": ("java17", f"public class Решение{_JAVA_SUM}", "AC"),
+    "java/decoys": (
+        "java17",
+        '// public class Foo\n/* public class Bar { */\nclass Helper{static String s="public class Baz {";}\n'
+        f"public final class Real{_JAVA_SUM}",
+        "AC",
+    ),
+    "java/main-elsewhere": ("java17", f"public class Sol{{}}\nclass Runner{_JAVA_SUM}", "AC"),
+    "java/no-main": ("java17", "public class Solution{static long f(long x){return x;}}", "RE"),
+    "java/throws": (
+        "java17",
+        'public class Solution{public static void main(String[] a){throw new IllegalStateException("boom");}}',
+        "RE",
+    ),
+    "go/package-foo": ("go", "package foo\nfunc main(){}\n", "CE"),
+    "go/commented-package": ("go", "// package foo\n" + SUM["go"]["AC"], "AC"),
+    "cpp17/flood": ("cpp17", FLOOD_CPP, "CE"),
+    "cpp17/slow-compile": ("cpp17", SLOW_CPP, "CE"),
+}

@@ -1,7 +1,8 @@
 """The judge, end to end: a problem set judged in every language of the judge image through one
 ``Farm.map`` on a real local farm (Docker, Redis, Celery), every verdict checked per test;
-checkers, files, the special judge, the compile cache, and submissions that attack their box
-without changing any other item's verdict."""
+checkers, files, the special judge, the compile cache, border cases as other judges take them
+(Java's class names, Go's package, compiles that flood or hang), and submissions that attack
+their box without changing any other item's verdict."""
 
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from farm.models.judge import Verdict
 from tests.judge_problems import (
     BIG_CPP,
     BIG_PY,
+    BORDER_CASES,
     FLOAT_FAR,
     FLOAT_NEAR,
     FLOAT_TESTS,
     LANGUAGES,
+    SLOW_START,
     SORT_CPP,
     SORT_PY,
     SPECIAL_JUDGE,
@@ -31,6 +34,7 @@ from tests.judge_problems import (
     SPECIAL_TESTS,
     SPECIAL_WRONG,
     SUM,
+    SUM_LIMITS,
     SUM_TESTS,
     SUM_VERDICTS,
     big_input,
@@ -123,6 +127,17 @@ def problem_items() -> list[dict[str, Any]]:
     ]
 
 
+def border_items() -> list[dict[str, Any]]:
+    """The submissions of ``BORDER_CASES``; the slow compile with a compile limit of 2 s."""
+    items = []
+    for name, (language, source, _) in BORDER_CASES.items():
+        limits: dict[str, float] = {**SUM_LIMITS, "time_s": SLOW_START.get(language, 1.0)}
+        if name == "cpp17/slow-compile":
+            limits["compile_time_s"] = 2.0
+        items.append(item(name, language, source, SUM_TESTS, limits=limits))
+    return items
+
+
 @pytest.fixture(scope="module")
 def judge_farm(docker_env: Any) -> Iterator[Farm]:
     from farm.sandbox.catalog import build_image
@@ -135,7 +150,7 @@ def judge_farm(docker_env: Any) -> Iterator[Farm]:
 @pytest.fixture(scope="module")
 def records(judge_farm: Farm) -> dict[str | int, BatchRecord]:
     """Every submission of the module, judged in one map."""
-    items = sum_items() + problem_items()
+    items = sum_items() + problem_items() + border_items()
     return {r.id: r for r in judge_farm.map(items, image="judge", ordered=False, retries=1)}
 
 
@@ -165,6 +180,59 @@ def test_every_language_gets_every_verdict_per_test(
     if verdict == "RE":
         how, number = RE_ENDS.get(language, ("exit", 3))
         assert (first.signal if how == "signal" else first.exit_code) == number, first
+
+
+@pytest.mark.parametrize("name", list(BORDER_CASES))
+def test_border_cases_get_the_verdicts_other_judges_give(
+    records: dict[str | int, BatchRecord], name: str
+) -> None:
+    record = records[name]
+    assert record.ok, record.message  # never IE: nothing a submission does fails the runner
+    result = record.judge
+    assert result is not None and result.verdict == BORDER_CASES[name][2], result
+    if result.verdict == Verdict.AC:
+        assert [t.verdict for t in result.tests] == ["AC"] * 3
+
+
+def test_a_java_class_without_main_or_that_throws_fails_at_run_time(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    no_main, throws = records["java/no-main"].judge, records["java/throws"].judge
+    assert no_main is not None and throws is not None
+    assert "Main method not found in class Solution" in no_main.tests[0].stderr
+    assert "IllegalStateException: boom" in throws.tests[0].stderr
+    assert throws.tests[0].exit_code == 1
+
+
+def test_a_compile_that_floods_or_hangs_is_a_compile_error_with_its_messages_clipped(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    flood = records["cpp17/flood"].judge
+    assert flood is not None and flood.compile is not None
+    assert flood.message.startswith("the compiler wrote over 8 MB of messages\n"), flood.message
+    assert "cannot be used as a function" in flood.message  # the head: the compiler's words
+    assert " bytes cut ...]" in flood.message and len(flood.message) < 16 * 1024
+    assert flood.compile.wall_s < 30  # stopped at its flood, not at its CPU limit
+    slow = records["cpp17/slow-compile"].judge
+    assert slow is not None and slow.compile is not None
+    assert slow.message.startswith("the compilation took over "), slow.message  # CPU or wall
+
+
+def test_a_go_package_other_than_main_is_a_compile_error(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    result = records["go/package-foo"].judge
+    assert result is not None and result.compile is not None
+    assert result.message.startswith("main.go: package foo is not a program"), result.message
+
+
+def test_a_java_class_of_its_own_name_runs_from_the_compile_cache(
+    judge_farm: Farm, records: dict[str | int, BatchRecord]
+) -> None:
+    assert records["java/Solution"].judge is not None  # compiled by the map, on this one worker
+    language, source, _ = BORDER_CASES["java/Solution"]
+    again = judge_farm.judge(language, source, SUM_TESTS, limits={"time_s": 3.0})
+    assert again.verdict == Verdict.AC and again.compile is not None and again.compile.cached
 
 
 def test_large_inputs_come_from_the_items_files(records: dict[str | int, BatchRecord]) -> None:

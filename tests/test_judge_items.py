@@ -1,15 +1,18 @@
 """The judge's pure parts, without a sandbox: the checkers, what a judge item accepts, what it
-becomes on its way to a worker, and how verdicts read as Judge0 statuses."""
+becomes on its way to a worker, how a source names its program, how a compile's messages are
+clipped, and how verdicts read as Judge0 statuses."""
 
 from __future__ import annotations
 
 import base64
+import os
 
 import pytest
 from pydantic import ValidationError
 
 from farm.judge.specs import judge_spec
-from farm.kernel.judge import checkers
+from farm.kernel.boxes.testrun import read_all
+from farm.kernel.judge import checkers, entries
 from farm.models.batch import BatchItem, BatchRecord
 from farm.models.judge import JudgeResult, TestResult, Verdict
 from farm.serve.judge0 import _status
@@ -120,3 +123,74 @@ def result(verdict: Verdict, **test: object) -> BatchRecord:
 )
 def test_verdicts_read_as_judge0_statuses(record: BatchRecord, status: int) -> None:
     assert _status(record.judge, record) == status
+
+
+MAIN = "{public static void main(String[] a){}}"
+
+
+@pytest.mark.parametrize(
+    ("source", "file", "main"),
+    [
+        (f"public class Solution{MAIN}", "Solution.java", "Solution"),
+        (f"import java.util.*;\nfinal class A{MAIN}", "A.java", "A"),
+        (f"public abstract strictfp class CF1234A{MAIN}", "CF1234A.java", "CF1234A"),
+        (f"public class Решение{MAIN}", "Решение.java", "Решение"),
+        (f"final public class \\u0041B{MAIN}", "AB.java", "AB"),  # javac's unicode escapes
+        (f'@SuppressWarnings("all") public record R(int x){MAIN}', "R.java", "R"),
+        (
+            '// public class Foo\n/* public class Bar { */\nclass Helper{String s = "public class '
+            "Baz {\"; char c = '\"';}\n"
+            f'String t = """\n public class Qux {{\n""";\npublic class Real{MAIN}',
+            "Real.java",
+            "Real",
+        ),
+        (f"public class Sol{{int f(){{return 1;}}}}\nclass Runner{MAIN}", "Sol.java", "Runner"),
+        ("public class Solution{static int f(){return 1;}}", "Solution.java", "Solution"),
+        (f"class Outer{{static class Inner{MAIN}}}", "Main.java", "Main"),  # nested: not run
+        ("class Quiet{}", "Main.java", "Main"),
+        (f"package cf.round;\npublic class A{MAIN}", "A.java", "cf.round.A"),
+    ],
+)
+def test_a_java_source_names_its_file_and_the_class_that_runs(
+    source: str, file: str, main: str
+) -> None:
+    assert entries.find("java", source, "Main.java") == (file, main)
+
+
+def test_a_java_class_name_too_long_for_a_file_is_a_compile_error() -> None:
+    with pytest.raises(entries.EntryError, match="too long"):
+        entries.find("java", f"public class {'A' * 300}{MAIN}", "Main.java")
+
+
+@pytest.mark.parametrize(
+    ("source", "package"),
+    [
+        ("package foo\nfunc main(){}", "foo"),
+        ("\ufeff/* a library */ package lib", "lib"),
+        ("// package foo\npackage main\nfunc main(){}", None),
+        ("func main(){}", None),  # go build says what is missing
+    ],
+)
+def test_only_a_go_package_main_is_a_program(source: str, package: str | None) -> None:
+    if package is None:
+        assert entries.find("go", source, "main.go") == ("main.go", "main")
+        return
+    with pytest.raises(entries.EntryError, match=f"package {package} is not a program"):
+        entries.find("go", source, "main.go")
+
+
+def test_a_language_without_a_rule_keeps_the_tables_file() -> None:
+    assert entries.find(None, "public class Solution{}", "Main.java") == ("Main.java", "Main")
+
+
+def test_a_long_output_is_kept_as_its_head_and_tail() -> None:
+    data = bytes(range(256)) * 4
+    fd = os.memfd_create("output")
+    try:
+        os.write(fd, data)
+        clipped = data[:10] + b"\n[... 1009 bytes cut ...]\n" + data[-5:]
+        assert read_all(fd, 10, 5) == (clipped, 1024)
+        assert read_all(fd, 1000, 24) == (data, 1024)  # nothing to cut
+        assert read_all(fd, 10) == (data[:10], 1024)  # a test's stdout: its head only
+    finally:
+        os.close(fd)

@@ -1,4 +1,5 @@
-"""Image variants without Docker: per-image limits, pagination, the browser's request filter."""
+"""Image variants without Docker: per-image limits, the judge's rows on a rebuild, pagination,
+the browser's request filter."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from farm.judge.languages import LANGUAGES, Language
 from farm.kernel.tools.browser import Browser
 from farm.kernel.tools.documents import DocumentError, paginate
 from farm.kernel.tools.tools import Workspace
-from farm.sandbox.variants import VARIANTS
+from farm.sandbox.variants import VARIANTS, judge_rebuilt, judge_variant
 from farm.settings import FarmSettings
 
 
@@ -31,6 +33,18 @@ def test_variants_are_named_after_their_images() -> None:
         "browser": "farm-sandbox:browser",
         "judge": "farm-sandbox:judge",
     }
+
+
+def test_a_rebuilt_judge_image_keeps_its_languages_with_the_tables_rows() -> None:
+    """A rebuild (a kernel change) takes the table's rows as they are now: a fix to how a
+    language compiles or runs reaches the images built before it."""
+    old_java = LANGUAGES["java17"].model_copy(update={"run": ("java", "Main")})
+    gone = Language(file="main.cob", run=("cobc", "-x", "main.cob"))
+    rows = {"java17": old_java, "bash": LANGUAGES["bash"], "cobol": gone}
+    recorded = judge_variant(["bash"]).model_copy(update={"languages": rows})
+    rebuilt = judge_rebuilt(recorded)
+    assert rebuilt.languages == {**rows, "java17": LANGUAGES["java17"]}
+    assert rebuilt.limits == recorded.limits
 
 
 def test_pages_are_cut_by_lines() -> None:

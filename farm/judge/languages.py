@@ -4,13 +4,14 @@ An image built with ``farm image build judge --languages ...`` holds the chosen 
 table (plus a spec's own ``[languages.NAME]`` rows) as ``/etc/farm/judge/languages.json``,
 which the kernel's runner reads (``farm.kernel.judge.languages``). ``compile`` runs in the build
 directory and may be a syntax check (Python, node, bash), so that every language has ``CE``;
-``run`` may name ``{memory_mb}``. ``judge0`` is the language's id in Judge0 CE's table, for
-the ``/judge0`` API (``farm.serve.judge0``).
+``run`` may name ``{memory_mb}``, both may name ``{file}`` and ``{main}``, which ``entry``
+reads from the source (``farm.kernel.judge.entries``: Java's class). ``judge0`` is the
+language's id in Judge0 CE's table, for the ``/judge0`` API (``farm.serve.judge0``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +22,11 @@ class Language(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     file: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the source's file name")
+    entry: Literal["java", "go"] | None = Field(
+        default=None,
+        description="the rule reading {file} and {main} from the source "
+        "(farm.kernel.judge.entries); none: 'file' and its stem",
+    )
     compile: tuple[str, ...] = ()
     run: tuple[str, ...] = Field(min_length=1)
     version: tuple[str, ...] = ()
@@ -32,6 +38,7 @@ class Language(BaseModel):
         """The row as the image's table holds it (the kernel reads these keys)."""
         return {
             "file": self.file,
+            "entry": self.entry,
             "compile": list(self.compile),
             "run": list(self.run),
             "version": list(self.version),
@@ -77,17 +84,20 @@ LANGUAGES: dict[str, Language] = {
         title="C++20 (GCC)",
     ),
     "java17": Language(
-        file="Main.java",
+        file="Main.java",  # unless the source names its class: Solution.java, A.java
+        entry="java",
         compile=(
             "javac",
             "-encoding",
             "UTF-8",
             "-J-XX:+UseSerialGC",
             "-J-XX:TieredStopAtLevel=1",
-            "Main.java",
+            "-d",
+            ".",
+            "{file}",
         ),
         # No -Xmx{memory_mb}m: a heap at the limit turns MLE into an OutOfMemoryError (RE).
-        run=("java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss64m", "Main"),
+        run=("java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss64m", "{main}"),
         version=("javac", "-version"),
         apt=("openjdk-17-jdk-headless",),
         judge0=62,
@@ -95,6 +105,7 @@ LANGUAGES: dict[str, Language] = {
     ),
     "go": Language(
         file="main.go",
+        entry="go",  # package main, or CE
         compile=("go", "build", "-o", "main", "main.go"),
         run=("./main",),
         version=("go", "version"),

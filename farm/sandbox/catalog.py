@@ -43,7 +43,7 @@ from farm.sandbox.images import (
     tagged_image,
 )
 from farm.sandbox.served import image_digest, resolve_or_pull
-from farm.sandbox.variants import VARIANTS, ensure_variant_image
+from farm.sandbox.variants import VARIANTS, ensure_variant_image, judge_rebuilt
 
 RESERVED = frozenset({"default", *VARIANTS, *(f"{name}-egress" for name in VARIANTS)})
 PIN = "-k"  # pinned tags: farm-sandbox:NAME-k<digest> (images.pinned_tag)
@@ -83,7 +83,8 @@ def build_image(
     With a ``spec`` (whose requirements paths are relative to ``base_dir``): that environment;
     its name may not be one of farm's. Without one: ``default``, a variant, or an environment
     built before, from the spec its image recorded (after a kernel change, say); the judge
-    variant keeps the ``languages`` it was built with unless given others. A reference names
+    variant keeps the ``languages`` it was built with unless given others (with the rows the
+    table has now). A reference names
     another image, not a farm one: ``InvalidRequest``.
     """
     if spec is not None:
@@ -106,7 +107,8 @@ def build_image(
         with docker_client(client) as client:
             recorded = _recorded_spec(client, image)
             if recorded is not None:
-                return ensure_env_image(recorded, client, force=force, repo_root=repo_root)
+                rebuilt = judge_rebuilt(recorded)
+                return ensure_env_image(rebuilt, client, force=force, repo_root=repo_root)
     if image.kind == "variant":
         return ensure_variant_image(
             image.asked, client, force=force, repo_root=repo_root, languages=languages

@@ -52,6 +52,14 @@ def judge_variant(languages: Sequence[str]) -> EnvSpec:
     return VARIANTS["judge"].model_copy(update={"languages": chosen})
 
 
+def judge_rebuilt(recorded: EnvSpec) -> EnvSpec:
+    """The judge image's spec for a rebuild: the languages it was built with, each with the
+    table's row as it is now (a fix to a row must reach the images built before it); a
+    language the table no longer has keeps its recorded row."""
+    rows = {name: LANGUAGES.get(name, row) for name, row in recorded.languages.items()}
+    return recorded.model_copy(update={"languages": rows})
+
+
 def ensure_variant_image(
     name: str,
     client: docker.DockerClient | None = None,

@@ -17,7 +17,7 @@ import signal
 import stat
 from typing import Any
 
-from ..judge import checkers, languages
+from ..judge import checkers, entries, languages
 from ..wire.protocol import (
     CompileOutcome,
     JudgeOutcome,
@@ -30,8 +30,9 @@ from . import testrun
 from .box_protocol import BoxInfo
 
 BUILD_DIR = ".judge"
-COMPILE_FILE_BYTES = 512 << 20  # RLIMIT_FSIZE of a compile: a linker writes the binary
-MESSAGE_BYTES = 16 * 1024
+COMPILE_OUTPUT_BYTES = 8 << 20  # a compiler's messages past this: a flood, killed
+MESSAGE_HEAD = 8 * 1024  # of each of a compile's outputs, the first bytes kept
+MESSAGE_TAIL = 4 * 1024  # and the last, with how many were cut between them
 ARTIFACT_BYTES = 32 << 20
 OUTPUTS_BYTES = 8 << 20  # the outputs returned (special judge, keep_outputs), all tests
 STACK_BYTES = 256 << 20
@@ -64,13 +65,16 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
         refused["kind"] = "input"
         return refused
     named = (spec["language"], language.get("version_text", ""))
-    workspace = box["workspace"]
-    build = os.path.join(workspace, BUILD_DIR)
-    compiled, artifact = _compile(spec, language, box, isolation, build)
+    try:
+        entry = entries.find(language.get("entry"), spec["source"], language["file"])
+    except entries.EntryError as exc:
+        return _named(outcome("CE", str(exc), compile=_failed(str(exc))), named)
+    build = os.path.join(box["workspace"], BUILD_DIR)
+    compiled, artifact = _compile(spec, language, entry, box, isolation, build)
     if compiled["status"] == "error":
         return _named(outcome("CE", compiled["output"], compile=compiled), named)
     memory_mb = int(spec["memory_mb"])
-    run_argv = [arg.replace("{memory_mb}", str(memory_mb)) for arg in language["run"]]
+    run_argv = _filled(language["run"], entry, memory_mb=str(memory_mb))
     limits = testrun.Limits(
         cpu_s=float(spec["time_s"]),
         wall_s=float(spec.get("wall_s") or float(spec["time_s"]) * 3 + 5.0),
@@ -102,19 +106,57 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     return _named(judged, named)
 
 
+def _filled(argv: list[str], entry: entries.Entry, **more: str) -> list[str]:
+    """``argv`` of the table with ``{file}``, ``{main}`` (``entry``'s) and ``more`` filled."""
+    values = {"file": entry.file, "main": entry.main, **more}
+    filled = []
+    for arg in argv:
+        for name, value in values.items():
+            arg = arg.replace("{" + name + "}", value)
+        filled.append(arg)
+    return filled
+
+
+def _failed(why: str, done: testrun.Measured | None = None) -> CompileOutcome:
+    """A compile that failed, with why and what the compiler said."""
+    said = (done.stdout + done.stderr).decode(errors="replace") if done is not None else ""
+    return {
+        "status": "error",
+        "output": f"{why}\n{said}" if why and said else why or said or "failed",
+        "time_s": done.cpu_s if done is not None else 0.0,
+        "wall_s": done.wall_s if done is not None else 0.0,
+        "cached": False,
+    }
+
+
+def _stopped(killed: str, limits: testrun.Limits) -> str:
+    """Why the runner stopped a compile: a verdict's words, never a failure of the runner."""
+    return {
+        "wall": f"the compilation took over {limits.wall_s:g} s of wall time",
+        "cpu": f"the compilation took over {limits.cpu_s:g} s of CPU time",
+        "memory": f"the compiler used over {limits.memory_kb // 1024} MB of memory",
+        "output": f"the compiler wrote over {limits.output_bytes >> 20} MB of messages",
+    }.get(killed, f"the compiler was stopped ({killed})")
+
+
 def _compile(
-    spec: JudgeSpec, language: dict[str, Any], box: BoxInfo, isolation: str, build: str
+    spec: JudgeSpec,
+    language: dict[str, Any],
+    entry: entries.Entry,
+    box: BoxInfo,
+    isolation: str,
+    build: str,
 ) -> tuple[CompileOutcome, dict[str, str] | None]:
     """Write the source (and a cached build) with the box's rights, compile unless cached:
     what the compile did, and its artifact (the build's files, for the worker's cache) when
     it ran. The runner's working directory is the build's from here on: the compiler's and
-    the tests'."""
+    the tests'. A compile killed (a flood of messages, a hang) is a compile error."""
     cached = spec.get("artifact")
-    argv = language.get("compile") or []
+    argv = _filled(language.get("compile") or [], entry)
     with testrun.as_box(box, isolation):  # the box's files, made with its rights
         os.makedirs(build, mode=0o700, exist_ok=True)
         os.chdir(build)
-        files = {language["file"]: spec["source"].encode()}
+        files = {entry.file: spec["source"].encode()}
         files.update({name: base64.b64decode(data) for name, data in (cached or {}).items()})
         for name, data in files.items():
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o700)
@@ -125,7 +167,7 @@ def _compile(
         cpu_s=seconds,
         wall_s=seconds * 2 + 5.0,
         memory_kb=int(spec.get("compile_memory_mb") or 2048) * 1024,
-        output_bytes=COMPILE_FILE_BYTES,
+        output_bytes=COMPILE_OUTPUT_BYTES,
         stack_bytes=STACK_BYTES,
     )
     compiled: CompileOutcome = {
@@ -138,21 +180,25 @@ def _compile(
     if not argv or cached is not None:
         return compiled, ({} if not argv else None)
     done = testrun.run(
-        argv, box, isolation, limits, keep_stdout=MESSAGE_BYTES, keep_stderr=MESSAGE_BYTES
+        argv,
+        box,
+        isolation,
+        limits,
+        keep_stdout=MESSAGE_HEAD,
+        keep_stderr=MESSAGE_HEAD,
+        keep_tail=MESSAGE_TAIL,
+        watch_output=True,
     )
+    if done.killed is not None:
+        return _failed(_stopped(done.killed, limits), done), None
+    if done.signal is not None:
+        return _failed(f"the compiler died of signal {done.signal}", done), None
+    if done.exit_code != 0:
+        return _failed("", done), None
     text = (done.stdout + done.stderr).decode(errors="replace")
     compiled["output"], compiled["time_s"], compiled["wall_s"] = text, done.cpu_s, done.wall_s
-    if done.killed or done.exit_code != 0:
-        why = {"wall": "compilation timed out", "memory": "compilation ran out of memory"}
-        compiled["status"] = "error"
-        compiled["output"] = text or why.get(done.killed or "", "failed")
-        if done.killed:
-            compiled["output"] = f"{why[done.killed]}\n{text}"
-        elif done.signal is not None:
-            compiled["output"] = f"the compiler died of signal {done.signal}\n{text}"
-        return compiled, None
     with testrun.as_box(box, isolation):  # root here has no CAP_DAC_OVERRIDE
-        return compiled, _artifact(build, language["file"])
+        return compiled, _artifact(build, entry.file)
 
 
 def _artifact(build: str, source_name: str) -> dict[str, str] | None:

@@ -39,7 +39,7 @@ class Limits:
 
 @dataclass
 class Measured:
-    """What one run did: ``killed`` is ``"wall"`` or ``"memory"`` when the runner killed it."""
+    """What one run did: ``killed`` says why the runner killed it (``wait``), if it did."""
 
     exit_code: int | None
     signal: int | None
@@ -133,10 +133,13 @@ def tree_usage(pid: int) -> tuple[int, float]:
     return rss, ticks / TICKS
 
 
-def wait(pid: int, limits: Limits, started: float) -> tuple[int, Any, float, int, str | None]:
+def wait(
+    pid: int, limits: Limits, started: float, outputs: tuple[int, ...] = ()
+) -> tuple[int, Any, float, int, str | None]:
     """Wait for ``pid``: its wait status, rusage, wall time since ``started`` (taken before
     it was started), the peak resident memory of its tree as sampled (kB), and why the
-    runner killed it (``memory``, ``cpu`` or ``wall``)."""
+    runner killed it (``memory``, ``cpu``, ``wall``, or ``output``: the memfds ``outputs``
+    together past ``limits.output_bytes``)."""
     pidfd = os.pidfd_open(pid)
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
@@ -157,6 +160,9 @@ def wait(pid: int, limits: Limits, started: float) -> tuple[int, Any, float, int
                 break
             if cpu > limits.cpu_s:
                 killed = "cpu"
+                break
+            if outputs and sum(os.fstat(fd).st_size for fd in outputs) > limits.output_bytes:
+                killed = "output"
                 break
         if killed is not None:
             kill_tree(pid)
@@ -187,10 +193,14 @@ def sweep_leftovers() -> None:
         time.sleep(0.001)  # they are dying: poll of a deadline
 
 
-def read_all(fd: int, limit: int) -> tuple[bytes, int]:
-    """The first ``limit`` bytes of a memfd, and its size."""
+def read_all(fd: int, limit: int, tail: int = 0) -> tuple[bytes, int]:
+    """The first ``limit`` bytes of a memfd and its last ``tail``, with how many bytes were
+    cut between them; and its size."""
     size = os.fstat(fd).st_size
-    return os.pread(fd, min(size, limit), 0), size
+    if not tail or size <= limit + tail:
+        return os.pread(fd, min(size, limit + tail), 0), size
+    cut = f"\n[... {size - limit - tail} bytes cut ...]\n".encode()
+    return os.pread(fd, limit, 0) + cut + os.pread(fd, tail, size - tail), size
 
 
 def run(
@@ -203,9 +213,13 @@ def run(
     stdin_data: bytes | None = None,
     keep_stdout: int,
     keep_stderr: int = 4096,
+    keep_tail: int = 0,
+    watch_output: bool = False,
 ) -> Measured:
     """Run ``argv`` once in the box, in the runner's working directory, and measure it (see
-    the module's docstring)."""
+    the module's docstring). Of each output it keeps the head (``keep_stdout``,
+    ``keep_stderr``) and the last ``keep_tail`` bytes; ``watch_output`` kills it once both
+    outputs hold over ``limits.output_bytes`` (a compile's: no ``RLIMIT_FSIZE`` bounds it)."""
     out_fd = os.memfd_create("stdout", os.MFD_CLOEXEC)
     err_fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
     in_fd = None
@@ -222,10 +236,11 @@ def run(
             pid = spawn(argv, box, isolation, stdin_fd=in_fd, out_fd=out_fd, err_fd=err_fd)
         except OSError as exc:  # not found, not executable, the directory taken away
             return Measured(127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0)
-        status, usage, wall, peak, killed = wait(pid, limits, started)
+        watched = (out_fd, err_fd) if watch_output else ()
+        status, usage, wall, peak, killed = wait(pid, limits, started, watched)
         sweep_leftovers()
-        stdout, size = read_all(out_fd, keep_stdout)
-        stderr, _ = read_all(err_fd, keep_stderr)
+        stdout, size = read_all(out_fd, keep_stdout, keep_tail)
+        stderr, _ = read_all(err_fd, keep_stderr, keep_tail)
     finally:
         for fd in (out_fd, err_fd, in_fd):
             if fd is not None:

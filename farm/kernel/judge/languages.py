@@ -1,7 +1,8 @@
 """The judge's language table, as an image holds it: ``/etc/farm/judge/languages.json``.
 
-Each language: ``file`` (the source's name), ``compile`` (argv, or none: the source runs as
-it is), ``run`` (argv; ``{memory_mb}`` is replaced by the test's limit), ``version`` (argv
+Each language: ``file`` (the source's name), ``entry`` (a rule of ``entries`` naming the
+file and the ``{main}`` to run from the source, or none), ``compile`` (argv, or none: the
+source runs as it is), ``run`` (argv; ``{memory_mb}`` is the test's limit), ``version`` (argv
 whose first output line names the toolchain). The table is written by the image build from
 ``farm.judge.languages`` (or a spec's own table); ``python3 -m farm.kernel.languages FILE``
 runs in that build and records each ``version`` answer in the file, so that a result can name

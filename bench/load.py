@@ -36,9 +36,10 @@ once), then a short burst (below), so that every worker has held its most boxes 
 keeps an emptied box's pid 1 for its number's next box, a high-water mark rather than growth;
 and the judge part at the top level's concurrency. The RSS and PSS of each worker's process
 tree (the worker, its sandbox container's processes) are read from ``/proc`` (run as root)
-after it, every ``SAMPLE_S`` during the run, and at its end (after the burst, once the farm is idle);
-so is redis-server's memory less what keys kept for a fixed time hold (exec records: an hour,
-a map item's ten minutes; journals: ``FARM_JOURNAL_TTL_S``), which is retention, not growth.
+after it, every ``SAMPLE_S`` during the run, and at its end (after the burst, once the farm
+is idle); so is redis-server's memory less what keys kept for a fixed time hold (exec
+records: an hour, a map item's ten minutes; journals: ``FARM_JOURNAL_TTL_S``), which is
+retention, not growth.
 The goal is end within 10% of start (PSS: RSS counts a zygote's shared pages in each fork).
 
 Then the burst (the issue's own goal): ``Farm.map`` of 3,000 items (``--quick``: 1,000) at

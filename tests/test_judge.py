@@ -337,8 +337,8 @@ def test_a_sweep_judges_its_lines_and_caches_each_submission_apart(
     from farm.sweep import Sweep, plan_sweep
 
     lines = [
-        item("right", "python3", SUM["python3"]["AC"], SUM_TESTS),
-        item("wrong", "python3", SUM["python3"]["WA"], SUM_TESTS),
+        item("right", "python3", SUM["python3"]["AC"], SUM_TESTS, groups=GROUPS),
+        item("wrong", "python3", SUM["python3"]["WA"], SUM_TESTS, groups=GROUPS),
     ]
     source = tmp_path / "judge.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -346,6 +346,7 @@ def test_a_sweep_judges_its_lines_and_caches_each_submission_apart(
         out = tmp_path / f"out-{round_}.jsonl"
         summary = Sweep(judge_farm, cache_dir=tmp_path / "cache").run(plan_sweep(source, out), out)
         assert summary.by_outcome == {"ok/AC": 1, "ok/WA": 1}
+        assert (summary.scored, summary.score, summary.max_score) == (2, 140, 200)
         records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
         assert records["wrong"]["judge"]["tests"][1]["verdict"] == "WA"
         assert records["right"]["manifest"]["image"] == "judge"

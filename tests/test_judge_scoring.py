@@ -10,8 +10,9 @@ from pydantic import ValidationError
 
 from farm.judge.scoring import scored
 from farm.judge.specs import judge_spec
-from farm.models.batch import BatchItem
+from farm.models.batch import BatchItem, BatchRecord
 from farm.models.judge import JudgeResult, TestGroup, TestResult, Verdict
+from farm.sweep import SweepSummary
 
 TESTS = [{"stdin": f"{n}\n", "expected": f"{n}\n"} for n in range(6)]
 
@@ -132,3 +133,14 @@ def test_an_item_with_groups_runs_every_test() -> None:
     )
     assert judge_spec(plain)[0]["all_tests"] is False
     assert judge_spec(grouped)[0]["all_tests"] is True
+
+
+def test_the_sweep_summary_adds_up_the_scores_of_items_with_groups() -> None:
+    summary = SweepSummary()
+    given = groups({"name": "a", "points": 30, "tests": [0, 1], "scoring": "sum"})
+    for verdicts in (("AC", "AC"), ("AC", "WA")):
+        record = BatchRecord(id=1, status="ok", judge=scored(judged(*verdicts), given))
+        summary.add_score(record)
+    summary.add_score(BatchRecord(id=2, status="ok", judge=judged("AC")))  # no groups
+    summary.add_score(BatchRecord(id=3, status="error"))
+    assert (summary.scored, summary.score, summary.max_score) == (2, 45, 60)

@@ -280,6 +280,11 @@ def sweep(
         status_, _, kind = outcome.partition("/")
         table.add_row(status_, kind, str(count))
     console.print(table)
+    if summary.scored:  # judge items with groups (subtasks)
+        console.print(
+            f"score: {summary.score:g} / {summary.max_score:g} "
+            f"({summary.scored} judge items with groups)"
+        )
     console.print(f"results: {output}")
     if summary.stopped:
         err.print(f"[bold red]sweep stopped:[/] {summary.stopped}")

@@ -33,7 +33,7 @@ SweepRecord = BatchRecord
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
 # A judge item's fields that change its outcome (in the cache key beside the cells).
 JUDGE_FIELDS = {"language", "source", "tests", "checker", "special_judge", "all_tests"}
-JUDGE_FIELDS |= {"keep_outputs", "judge_limits"}
+JUDGE_FIELDS |= {"keep_outputs", "judge_limits", "groups"}
 REFRESH_S = 1.0  # the cache reads the live workers (their images' digests) at most this often
 
 
@@ -44,6 +44,17 @@ class SweepSummary(BaseModel):
     duration_s: float = 0.0
     interrupted: bool = False
     stopped: str | None = None  # why the sweep stopped before the end (items left for --resume)
+    scored: int = 0  # judge items with groups among those run (resumed ones are not counted)
+    score: float = 0.0  # their points scored
+    max_score: float = 0.0  # and their points
+
+    def add_score(self, record: BatchRecord) -> None:
+        """Count ``record``'s score, if its judge item has groups."""
+        judge = record.judge
+        if judge is not None and judge.score is not None and judge.max_score is not None:
+            self.scored += 1
+            self.score = round(self.score + judge.score, 6)
+            self.max_score = round(self.max_score + judge.max_score, 6)
 
 
 def read_items(path: Path) -> tuple[list[SweepItem], list[SweepRecord]]:
@@ -159,6 +170,7 @@ class Sweep:
             try:
                 for record in self._execute(plan.todo):
                     self._emit(out, record, outcomes)
+                    summary.add_score(record)
             except KeyboardInterrupt:
                 summary.interrupted = True
         if self._halt is not None:

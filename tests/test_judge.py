@@ -77,6 +77,14 @@ WITNESS = (
 )
 
 
+# Subtasks of the sum problem: its WA submission passes the first test only.
+GROUPS = [
+    {"name": "first", "points": 40, "tests": [0]},
+    {"name": "rest", "points": 40, "tests": "1-2"},
+    {"name": "last", "points": 20, "tests": [2], "scoring": "sum", "depends_on": ["rest"]},
+]
+
+
 def item(
     item_id: str, language: str, source: str, tests: list[Any], **extra: Any
 ) -> dict[str, Any]:
@@ -113,6 +121,7 @@ def problem_items() -> list[dict[str, Any]]:
             special_judge=SPECIAL_JUDGE,
         ),
         item("all-tests", "python3", SUM["python3"]["WA"], SUM_TESTS, all_tests=True),
+        item("groups", "python3", SUM["python3"]["WA"], SUM_TESTS, groups=GROUPS),
         item(
             "peek-expected",
             "python3",
@@ -271,6 +280,22 @@ def test_all_tests_runs_past_the_first_failure(records: dict[str | int, BatchRec
     assert [t.verdict for t in result.tests] == ["AC", "WA", "WA"]
 
 
+def test_groups_score_their_points_from_every_tests_verdict(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    result = records["groups"].judge
+    assert result is not None and result.verdict == Verdict.WA
+    assert [t.verdict for t in result.tests] == ["AC", "WA", "WA"]  # groups run every test
+    assert (result.score, result.max_score) == (40, 100)
+    assert result.groups is not None
+    assert [(g.name, g.scored, g.verdict, g.test) for g in result.groups] == [
+        ("first", 40, Verdict.AC, None),
+        ("rest", 0, Verdict.WA, 1),
+        ("last", 0, Verdict.WA, 2),
+    ]
+    assert result.groups[2].blocked_by == "rest"
+
+
 def test_an_unknown_language_is_refused_not_retried(
     records: dict[str | int, BatchRecord],
 ) -> None:
@@ -312,8 +337,8 @@ def test_a_sweep_judges_its_lines_and_caches_each_submission_apart(
     from farm.sweep import Sweep, plan_sweep
 
     lines = [
-        item("right", "python3", SUM["python3"]["AC"], SUM_TESTS),
-        item("wrong", "python3", SUM["python3"]["WA"], SUM_TESTS),
+        item("right", "python3", SUM["python3"]["AC"], SUM_TESTS, groups=GROUPS),
+        item("wrong", "python3", SUM["python3"]["WA"], SUM_TESTS, groups=GROUPS),
     ]
     source = tmp_path / "judge.jsonl"
     source.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -321,6 +346,7 @@ def test_a_sweep_judges_its_lines_and_caches_each_submission_apart(
         out = tmp_path / f"out-{round_}.jsonl"
         summary = Sweep(judge_farm, cache_dir=tmp_path / "cache").run(plan_sweep(source, out), out)
         assert summary.by_outcome == {"ok/AC": 1, "ok/WA": 1}
+        assert (summary.scored, summary.score, summary.max_score) == (2, 140, 200)
         records = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
         assert records["wrong"]["judge"]["tests"][1]["verdict"] == "WA"
         assert records["right"]["manifest"]["image"] == "judge"

@@ -382,7 +382,8 @@ class Farm:
         self, language: str, source: str, tests: Sequence[Mapping[str, Any]], **options: Any
     ) -> JudgeResult:
         """Judge one submission (``farm.judge``): ``options`` are a judge item's (``checker``,
-        ``limits``, ``all_tests``, ``special_judge``, ``files``, ``image``) and ``retries``.
+        ``limits``, ``all_tests``, ``groups``, ``special_judge``, ``files``, ``image``) and
+        ``retries``.
         Many submissions: ``Farm.map`` of judge items, on the same engine."""
         return judge_one(self, language, source, tests, **options)
 

@@ -21,6 +21,7 @@ from farm.client.map_records import Item, chunk_item, failed, manifest, outcome,
 from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
 from farm.image_name import ImageName
 from farm.judge import image_for
+from farm.judge.scoring import scored
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
 from farm.registry import BROKER_MARK, PREFIX, cancel_key, chunks_key, results_key, taken_key
@@ -343,7 +344,7 @@ class MapRun:
             message=message,
             cells=done.cells,
             command=done.command,
-            judge=done.judge,
+            judge=None if done.judge is None else scored(done.judge, attempt.item.groups),
             attempts=attempt.attempts,
             duration_s=time.perf_counter() - attempt.started,
             queue_s=attempt.queue_s + done.queue_s,

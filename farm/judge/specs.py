@@ -2,7 +2,8 @@
 the files its box gets and the item's timeout, all decided by the client so that a chunk
 holds everything its worker needs. Expected outputs travel inline and never as files of the
 box (a submission could print them; the runner, root in the box, reads no file the box could
-have replaced); large inputs stay files of the box, opened as the box.
+have replaced); large inputs stay files of the box, opened as the box. An item with groups
+runs every test (``all_tests``): each group's score needs each of its tests' verdicts.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def judge_spec(item: BatchItem) -> tuple[JudgeSpec, dict[str, str], float]:
         "time_s": limits.time_s,
         "memory_mb": limits.memory_mb,
         "output_mb": limits.output_mb,
-        "all_tests": item.all_tests,
+        "all_tests": item.all_tests or bool(item.groups),  # a group's score needs each test
         "keep_outputs": item.keep_outputs,
         "compile_time_s": limits.compile_time_s,
     }

@@ -10,7 +10,14 @@ from pydantic import Field, field_validator, model_validator
 from farm.image_name import ImageName
 from farm.models.base import Model
 from farm.models.frames import JudgeStep
-from farm.models.judge import JudgeLimits, JudgeResult, TestCase, check_judge_item
+from farm.models.judge import (
+    JudgeLimits,
+    JudgeResult,
+    TestCase,
+    TestGroup,
+    check_groups,
+    check_judge_item,
+)
 from farm.models.results import BoxLimits, CommandResult, ExecResult
 
 
@@ -18,7 +25,8 @@ class BatchItem(Model):
     """One item: a ``code`` string, ``cells`` run in order in one session (stopping at the
     first failure), a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
     program of the image), or a submission to judge (``language``, ``source``, ``tests``,
-    ``checker``, ``all_tests``; its ``limits`` are then ``JudgeLimits``: see ``farm.judge``),
+    ``checker``, ``all_tests``, ``groups`` of tests with points; its ``limits`` are then
+    ``JudgeLimits``: see ``farm.judge``),
     with an optional ``setup`` cell first, ``files`` written to the workspace before, its own
     ``timeout_s``, box ``limits`` and ``image``."""
 
@@ -42,6 +50,9 @@ class BatchItem(Model):
     all_tests: bool = False
     keep_outputs: bool = Field(default=False, description="each test's stdout in its result")
     judge_limits: JudgeLimits | None = None
+    groups: list[TestGroup] | None = Field(
+        default=None, description="subtasks with points: the record's judge gets a score"
+    )
 
     @field_validator("image")
     @classmethod
@@ -68,6 +79,10 @@ class BatchItem(Model):
             raise ValueError("a judge item needs both 'language' and 'source'")
         if self.source is not None:
             check_judge_item(self.checker, self.special_judge, self.tests, self.files)
+            if self.groups is not None:
+                check_groups(self.groups, len(self.tests or []))
+        elif self.groups is not None:
+            raise ValueError("'groups' are a judge item's (with 'language' and 'source')")
         return self
 
     def argv(self) -> list[str] | None:

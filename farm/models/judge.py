@@ -1,15 +1,17 @@
-"""The judge's shapes: a test case and limits as users give them, and the verdicts a judge
-step brings back (``JudgeResult``, also what a judge item's ``BatchRecord.judge`` holds); the
-step itself is the kernel's ``protocol.JudgeSpec``, checked by ``frames.JudgeStep``. Verdicts
-are the kernel's (``protocol.Verdict``); ``IE`` is farm's own failure, retried like ``infra``.
+"""The judge's shapes: a test case, limits and groups of tests with points as users give them,
+and the verdicts a judge step brings back (``JudgeResult``, also what a judge item's
+``BatchRecord.judge`` holds, with its score when the item has groups); the step itself is the
+kernel's ``protocol.JudgeSpec``, checked by ``frames.JudgeStep``. Verdicts are the kernel's
+(``protocol.Verdict``); ``IE`` is farm's own failure, retried like ``infra``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from farm.kernel.judge import checkers
 from farm.models.base import Model
@@ -60,6 +62,41 @@ class JudgeLimits(Model):
     compile_time_s: float = Field(default=30.0, gt=0, le=600)
 
 
+class TestGroup(Model):
+    """A subtask: ``points`` for ``tests`` (indices into the item's tests, from 0, or ``"A-B"``
+    inclusive ranges), scored ``min`` (all or nothing, as IOI) or ``sum`` (its points' share of
+    its tests passed), and worth nothing unless each group it ``depends_on`` passed whole (as
+    CMS and Polygon). Scoring: ``farm.judge.scoring``."""
+
+    __test__ = False
+
+    name: str = Field(min_length=1)
+    points: float = Field(ge=0)
+    tests: list[int] = Field(min_length=1)
+    scoring: Literal["min", "sum"] = "min"
+    depends_on: list[str] = Field(default_factory=list)
+
+    @field_validator("tests", mode="before")
+    @classmethod
+    def _ranges(cls, given: Any) -> Any:
+        """``"0-2"``, ``[0, "3-5", 7]`` or ``"0-2,7"`` as the list of indices they name."""
+        parts = given.split(",") if isinstance(given, str) else given
+        if not isinstance(parts, list):
+            return given
+        tests: list[Any] = []
+        for part in parts:
+            if isinstance(part, str) and "-" in part.strip()[1:]:
+                first, _, last = part.strip().partition("-")
+                if not (first.strip().isdigit() and last.strip().isdigit()):
+                    raise ValueError(f"{part!r} is not a range of test indices like '0-4'")
+                if int(first) > int(last):
+                    raise ValueError(f"the range {part!r} is empty")
+                tests.extend(range(int(first), int(last) + 1))
+            else:
+                tests.append(part)
+        return tests
+
+
 class TestResult(Model):
     """One test's run: its verdict, CPU and wall time, peak RSS, output size, how it ended."""
 
@@ -86,9 +123,23 @@ class CompileResult(Model):
     cached: bool
 
 
+class GroupScore(Model):
+    """A group's outcome: what it ``scored`` of its ``points``; its ``verdict``, its first
+    failing test's (its index: ``test``) or ``AC``; ``blocked_by``, a group it depends on that
+    did not pass whole (it then scores 0)."""
+
+    name: str
+    points: float
+    scored: float
+    verdict: Verdict
+    test: int | None = None
+    blocked_by: str | None = None
+
+
 class JudgeResult(Model):
     """A submission's verdict (its first failing test's, ``CE``, ``IE`` or ``AC``), each test
-    run's measurements, the compile, and the language's version as the image names it."""
+    run's measurements, the compile, and the language's version as the image names it; with
+    groups, its ``score`` of ``max_score`` and each group's (else ``None``)."""
 
     verdict: Verdict
     message: str = ""
@@ -98,6 +149,9 @@ class JudgeResult(Model):
     language: str = ""
     version: str = ""
     artifact: dict[str, str] | None = Field(default=None, description="the worker's, not yours")
+    score: float | None = Field(default=None, description="the groups' points scored")
+    max_score: float | None = Field(default=None, description="the groups' points")
+    groups: list[GroupScore] | None = None
 
     @property
     def accepted(self) -> bool:
@@ -137,3 +191,45 @@ def check_judge_item(
             and test.expected_file is None
         ):
             raise ValueError(f"test {number} has no 'expected' or 'expected_file'")
+
+
+def group_order(groups: Sequence[TestGroup]) -> list[TestGroup]:
+    """``groups`` with each after those it depends on; a cycle or an unknown name refused."""
+    by_name = {group.name: group for group in groups}
+    done: dict[str, bool] = {}  # name -> finished (False: on the path being walked)
+    order: list[TestGroup] = []
+
+    def visit(group: TestGroup, path: list[str]) -> None:
+        if done.get(group.name) is False:
+            cycle = path[path.index(group.name) :] + [group.name]
+            raise ValueError(f"groups: a cycle of dependencies: {' -> '.join(cycle)}")
+        if group.name in done:
+            return
+        done[group.name] = False
+        for name in group.depends_on:
+            if name not in by_name:
+                raise ValueError(f"groups[{group.name!r}].depends_on: no group named {name!r}")
+            visit(by_name[name], [*path, group.name])
+        done[group.name] = True
+        order.append(group)
+
+    for group in groups:
+        visit(group, [])
+    return order
+
+
+def check_groups(groups: Sequence[TestGroup], count: int) -> None:
+    """An item's groups agree with its ``count`` tests: names unique, indices in range,
+    dependencies named and without a cycle."""
+    names = [group.name for group in groups]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"groups: names given twice: {', '.join(twice)}")
+    for group in groups:
+        wrong = sorted({index for index in group.tests if not 0 <= index < count})
+        if wrong:
+            raise ValueError(
+                f"groups[{group.name!r}].tests: {wrong} out of range (the item has {count} "
+                f"tests, indices 0 to {count - 1})"
+            )
+    group_order(groups)

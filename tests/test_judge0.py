@@ -14,6 +14,7 @@ import pytest
 from farm.client import Farm
 from tests.judge_problems import SUM
 from tests.serving import Server, farm_serve
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -87,3 +88,26 @@ def test_submissions_belong_to_their_token(server: Server, token: str) -> None:
     with http(server, token) as api:
         refused = api.post("/submissions", json={**body, "language_id": 999})
         assert refused.status_code == 422
+
+
+def test_a_finished_submission_can_be_deleted_by_its_token_only(server: Server, token: str) -> None:
+    """Judge0's DELETE: a finished submission comes back once and is gone; one still queued
+    or running is refused and kept, and another token's is not found."""
+    spin = {"source_code": SUM["python3"]["TLE"], "language_id": 71, "cpu_time_limit": 2}
+    with http(server, token) as api:
+        running = api.post("/submissions", json=spin).json()["token"]
+        refused = api.delete(f"/submissions/{running}")  # at least 2 s of CPU before its end
+        assert refused.status_code == 400 and "still queued or running" in refused.text
+        body = {"source_code": SUM["python3"]["AC"], "language_id": 71, "stdin": "1 2"}
+        done = api.post("/submissions", params={"wait": "true"}, json=body).json()["token"]
+        with http(server, server.token("judge0-deleter", "run")) as other:
+            assert other.delete(f"/submissions/{done}").status_code == 404
+        deleted = api.delete(f"/submissions/{done}", params={"fields": "token,status"})
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json() == {"token": done, "status": {"id": 3, "description": "Accepted"}}
+        assert api.get(f"/submissions/{done}").status_code == 404
+        assert api.delete(f"/submissions/{done}").status_code == 404
+        # the refused one was kept, and is deleted once its verdict is in
+        ended = wait_for(lambda: api.get(f"/submissions/{running}").json()["status"]["id"] > 2, 120)
+        assert ended and api.delete(f"/submissions/{running}").status_code == 200
+        assert api.get("/config_info").json()["enable_submission_delete"] is True

@@ -115,6 +115,20 @@ class Store:
             raise ProblemError(404, "not_found", f"no submission {token}")
         return entry
 
+    def delete(self, owner: str, token: str) -> dict[str, Any]:
+        """Forget a finished submission of ``owner``'s and give it back; one still queued or
+        running is refused (as Judge0 does: its result has nowhere to go yet)."""
+        with self.lock:
+            entry = self.entries.get(token)
+            if entry is None or entry["owner"] != owner:
+                raise ProblemError(404, "not_found", f"no submission {token}")
+            if entry["result"] is None:
+                raise ProblemError(
+                    400, "input", f"submission {token} is still queued or running: not deleted"
+                )
+            del self.entries[token]
+        return entry
+
 
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
@@ -308,6 +322,18 @@ async def get_submission(
     return _view(_store(request).get(token.id, submission_token), fields, base64_encoded)
 
 
+@router.delete("/submissions/{submission_token}")
+async def delete_submission(
+    submission_token: str,
+    token: Caller,
+    request: Request,
+    base64_encoded: Encoded = False,
+    fields: str | None = None,
+) -> dict[str, Any]:
+    """Judge0's delete: the submission, as a last ``GET`` would have shown it, then gone."""
+    return _view(_store(request).delete(token.id, submission_token), fields, base64_encoded)
+
+
 @router.get("/languages")
 async def languages(token: Caller) -> list[dict[str, Any]]:
     return [{"id": lang.judge0, "name": lang.title} for lang in LANGUAGES.values() if lang.judge0]
@@ -364,7 +390,7 @@ async def config_info(token: Caller) -> dict[str, Any]:
         "enable_network": False,
         "enable_per_process_and_thread_memory_limit": False,
         "enable_per_process_and_thread_time_limit": False,
-        "enable_submission_delete": False,
+        "enable_submission_delete": True,
         "enable_wait_result": True,
         "maintenance_mode": False,
         "max_cpu_extra_time": 0.0,

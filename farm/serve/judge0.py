@@ -110,23 +110,25 @@ class Store:
 
     def get(self, owner: str, token: str) -> dict[str, Any]:
         with self.lock:
-            entry = self.entries.get(token)
-        if entry is None or entry["owner"] != owner:
-            raise ProblemError(404, "not_found", f"no submission {token}")
-        return entry
+            return self._owned(owner, token)
 
     def delete(self, owner: str, token: str) -> dict[str, Any]:
         """Forget a finished submission of ``owner``'s and give it back; one still queued or
         running is refused (as Judge0 does: its result has nowhere to go yet)."""
         with self.lock:
-            entry = self.entries.get(token)
-            if entry is None or entry["owner"] != owner:
-                raise ProblemError(404, "not_found", f"no submission {token}")
+            entry = self._owned(owner, token)
             if entry["result"] is None:
                 raise ProblemError(
                     400, "input", f"submission {token} is still queued or running: not deleted"
                 )
             del self.entries[token]
+        return entry
+
+    def _owned(self, owner: str, token: str) -> dict[str, Any]:
+        """The entry of ``token`` if ``owner``'s, else not found (held: ``self.lock``)."""
+        entry = self.entries.get(token)
+        if entry is None or entry["owner"] != owner:
+            raise ProblemError(404, "not_found", f"no submission {token}")
         return entry
 
 

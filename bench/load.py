@@ -70,7 +70,7 @@ from benchlib import machine, write_json
 from load_mix import ITEM_PARTS, RUN_PARTS, Tally, agent, batch, http_clients, judge
 from load_report import goals, render
 from load_shares import Shares
-from serve import FARM, start_server
+from serve import FARM, start_server, stop_server
 from soak import descendants, process_table, pss_kb, rss_kb
 
 from farm.client import Farm
@@ -346,15 +346,6 @@ def create_token(broker_url: str) -> str:
     args = [FARM, "token", "create", "load", "--concurrency", str(TOKEN_CAP)]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60, check=True)
     return done.stdout.strip()
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

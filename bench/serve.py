@@ -70,6 +70,16 @@ def start_server(farm: Farm, workdir: Path) -> tuple[subprocess.Popen[bytes], st
         time.sleep(0.1)  # poll interval of the deadline-bounded readiness check
 
 
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    """Stop ``farm serve``: terminated, killed if it is not gone within 30 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def python_runs(farm: Farm, count: int, out: Latency) -> None:
     with farm.session() as session:
         session.run("1")  # warm
@@ -131,8 +141,7 @@ def measure(plan: Plan) -> dict[str, Any]:
                     rates["python"].append(python_map(farm, plan.items))
                     rates["http"].append(http_map(http, plan.items))
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_server(proc)
     return {"run": {"python": py, "http": web}, "map": rates}
 
 

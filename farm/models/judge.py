@@ -97,6 +97,18 @@ class TestGroup(Model):
         return tests
 
 
+class JudgeProgram(Model):
+    """A problem's own program, compiled once per problem: a checker (an item's
+    ``checker_program``) or an ``interactor``, in a language of the judge image, speaking
+    ``protocol``: testlib's (``checker input output answer``, the interactor's stdin and
+    stdout wired to the submission's; exit 0 AC, 1 WA, 2 PE, 3 fail, 7 points) or the Kattis
+    problem format's (``validator input answer feedback_dir``; exit 42 AC, 43 WA)."""
+
+    language: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    protocol: Literal["testlib", "kattis"] = "testlib"
+
+
 class TestResult(Model):
     """One test's run: its verdict, CPU and wall time, peak RSS, output size, how it ended."""
 

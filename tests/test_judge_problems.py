@@ -117,8 +117,9 @@ def test_the_store_keeps_a_problem_once_and_refuses_a_large_one(redis_server: An
         problems.fetch(client, "sha256:" + "1" * 64)
 
 
-def test_a_worker_reads_a_stored_problem_once(redis_server: Any) -> None:
-    client = redis_server.client()
+@pytest.mark.parametrize("decoded", [False, True])  # farm's registry decodes its responses
+def test_a_worker_reads_a_stored_problem_once(redis_server: Any, decoded: bool) -> None:
+    client = redis_server.client(decode_responses=decoded)
     problem = Problem.model_validate({**SUM, "checker": "lines"})
     problems.put(client, problem)
     store = StoredProblems(client)

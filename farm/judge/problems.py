@@ -136,6 +136,8 @@ def fetch(client: redis.Redis, digest: str, ttl_s: int = TTL_S) -> Problem:
         data, _ = pipe.execute()
     if data is None:
         raise ProblemNotFound(digest)
+    if isinstance(data, str):  # a client that decodes responses (farm's registry does)
+        data = data.encode()
     return Problem.from_canonical(data, digest)
 
 

@@ -126,7 +126,7 @@ class Submission(Model):
     language: str
     source: str
     problem: str | Problem
-    limits: dict[str, float] | None = Field(
+    limits: dict[str, int | float] | None = Field(
         default=None, description="the item's own JudgeLimits fields, over the problem's"
     )
     all_tests: bool = False

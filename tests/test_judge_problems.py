@@ -5,6 +5,7 @@ readers on the packages under tests/problems (written for these tests in those f
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from farm.client.map_records import chunk_item
-from farm.errors import ProblemNotFound, ProblemTooLarge
+from farm.errors import ProblemError, ProblemNotFound, ProblemTooLarge
 from farm.judge import problems
 from farm.judge.packages import PackageError, language_of, read_package
 from farm.judge.problems import Problem
@@ -113,8 +114,13 @@ def test_the_store_keeps_a_problem_once_and_refuses_a_large_one(redis_server: An
     with pytest.raises(ProblemNotFound, match="sha256:0000"):
         problems.fetch(client, "sha256:" + "0" * 64)
     client.set(problems.key("sha256:" + "1" * 64), problem.canonical)  # not its name's bytes
-    with pytest.raises(ValueError, match="does not match its digest"):
+    with pytest.raises(ProblemError, match="does not match its digest"):
         problems.fetch(client, "sha256:" + "1" * 64)
+    unreadable = b'{"tests":[],"new_field":1}'  # its own name, but no Problem of this farm
+    name = "sha256:" + hashlib.sha256(unreadable).hexdigest()
+    client.set(problems.key(name), unreadable)
+    with pytest.raises(ProblemError, match="cannot be read here"):
+        problems.fetch(client, name)
 
 
 @pytest.mark.parametrize("decoded", [False, True])  # farm's registry decodes its responses
@@ -173,7 +179,9 @@ def test_a_kattis_interactive_problem_has_an_interactor() -> None:
     assert (problem.interactor.language, problem.interactor.protocol) == ("python3", "kattis")
     assert problem.checker == "none" and problem.checker_program is None
     assert [t.stdin for t in problem.tests] == ["42\n", "1\n", "100\n"]
-    assert problem.limits is not None and problem.limits.time_s == 1.0
+    assert problem.limits is not None
+    assert (problem.limits.time_s, problem.limits.memory_mb) == (1.0, 1024)  # problemtools'
+    assert (problem.limits.output_mb, problem.limits.compile_time_s) == (8, 60)
 
 
 def test_a_kattis_scoring_problem_has_its_directories_as_groups() -> None:

@@ -5,6 +5,7 @@ stored problem, and ``farm judge --problem`` judges a Kattis package like verify
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from farm.cli import app
-from farm.client import Farm
+from farm.client import AsyncFarm, Farm
 from farm.judge import problems
 from farm.judge.packages import read_package
 from farm.judge.problems import Problem
@@ -108,6 +109,16 @@ def test_a_polygon_package_with_groups(judge_farm: Farm, tmp_path: Path) -> None
     assert result.verdict == Verdict.WA and [t.verdict for t in result.tests][-1] == Verdict.WA
     assert (result.score, result.max_score) == (40, 100), result.groups  # test 5 of "large"
     assert judge_farm.judge("python3", LIST_PY, problem=package).score == 100
+
+
+def test_the_async_client_judges_on_a_package_too(judge_farm: Farm) -> None:
+    async def judged() -> tuple[str, Verdict]:
+        farm = AsyncFarm(judge_farm)
+        package = read_package(PACKAGES / "kattis_sum")
+        digest = await farm.put_problem(package)
+        return digest, (await farm.judge("python3", SUM_PY, problem=digest)).verdict
+
+    assert asyncio.run(judged()) == (read_package(PACKAGES / "kattis_sum").digest, Verdict.AC)
 
 
 def test_the_default_validator_ignores_case(judge_farm: Farm) -> None:

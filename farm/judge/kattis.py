@@ -2,9 +2,10 @@
 
 ``problem.yaml``: ``validation`` (``default``, ``custom``, ``custom interactive``; 2023-07:
 ``type``), ``validator_flags`` (and ``output_validator_flags`` in ``data/testdata.yaml``),
-``limits`` (``time_limit``, else the ``.timelimit`` file farm and DOMjudge write, else
-``JudgeLimits``' default: a legacy package's time limit is computed by ``verifyproblem`` from
-its accepted submissions, which farm does not run). Tests: ``data/sample`` then
+``limits`` (``memory``, ``output``, ``compilation_time``, by default problemtools' 1024 MiB,
+8 MiB and 60 s; ``time_limit``, else the ``.timelimit`` file problemtools and DOMjudge use,
+else ``JudgeLimits``' default: a legacy package's time limit is computed by ``verifyproblem``
+from its accepted submissions, which farm does not run). Tests: ``data/sample`` then
 ``data/secret``, each directory's entries sorted by name as problemtools walks them, a test
 being an ``.in`` with its ``.ans``. A custom validator (``output_validators/<name>/``, one
 source and its headers) is the ``checker_program``, or the ``interactor`` of an interactive
@@ -27,6 +28,7 @@ from farm.models.judge import JudgeLimits, TestCase, TestGroup
 
 VERSIONS = {"legacy", "2023-07-draft", "2023-07"}
 LIMITS = {"memory": "memory_mb", "output": "output_mb", "compilation_time": "compile_time_s"}
+DEFAULTS = {"memory": 1024, "output": 8, "compilation_time": 60}  # problemtools' (MiB, s)
 
 # Kattis' default output validator (problemtools' default_validator.cc), as a special judge.
 DEFAULT_VALIDATOR = """
@@ -135,7 +137,7 @@ def _limits(root: Path, config: dict[str, Any]) -> JudgeLimits:
     if not isinstance(given, dict):
         raise PackageError("'limits' is not a mapping", path="problem.yaml")
     limits: dict[str, Any] = {
-        ours: given[theirs] for theirs, ours in LIMITS.items() if theirs in given
+        ours: given.get(theirs, DEFAULTS[theirs]) for theirs, ours in LIMITS.items()
     }
     if "time_limit" in given:
         limits["time_s"] = given["time_limit"]

@@ -17,7 +17,7 @@ import time
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from farm.errors import ProblemError, ProblemNotFound, ProblemTooLarge
 from farm.models.base import Model
@@ -87,7 +87,12 @@ class Problem(Model):
         """The problem stored as ``digest``; ``ProblemError`` if the bytes are not its."""
         if "sha256:" + hashlib.sha256(data).hexdigest() != digest:
             raise ProblemError(f"the problem stored as {digest} does not match its digest")
-        return cls.model_validate_json(data)
+        try:
+            return cls.model_validate_json(data)
+        except ValidationError as exc:  # stored by a farm of another version
+            raise ProblemError(
+                f"the problem stored as {digest} cannot be read here: {exc}"
+            ) from None
 
 
 def problem_of(item: BatchItem) -> Problem:

@@ -14,8 +14,9 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
@@ -70,6 +71,13 @@ class Problem(Model):
         if self.groups is not None:
             check_groups(self.groups, len(self.tests))
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Problem:
+        """A copy, its digest taken anew (a cached one would name the original)."""
+        copy = super().model_copy(update=update, deep=deep)
+        for cached in ("canonical", "digest"):
+            copy.__dict__.pop(cached, None)
+        return copy
 
     @cached_property
     def canonical(self) -> bytes:

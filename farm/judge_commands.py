@@ -16,7 +16,7 @@ from rich.table import Table
 from farm.client import Farm
 from farm.errors import FarmError
 from farm.judge import JUDGE_IMAGE
-from farm.judge.packages import language_of, read_package
+from farm.judge.packages import language_of, open_package
 from farm.models.judge import JudgeResult, Verdict
 from farm.serve_commands import BROKER, fail, farm_for
 
@@ -41,7 +41,7 @@ def judge(
         fail(f"no judge language has the extension of {source.name}: give --language", 2)
     try:
         text = source.read_text()
-        package = read_package(problem)
+        package = open_package(problem)
     except (OSError, UnicodeDecodeError) as exc:
         fail(f"{source}: {exc}", 2)
     except FarmError as exc:
@@ -50,22 +50,23 @@ def judge(
         Farm.local(images={image: local}) if local else farm_for(0, broker_url)
     )
     with held as farm:
-        result = farm.judge(language, text, problem=package, image=image)
+        result = farm.judge(language, text, problem=package.problem, image=image)
     if as_json:
         print(result.model_dump_json(exclude_none=True))
     else:
-        show(result, f"{source.name} on {problem.name} ({language})")
+        show(result, f"{source.name} on {problem.name} ({language})", package.names)
     raise typer.Exit(0 if result.verdict == Verdict.AC else 1)
 
 
-def show(result: JudgeResult, title: str) -> None:
-    """The verdict of each test, its groups' scores, then the verdict."""
+def show(result: JudgeResult, title: str, names: list[str] | None = None) -> None:
+    """The verdict of each test (named by its file, when ``names``), its groups' scores,
+    then the verdict."""
     table = Table(title=title)
     for column in ("test", "verdict", "time", "memory", "message"):
         table.add_column(column, justify="right" if column in ("time", "memory") else "left")
     for test in result.tests:
         table.add_row(
-            str(test.index + 1),
+            names[test.index] if names else str(test.index + 1),
             f"[{STYLES.get(test.verdict, 'red')}]{test.verdict.value}[/]",
             f"{test.time_s:.3f}s",
             f"{test.memory_kb / 1024:.1f}MB",

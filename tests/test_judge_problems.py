@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from farm.client.map_records import chunk_item
 from farm.errors import ProblemError, ProblemNotFound, ProblemTooLarge
 from farm.judge import problems
-from farm.judge.packages import PackageError, language_of, read_package
+from farm.judge.packages import PackageError, language_of, open_package, read_package
 from farm.judge.problems import Problem
 from farm.judge.specs import build_step, judge_spec
 from farm.kernel.judge import checkers
@@ -142,7 +142,10 @@ def test_a_worker_reads_a_stored_problem_once(redis_server: Any, decoded: bool) 
 
 
 def test_a_kattis_package_with_the_default_validator() -> None:
-    problem = read_package(PACKAGES / "kattis_sum")
+    package = open_package(PACKAGES / "kattis_sum")
+    assert package.format == "kattis"
+    assert package.names == ["data/sample/1", "data/secret/01", "data/secret/02"]
+    problem = package.problem
     assert [t.stdin for t in problem.tests] == ["1 2\n", "10 -4\n", "1000000000 1000000000\n"]
     assert [t.expected for t in problem.tests] == ["3\n", "6\n", "2000000000\n"]
     assert problem.checker == "tokens"  # no letter in any answer: case does not matter
@@ -195,7 +198,13 @@ def test_a_kattis_scoring_problem_has_its_directories_as_groups() -> None:
 
 
 def test_a_polygon_package_with_groups_and_a_testlib_checker() -> None:
-    problem = read_package(PACKAGES / "polygon_sum")
+    package = open_package(PACKAGES / "polygon_sum")
+    assert (package.format, package.names[0], package.names[-1]) == (
+        "polygon",
+        "tests/01",
+        "tests/05",
+    )
+    problem = package.problem
     assert len(problem.tests) == 5 and problem.tests[1].expected == "-5\n"
     assert problem.limits is not None
     assert (problem.limits.time_s, problem.limits.memory_mb) == (1.5, 256)

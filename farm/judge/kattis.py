@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from farm.judge.packages import PackageError, program, read_text
+from farm.judge.packages import Package, PackageError, program, read_text
 from farm.judge.problems import Problem
 from farm.models.judge import JudgeLimits, TestCase, TestGroup
 
@@ -82,7 +82,7 @@ def check(input, expected, output):
 """
 
 
-def read_kattis(root: Path) -> Problem:
+def read_kattis(root: Path) -> Package:
     config = _yaml(root / "problem.yaml")
     version = str(config.get("problem_format_version", "legacy"))
     if version not in VERSIONS:
@@ -101,7 +101,7 @@ def read_kattis(root: Path) -> Problem:
         validators = root / "output_validator"
         custom = interactive or validators.is_dir()
         flags = []
-    tests, dirs, group_flags = _tests(root / "data", interactive)
+    tests, names, dirs, group_flags = _tests(root / "data")
     flags += group_flags
     fields: dict[str, Any] = {"tests": tests, "limits": _limits(root, config)}
     if custom:
@@ -117,7 +117,7 @@ def read_kattis(root: Path) -> Problem:
     if scoring:
         fields["groups"] = _groups(dirs)
     try:
-        return Problem.model_validate(fields)
+        return Package(Problem.model_validate(fields), names, "kattis")
     except ValueError as exc:
         raise PackageError(f"not a problem farm can judge: {exc}", path=str(root)) from None
 
@@ -150,11 +150,13 @@ def _limits(root: Path, config: dict[str, Any]) -> JudgeLimits:
 
 
 def _tests(
-    data: Path, interactive: bool
-) -> tuple[list[TestCase], dict[str, tuple[list[int], dict[str, Any]]], list[str]]:
-    """The tests (sample, then secret), the directories holding them (name -> their indices
-    and testdata.yaml, inherited), and the output validator flags all groups share."""
+    data: Path,
+) -> tuple[list[TestCase], list[str], dict[str, tuple[list[int], dict[str, Any]]], list[str]]:
+    """The tests (sample, then secret) and their names, the directories holding them (name ->
+    their indices and testdata.yaml, inherited), and the output validator flags all groups
+    share."""
     tests: list[TestCase] = []
+    names: list[str] = []
     dirs: dict[str, tuple[list[int], dict[str, Any]]] = {}
     flags: set[tuple[str, ...]] = set()
 
@@ -169,6 +171,7 @@ def _tests(
             elif entry.suffix == ".ans" and entry.with_suffix(".in").is_file():
                 stdin = read_text(entry.with_suffix(".in"))
                 tests.append(TestCase(stdin=stdin, expected=read_text(entry)))
+                names.append(f"data/{name}/{entry.stem}")
                 dirs.setdefault(name, ([], config))[0].append(len(tests) - 1)
 
     top = _yaml(data / "testdata.yaml") if (data / "testdata.yaml").is_file() else {}
@@ -183,7 +186,7 @@ def _tests(
         raise PackageError(
             "groups with different output_validator_flags are not supported", path=str(data)
         )
-    return tests, dirs, list(flags.pop()) if flags else []
+    return tests, names, dirs, list(flags.pop()) if flags else []
 
 
 def _one_program(validators: Path) -> Path:

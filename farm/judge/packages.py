@@ -11,6 +11,7 @@ problem's ``MAX_BYTES`` in all) and must be UTF-8 text.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -32,9 +33,24 @@ class PackageError(ProblemError):
     """A package farm cannot read: the message says what, ``path`` names the file."""
 
 
+@dataclass(frozen=True)
+class Package:
+    """A package read: its ``problem``, each test's file in it (``names``, in the tests'
+    order: ``data/secret/01``, ``tests/01``) and its ``format`` (``kattis``, ``polygon``)."""
+
+    problem: Problem
+    names: list[str]
+    format: str
+
+
 def read_package(root: str | Path) -> Problem:
     """The problem in directory ``root``: a Kattis package (``problem.yaml``) or a Polygon
     one (``problem.xml``)."""
+    return open_package(root).problem
+
+
+def open_package(root: str | Path) -> Package:
+    """``read_package`` with the names of the tests' files."""
     path = Path(root)
     if (path / "problem.yaml").is_file():
         from farm.judge.kattis import read_kattis

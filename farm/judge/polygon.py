@@ -17,7 +17,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from farm.judge.packages import PackageError, program, read_text
+from farm.judge.packages import Package, PackageError, program, read_text
 from farm.judge.problems import Problem
 from farm.models.judge import JudgeLimits, JudgeProgram, TestCase, TestGroup
 
@@ -32,12 +32,12 @@ STANDARD = {
 LANGUAGES = {"cpp.g++20": "cpp20", "cpp.gcc13-64-winlibs-g++20": "cpp20", "python.3": "python3"}
 
 
-def read_polygon(root: Path) -> Problem:
+def read_polygon(root: Path) -> Package:
     try:
-        problem = ET.fromstring(read_text(root / "problem.xml"))
+        xml = ET.fromstring(read_text(root / "problem.xml"))
     except ET.ParseError as exc:
         raise PackageError(f"not XML: {exc}", path="problem.xml") from None
-    judging = problem.find("judging")
+    judging = xml.find("judging")
     if judging is None:
         raise PackageError("no <judging>", path="problem.xml")
     for stream in ("input-file", "output-file"):
@@ -52,18 +52,20 @@ def read_polygon(root: Path) -> Problem:
     fields: dict[str, Any] = {
         "tests": _tests(root, testset, tests_xml),
         "limits": _limits(testset),
-        **_checker(root, problem),
+        **_checker(root, xml),
     }
-    interactor = problem.find("assets/interactor/source")
+    interactor = xml.find("assets/interactor/source")
     if interactor is not None:
         fields["interactor"] = _program(root, interactor)
     groups = _groups(testset, tests_xml)
     if groups:
         fields["groups"] = groups
     try:
-        return Problem.model_validate(fields)
+        problem = Problem.model_validate(fields)
     except ValueError as exc:
         raise PackageError(f"not a problem farm can judge: {exc}", path=str(root)) from None
+    inputs = testset.findtext("input-path-pattern") or "tests/%02d"
+    return Package(problem, [inputs % n for n in range(1, len(tests_xml) + 1)], "polygon")
 
 
 def _number(testset: ET.Element, tag: str) -> float | None:

@@ -188,6 +188,21 @@ def test_a_kattis_interactive_problem_has_an_interactor() -> None:
     assert (problem.limits.output_mb, problem.limits.compile_time_s) == (8, 60)
 
 
+def test_the_legacy_custom_interactive_validation(tmp_path: Path) -> None:
+    package = shutil.copytree(PACKAGES / "kattis_anysum", tmp_path / "p")
+    (package / "problem.yaml").write_text("validation: custom interactive\n")
+    problem = read_package(package)
+    assert problem.interactor is not None and problem.interactor.protocol == "kattis"
+    assert problem.checker_program is None
+
+
+def test_custom_validator_flags_are_refused_not_dropped(tmp_path: Path) -> None:
+    package = shutil.copytree(PACKAGES / "kattis_anysum", tmp_path / "p")
+    (package / "data/testdata.yaml").write_text("output_validator_args: [strict]\n")
+    with pytest.raises(PackageError, match="flags for a custom validator"):
+        read_package(package)
+
+
 def test_a_kattis_scoring_problem_has_its_directories_as_groups() -> None:
     problem = read_package(PACKAGES / "kattis_scoring")
     assert problem.groups == [

@@ -164,7 +164,8 @@ def _tests(
         config = dict(inherited)
         if (directory / "testdata.yaml").is_file():
             config |= _yaml(directory / "testdata.yaml")
-        flags.add(tuple(str(config.get("output_validator_flags") or "").split()))
+        given = config.get("output_validator_flags") or config.get("output_validator_args") or ""
+        flags.add(tuple(given if isinstance(given, list) else str(given).split()))
         for entry in sorted(directory.iterdir(), key=lambda p: p.name):
             if entry.is_dir():
                 walk(entry, f"{name}/{entry.name}", config)

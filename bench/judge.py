@@ -17,6 +17,8 @@ all distinct.
 3. compile cache: ``COLD`` (20) C++ sources never seen, judged once (each compiles), again
    (a hit where the same worker takes it: the cache is per worker) and a third time (mostly
    hits): submissions/s of each, and the ratio of the third to the first.
+4. stored problems: bytes per item of a map with the tests inline vs one naming the problem
+   stored by digest (``bench/judge_bytes.py``), and their ratio.
 
 Verdicts must agree (all accepted). Goals are reported, never asserted; the program exits 0.
 The farm and the baseline's container are stopped on exit.
@@ -33,6 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import judge_bytes
 from benchlib import emit, machine, parse_args
 
 from farm.client import Farm
@@ -177,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         cold = judged(farm, cold_items)
         again = judged(farm, [{**i, "id": f"again-{i['id']}"} for i in cold_items])
         warm_again = judged(farm, [{**i, "id": f"warm-{i['id']}"} for i in cold_items])
+        count = judge_bytes.QUICK_ITEMS if args.quick else judge_bytes.ITEMS
+        stored = judge_bytes.measure(farm, tests, LIMITS, count)  # bytes per item
     ratio = main_run["tests_per_s"] / base["tests_per_s"]
     ok = ratio >= GOAL
     cache_ratio = warm_again["submissions_per_s"] / cold["submissions_per_s"]
@@ -187,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": base,
         "ratio": ratio,
         "compile_cache": {"cold": cold, "again": again, "warm": warm_again, "ratio": cache_ratio},
+        "stored_problem": stored,
         "goal": {f"farm >= {GOAL}x baseline": ratio >= GOAL},
     }
     lines = [
@@ -203,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{again['submissions_per_s']:.1f}/s ({again['compiles_cached']} cached: a cache is "
         f"per worker); a third time {warm_again['submissions_per_s']:.1f}/s "
         f"({warm_again['compiles_cached']} cached, {cache_ratio:.1f}x the first)",
+        *judge_bytes.lines(stored),
     ]
     return emit("\n".join(lines), data, as_json=args.json)
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from farm.client.map_records import Item, chunk_item, failed, manifest, outcome, parse_item
-from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
+from farm.errors import BrokerLost, BrokerUnavailable, ProblemError, SandboxUnavailable
 from farm.image_name import ImageName
 from farm.judge import image_for
-from farm.judge.scoring import scored
+from farm.judge.problems import Problem
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
 from farm.registry import BROKER_MARK, PREFIX, cancel_key, chunks_key, results_key, taken_key
@@ -57,6 +57,8 @@ class MapHost(Protocol):
     def require_image(self, image: str | ImageName) -> None: ...
 
     def replay(self, session_id: str) -> Iterator[Event]: ...
+
+    def put_problem(self, problem: Problem, *, again: bool = False) -> str: ...
 
 
 @dataclass
@@ -233,7 +235,16 @@ class MapRun:
         return why is None
 
     def _parse(self, key: int, raw: Item) -> BatchItem | None:
+        """The item (a judge item's ``Problem`` stored, the item naming it by digest), or
+        ``None`` with its record of why not in ``_ready``."""
         parsed = parse_item(key, raw)
+        if isinstance(parsed, BatchItem) and isinstance(parsed.problem, Problem):
+            try:  # once per client: the farm remembers what it stored
+                digest = self.farm.put_problem(parsed.problem)
+            except ProblemError as exc:
+                parsed = BatchRecord(id=parsed.id, status="error", kind="input", message=str(exc))
+            else:
+                parsed = parsed.model_copy(update={"problem": digest})
         if isinstance(parsed, BatchRecord):
             self._ready[key] = parsed
             return None
@@ -344,7 +355,7 @@ class MapRun:
             message=message,
             cells=done.cells,
             command=done.command,
-            judge=None if done.judge is None else scored(done.judge, attempt.item.groups),
+            judge=done.judge,  # scored by its worker, which has its problem's groups
             attempts=attempt.attempts,
             duration_s=time.perf_counter() - attempt.started,
             queue_s=attempt.queue_s + done.queue_s,

@@ -8,10 +8,12 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from farm.image_name import ImageName
+from farm.judge.problems import Problem, check_digest
 from farm.models.base import Model
 from farm.models.frames import JudgeStep
 from farm.models.judge import (
     JudgeLimits,
+    JudgeProgram,
     JudgeResult,
     TestCase,
     TestGroup,
@@ -26,7 +28,8 @@ class BatchItem(Model):
     first failure), a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
     program of the image), or a submission to judge (``language``, ``source``, ``tests``,
     ``checker``, ``all_tests``, ``groups`` of tests with points; its ``limits`` are then
-    ``JudgeLimits``: see ``farm.judge``),
+    ``JudgeLimits``: see ``farm.judge``; or, instead of its tests and their checker, a stored
+    ``problem``: a ``Problem`` or its digest, ``farm.judge.problems``),
     with an optional ``setup`` cell first, ``files`` written to the workspace before, its own
     ``timeout_s``, box ``limits`` and ``image``."""
 
@@ -53,6 +56,11 @@ class BatchItem(Model):
     groups: list[TestGroup] | None = Field(
         default=None, description="subtasks with points: the record's judge gets a score"
     )
+    checker_program: JudgeProgram | None = None
+    interactor: JudgeProgram | None = None
+    problem: str | Problem | None = Field(
+        default=None, description="a stored problem (its digest), instead of tests and checker"
+    )
 
     @field_validator("image")
     @classmethod
@@ -77,7 +85,15 @@ class BatchItem(Model):
             raise ValueError("'cmd' must not be an empty list")
         if (self.source is None) != (self.language is None):
             raise ValueError("a judge item needs both 'language' and 'source'")
-        if self.source is not None:
+        if self.problem is not None:
+            if self.source is None:
+                raise ValueError("'problem' is a judge item's (with 'language' and 'source')")
+            if isinstance(self.problem, str):
+                check_digest(self.problem)
+            given = sorted(PROBLEM_FIELDS & self.model_fields_set)
+            if given:
+                raise ValueError(f"an item with a 'problem' takes these from it: {given}")
+        elif self.source is not None:
             check_judge_item(self.checker, self.special_judge, self.tests, self.files)
             if self.groups is not None:
                 check_groups(self.groups, len(self.tests or []))
@@ -95,6 +111,27 @@ class BatchItem(Model):
             self.cells if self.cells is not None else [self.code] if self.code is not None else []
         )
         return ([self.setup] if self.setup else []) + body
+
+
+# A judge item's fields that are its problem's (with a stored ``problem``, the problem's own).
+PROBLEM_FIELDS = frozenset(
+    {"tests", "checker", "checker_program", "interactor", "special_judge", "files", "groups"}
+)
+
+
+class Submission(Model):
+    """A judge item as its worker gets it: the submission, its problem (inline, or the digest
+    of a stored one, which the worker resolves) and the item's own overrides of it."""
+
+    language: str
+    source: str
+    problem: str | Problem
+    limits: dict[str, int | float] | None = Field(
+        default=None, description="the item's own JudgeLimits fields, over the problem's"
+    )
+    all_tests: bool = False
+    keep_outputs: bool = False
+    timeout_s: float | None = Field(default=None, gt=0)
 
 
 class BatchRecord(Model):
@@ -137,7 +174,9 @@ class ChunkItem(Model):
     timeout_s: float = Field(gt=0)
     limits: dict[str, int] = Field(default_factory=dict)
     egress: list[str] | None = None
-    judge: JudgeStep | None = Field(default=None, description="a submission to judge")
+    submission: Submission | None = Field(default=None, description="a submission to judge")
+    # Made by the worker from ``submission`` (farm.worker.judging), never sent:
+    judge: JudgeStep | None = Field(default=None, description="the kernel's judge step")
     special_judge: str | None = Field(default=None, description="its checker's Python code")
 
 

@@ -1,10 +1,13 @@
-"""A worker's side of judge items: the compile cache and the special judge, around the item's
-one kernel round trip (``BatchRunner``'s, with the judge step in it).
+"""A worker's side of judge items: the item's problem (inline, or stored and read by digest:
+``stored_problems``) made into its judge step, the compile cache and the special judge around
+the item's one kernel round trip (``BatchRunner``'s, with the judge step in it), and its
+groups' score.
 
-Invariants: the cache (language, source digest, image digest) compiles a submission once per
-worker, compile errors included; a special judge runs in a box of its own, never in the
-submission's; at most ``judge_parallel`` items are judged at once (the worker's ``BoxGate``
-admits no more: ``parallel``). docs/design/judge.md.
+Invariants: inline and stored problems take one path (``farm.judge.specs.build_step``); a
+problem that is not stored is the item's ``input`` error; the cache (language, source digest,
+image digest) compiles a submission once per worker, compile errors included; a special judge
+runs in a box of its own, never in the submission's; at most ``judge_parallel`` items are
+judged at once (the worker's ``BoxGate`` admits no more: ``parallel``). docs/design/judge.md.
 """
 
 from __future__ import annotations
@@ -18,10 +21,17 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from farm.errors import ProblemError, ProblemNotFound
+from farm.judge.problems import Problem
+from farm.judge.scoring import scored
+from farm.judge.specs import build_step
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.judge import JudgeResult, Verdict
+from farm.worker.stored_problems import StoredProblems
 
 if TYPE_CHECKING:
+    import redis
+
     from farm.sandbox.keeper import SandboxKeeper
     from farm.settings import FarmSettings
 
@@ -82,13 +92,39 @@ class CompileCache:
 
 
 class Judging:
-    def __init__(self, settings: FarmSettings, keeper: SandboxKeeper, worker_id: str) -> None:
+    def __init__(
+        self, settings: FarmSettings, keeper: SandboxKeeper, worker_id: str, client: redis.Redis
+    ) -> None:
         self.settings = settings
         self.keeper = keeper  # whose image's digest keys the cache
         self.worker_id = worker_id
         self.cache = CompileCache()
+        self.problems = StoredProblems(client)
 
     def run(self, chunk: Chunk, item: ChunkItem, run_item: RunItem) -> ItemDone:
+        """Judge ``item`` (its ``submission``, on its problem), then score its groups."""
+        submission = item.submission
+        assert submission is not None
+        try:
+            problem = (
+                submission.problem
+                if isinstance(submission.problem, Problem)
+                else self.problems.get(submission.problem)
+            )
+        except (ProblemNotFound, ProblemError) as exc:
+            refused = JudgeResult(verdict=Verdict.IE, kind="input", message=str(exc))
+            done = ItemDone(key=item.key, exec_id=item.exec_id, worker=self.worker_id)
+            done.judge = refused
+            return done
+        spec, files, timeout_s = build_step(problem, submission)
+        step = {"judge": spec, "files": files, "timeout_s": timeout_s}
+        item = item.model_copy(update={**step, "special_judge": problem.special_judge})
+        done = self._judge(chunk, item, run_item)
+        if done.judge is not None:
+            done.judge = scored(done.judge, problem.groups)
+        return done
+
+    def _judge(self, chunk: Chunk, item: ChunkItem, run_item: RunItem) -> ItemDone:
         """Judge ``item`` (its ``judge`` step) with the cache, then its special judge."""
         spec = item.judge
         assert spec is not None

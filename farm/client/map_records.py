@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from farm.judge.problems import Problem, problem_of
 from farm.judge.specs import submission_of, timeout_of
@@ -67,6 +68,19 @@ def chunk_item(
         limits=item.limits.model_dump() if item.limits else {},
         egress=hosts,
     )
+
+
+def unsendable(key: int, item: BatchItem, chunk: ChunkItem) -> BatchRecord | None:
+    """The record (kind ``input``) of an item whose chunk item cannot travel as JSON (text
+    that is not UTF-8: a lone surrogate, as ``json.loads`` makes of ``"\\ud800"``), else
+    ``None``. Checked only when a whole chunk failed to serialize: free on the usual path."""
+    try:
+        chunk.model_dump_json()
+    except PydanticSerializationError as exc:
+        why = str(exc).removeprefix("Error serializing to JSON: ")
+        message = f"item {key}: its text cannot be sent as UTF-8 ({why})"
+        return BatchRecord(id=item.id, status="error", kind="input", message=message[:2000])
+    return None
 
 
 def failed(key: int, exec_id: str, worker: str, kind: ErrorKind, ename: str, why: str) -> ItemDone:

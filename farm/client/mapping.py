@@ -17,7 +17,17 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from farm.client.map_records import Item, chunk_item, failed, manifest, outcome, parse_item
+from pydantic_core import PydanticSerializationError
+
+from farm.client.map_records import (
+    Item,
+    chunk_item,
+    failed,
+    manifest,
+    outcome,
+    parse_item,
+    unsendable,
+)
 from farm.errors import BrokerLost, BrokerUnavailable, ProblemError, SandboxUnavailable
 from farm.image_name import ImageName
 from farm.judge import image_for
@@ -266,7 +276,11 @@ class MapRun:
             items=[self._chunk_item(attempt) for attempt in batch],
             sent_at=time.time(),
         )
-        body = payload.model_dump_json()
+        try:
+            body = payload.model_dump_json()
+        except PydanticSerializationError:  # an item's text is not UTF-8: its own record
+            self._send(self._sendable(batch, payload.items))
+            return
         place, taken = self.farm.broker.queue_chunk(queue, body)
         keys = {a.key for a in batch}
         self._chunks[chunk_id] = _Chunk(chunk_id, keys, queue, place, taken, body)
@@ -276,6 +290,19 @@ class MapRun:
         self._sent_chunks += 1
         if self.on_sent is not None:
             self.on_sent(len(batch))
+
+    def _sendable(self, batch: list[_Attempt], items: list[ChunkItem]) -> list[_Attempt]:
+        """``batch`` without the items that cannot travel, each given its ``input`` record."""
+        kept = []
+        for attempt, chunk in zip(batch, items, strict=True):
+            record = unsendable(attempt.key, attempt.item, chunk)
+            if record is None:
+                kept.append(attempt)
+            else:
+                self._ready[attempt.key] = record
+        if len(kept) == len(batch):
+            raise RuntimeError("a chunk failed to serialize, yet each of its items does")
+        return kept
 
     def _chunk_item(self, attempt: _Attempt) -> ChunkItem:
         return chunk_item(attempt.key, attempt.exec_id, attempt.item, self.timeout_s, self.egress)

@@ -15,6 +15,7 @@ from farm.models.batch import BatchItem
 from farm.models.judge import JudgeLimits
 
 INPUTS_DIR = ".judge-in"
+BUILD_DIR = ".judge"  # the runner's working directory (farm.kernel.boxes.judging.BUILD_DIR)
 SLACK_S = 30.0
 
 
@@ -53,6 +54,10 @@ def judge_spec(item: BatchItem) -> tuple[JudgeSpec, dict[str, str], float]:
     }
     if limits.wall_s is not None:
         spec["wall_s"] = limits.wall_s
+    if item.compile_options:
+        spec["compile_options"] = list(item.compile_options)
+    if item.args:
+        spec["run_args"] = list(item.args)
     # The expected outputs never reach the box: a submission could print them.
     inputs = {test.stdin_file for test in item.tests}
     hidden = {test.expected_file for test in item.tests} - inputs

@@ -17,6 +17,7 @@ from farm.models.judge import (
     TestGroup,
     check_groups,
     check_judge_item,
+    check_words,
 )
 from farm.models.results import BoxLimits, CommandResult, ExecResult
 
@@ -25,8 +26,8 @@ class BatchItem(Model):
     """One item: a ``code`` string, ``cells`` run in order in one session (stopping at the
     first failure), a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
     program of the image), or a submission to judge (``language``, ``source``, ``tests``,
-    ``checker``, ``all_tests``, ``groups`` of tests with points; its ``limits`` are then
-    ``JudgeLimits``: see ``farm.judge``),
+    ``checker``, ``all_tests``, ``groups`` of tests with points, ``compile_options`` and the
+    program's ``args``; its ``limits`` are then ``JudgeLimits``: see ``farm.judge``),
     with an optional ``setup`` cell first, ``files`` written to the workspace before, its own
     ``timeout_s``, box ``limits`` and ``image``."""
 
@@ -52,6 +53,14 @@ class BatchItem(Model):
     judge_limits: JudgeLimits | None = None
     groups: list[TestGroup] | None = Field(
         default=None, description="subtasks with points: the record's judge gets a score"
+    )
+    compile_options: list[str] | None = Field(
+        default=None,
+        description="argv words for the compiler (no shell): at the language's {options}, "
+        "else before the source file's name",
+    )
+    args: list[str] | None = Field(
+        default=None, description="argv words after the run command: the program's arguments"
     )
 
     @field_validator("image")
@@ -79,10 +88,14 @@ class BatchItem(Model):
             raise ValueError("a judge item needs both 'language' and 'source'")
         if self.source is not None:
             check_judge_item(self.checker, self.special_judge, self.tests, self.files)
+            check_words("compile_options", self.compile_options)
+            check_words("args", self.args)
             if self.groups is not None:
                 check_groups(self.groups, len(self.tests or []))
         elif self.groups is not None:
             raise ValueError("'groups' are a judge item's (with 'language' and 'source')")
+        elif self.compile_options is not None or self.args is not None:
+            raise ValueError("'compile_options' and 'args' are a judge item's")
         return self
 
     def argv(self) -> list[str] | None:

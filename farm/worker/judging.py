@@ -1,7 +1,8 @@
 """A worker's side of judge items: the compile cache and the special judge, around the item's
 one kernel round trip (``BatchRunner``'s, with the judge step in it).
 
-Invariants: the cache (language, source digest, image digest) compiles a submission once per
+Invariants: the cache (language, source digest with the compile options and the files of
+the build directory, image digest) compiles a submission once per
 worker, compile errors included; a special judge runs in a box of its own, never in the
 submission's; at most ``judge_parallel`` items are judged at once (the worker's ``BoxGate``
 admits no more: ``parallel``). docs/design/judge.md.
@@ -15,9 +16,10 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from farm.judge.specs import BUILD_DIR
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.judge import JudgeResult, Verdict
 
@@ -52,9 +54,20 @@ class CompileCache:
         self.lock = threading.Lock()
 
     @staticmethod
-    def key(language: str, source: str, image: str) -> str:
-        digest = hashlib.sha256(source.encode()).hexdigest()
-        return f"{language}:{digest}:{image}"
+    def key(
+        language: str,
+        source: str,
+        image: str,
+        options: Sequence[str] = (),
+        build_files: Mapping[str, str] | None = None,
+    ) -> str:
+        """The build's key: its compile ``options`` and the item's files in the build directory
+        (a build's artifact holds them: another item's must not be restored over them) too."""
+        hashed = hashlib.sha256(source.encode())
+        if options or build_files:
+            extra = {"options": list(options), "files": dict(sorted((build_files or {}).items()))}
+            hashed.update(b"\0" + json.dumps(extra).encode())
+        return f"{language}:{hashed.hexdigest()}:{image}"
 
     def get(self, key: str) -> dict[str, str] | JudgeResult | None:
         with self.lock:
@@ -93,7 +106,9 @@ class Judging:
         spec = item.judge
         assert spec is not None
         image = self.keeper.info().image_digest or self.settings.image
-        key = CompileCache.key(spec["language"], spec["source"], image)
+        in_build = {k: v for k, v in item.files.items() if k.startswith(f"{BUILD_DIR}/")}
+        options = spec.get("compile_options") or ()
+        key = CompileCache.key(spec["language"], spec["source"], image, options, in_build)
         cached = self.cache.get(key)
         if isinstance(cached, JudgeResult):  # a compile error, the same again
             result = cached.model_copy(deep=True)

@@ -9,6 +9,7 @@ import base64
 from typing import Any
 
 from farm.judge.languages import LANGUAGES
+from farm.models.batch import BatchRecord
 from farm.models.judge import JudgeResult, Verdict
 from farm.serve.judge0_input import LANGUAGE_BY_ID
 from farm.serve.judge0_store import Entry
@@ -48,11 +49,10 @@ REQUEST_FIELDS = (
 )
 
 
-def _status(entry: Entry) -> int:
-    record = entry.result
+def status_of(result: JudgeResult | None, record: BatchRecord | None) -> int:
+    """Judge0's status id of a judged submission (``record`` none: still queued)."""
     if record is None:
-        return entry.status_id
-    result: JudgeResult | None = record.judge
+        return 1
     if result is None or result.verdict == Verdict.IE:
         return 13
     if result.verdict in BY_VERDICT:
@@ -67,7 +67,7 @@ def view(entry: Entry, fields: str | None, encoded: bool) -> dict[str, Any]:
     record = entry.result
     result = record.judge if record is not None else None
     test = result.tests[0] if result is not None and result.tests else None
-    status = _status(entry)
+    status = entry.status_id if record is None else status_of(result, record)
     stdout = (
         base64.b64decode(test.output).decode(errors="replace") if test and test.output else None
     )

@@ -366,3 +366,21 @@ def _wait_on(served: Server, token: str, body: dict[str, Any]) -> None:
     """A ``wait=true`` submission to ``served``, which may die before it answers."""
     with contextlib.suppress(httpx.HTTPError), http(served, token) as api:
         api.post("/submissions", params={"wait": "true"}, json=body)
+
+
+def test_a_judge_items_words_are_checked() -> None:
+    """``compile_options`` and ``args`` are a judge item's argv words: a NUL, too many, or
+    on an item that is not judged are refused when the item is read."""
+    from pydantic import ValidationError
+
+    from farm.models.batch import BatchItem
+
+    item = {"id": 1, "language": "c", "source": "int main(){}", "tests": [{"expected": ""}]}
+    assert BatchItem.model_validate({**item, "args": ["a b", ";"]}).args == ["a b", ";"]
+    for bad, words in [
+        ({**item, "args": ["a\0b"]}, "NUL"),
+        ({**item, "compile_options": ["-O0"] * 65}, "at most 64 words"),
+        ({"id": 2, "code": "print(1)", "args": ["x"]}, "are a judge item's"),
+    ]:
+        with pytest.raises(ValidationError, match=words):
+            BatchItem.model_validate(bad)

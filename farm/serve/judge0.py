@@ -74,10 +74,10 @@ def _runner(request: Request) -> Runner:
 
 
 async def _make(
-    request: Request, owner: str, submissions: list[SubmissionIn], encoded: bool
-) -> list[str]:
-    """Check and store ``submissions`` (all or none: a bad one is refused before any is
-    kept); their tokens."""
+    request: Request, owner: str, submissions: list[SubmissionIn], encoded: bool, wait: bool
+) -> str:
+    """Check, store and queue ``submissions`` as one element (all or none: a bad one is
+    refused before any is kept), or claim it for this server (``wait``); the element."""
     runner = _runner(request)
     callbacks = request.app.state.settings.judge0_callbacks
     made = [
@@ -85,9 +85,8 @@ async def _make(
         for submission in submissions
     ]
     await asyncio.to_thread(runner.store.check_room)
-    for doc, files in made:
-        await asyncio.to_thread(runner.store.add, owner, doc, files)
-    return [doc["token"] for doc, _ in made]
+    held_by = runner.replica if wait else ""
+    return await asyncio.to_thread(runner.store.add, owner, made, held_by)
 
 
 Encoded = Annotated[bool, Query()]
@@ -105,11 +104,10 @@ async def create_submission(
     """One submission; with ``wait=true`` the answer holds its result (judged by this
     server), else it is queued for any server of the farm."""
     runner = _runner(request)
-    (made,) = await _make(request, token.id, [body], base64_encoded)
+    made = await _make(request, token.id, [body], base64_encoded, wait)
     if not wait:
-        await asyncio.to_thread(runner.store.queue, [made])
         return {"token": made}
-    await asyncio.to_thread(runner.judge_now, [made])
+    await asyncio.to_thread(runner.judge_now, made)
     entry = await asyncio.to_thread(runner.store.get, token.id, made)
     return view(entry, fields, base64_encoded)
 
@@ -121,9 +119,8 @@ async def create_batch(
     """Many submissions, queued to be judged in one map; their tokens, in order."""
     if not 0 < len(body.submissions) <= MAX_BATCH:
         raise ProblemError(422, "input", f"a batch holds 1 to {MAX_BATCH} submissions")
-    made = await _make(request, token.id, body.submissions, base64_encoded)
-    await asyncio.to_thread(_runner(request).store.queue, made)
-    return [{"token": key} for key in made]
+    made = await _make(request, token.id, body.submissions, base64_encoded, wait=False)
+    return [{"token": key} for key in made.split(",")]
 
 
 @router.get("/submissions/batch")

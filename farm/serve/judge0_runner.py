@@ -71,10 +71,9 @@ class Runner:
         except Exception as exc:  # the broker is gone: the others queue them after ALIVE_S
             log.warning("judge0: could not hand back this server's claims: %s", exc)
 
-    def judge_now(self, tokens: list[str]) -> None:
-        """Judge ``tokens`` on this thread (``wait=true``), claimed all the while: should the
-        server die meanwhile, another queues them again."""
-        element = self.store.hold(self.replica, tokens)
+    def judge_now(self, element: str) -> None:
+        """Judge ``element``, stored as this server's claim (``wait=true``), on this thread:
+        should the server die meanwhile, another queues it again."""
         try:
             self.judge(element)
         finally:

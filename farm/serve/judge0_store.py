@@ -94,24 +94,29 @@ class Judge0Store:
         self._start = redis.register_script(_START)
         self._finish = redis.register_script(_FINISH)
 
-    def add(self, owner: str, doc: dict[str, Any], files: dict[str, str]) -> None:
-        key = _sub(doc["token"])
-        fields: dict[str, str | int] = {
-            "owner": owner,
-            "doc": json.dumps(doc),
-            "status_id": 1,
-            "attempts": 0,
-        }
-        if files:
-            fields["files"] = json.dumps(files)
-        with self.redis.pipeline() as pipe:
-            pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # its keys: invariant
-            pipe.expire(key, int(self.ttl_s))
+    def add(
+        self, owner: str, made: list[tuple[dict[str, Any], dict[str, str]]], held_by: str = ""
+    ) -> str:
+        """Store submissions (each its request and files) and, in the same transaction, queue
+        them as one element (one map), or claim them for server ``held_by`` (``wait=true``):
+        none is ever stored but in no list, to stay queued for good. The element."""
+        element = ",".join(doc["token"] for doc, _ in made)
+        with self.redis.pipeline() as pipe:  # MULTI/EXEC
+            for doc, files in made:
+                key = _sub(doc["token"])
+                fields: dict[str, str | int] = {
+                    "owner": owner,
+                    "doc": json.dumps(doc),
+                    "status_id": 1,
+                    "attempts": 0,
+                }
+                if files:
+                    fields["files"] = json.dumps(files)
+                pipe.hset(key, mapping=fields)  # type: ignore[arg-type]  # its keys: invariant
+                pipe.expire(key, int(self.ttl_s))
+            pipe.rpush(_claimed(held_by) if held_by else PENDING, element)
             pipe.execute()
-
-    def queue(self, tokens: list[str]) -> None:
-        """Queue ``tokens`` as one element (one map), for any server to judge."""
-        self.redis.rpush(PENDING, ",".join(tokens))
+        return element
 
     def check_room(self) -> None:
         if int(self.redis.llen(PENDING)) >= MAX_PENDING:
@@ -122,12 +127,6 @@ class Judge0Store:
         """The next queued element, now ``replica``'s (``None`` after ``timeout_s``)."""
         element = self.redis.blmove(PENDING, _claimed(replica), timeout_s, "LEFT", "RIGHT")  # type: ignore[arg-type]
         return None if element is None else str(element)
-
-    def hold(self, replica: str, tokens: list[str]) -> str:
-        """Claim ``tokens`` for ``replica`` without queueing them (``wait=true``)."""
-        element = ",".join(tokens)
-        self.redis.rpush(_claimed(replica), element)
-        return element
 
     def release(self, replica: str, element: str) -> None:
         self.redis.lrem(_claimed(replica), 1, element)

@@ -336,23 +336,37 @@ def test_submissions_outlive_their_server_and_are_shared(
 def test_a_submission_whose_server_dies_is_judged_by_another(
     server: Server, token: str, local_farm: Farm, tmp_path: Path
 ) -> None:
-    """A server killed while it judges a submission: another server queues it again (its
-    heartbeat stopped) and judges it; it never stays Processing."""
+    """A server killed while it judges a submission (``wait=true``: its own to judge):
+    another server queues it again once its heartbeat stops, and judges it; it never stays
+    Processing."""
+    import redis
+
+    from farm.serve.judge0_store import KEYS
+
     spin = {"source_code": SUM["python3"]["TLE"], "language_id": 71, "cpu_time_limit": 3}
+    broker = redis.Redis.from_url(local_farm.settings.redis_url, decode_responses=True)
     (tmp_path / "b").mkdir()
-    with farm_serve(local_farm.settings.redis_url, tmp_path / "b") as doomed:
-        with http(doomed, token) as api:
-            made = api.post("/submissions", json=spin).json()["token"]
+    with broker, farm_serve(local_farm.settings.redis_url, tmp_path / "b") as doomed:
         threading.Thread(target=_wait_on, args=(doomed, token, spin), daemon=True).start()
+
+        def held() -> str | None:  # the token of what the doomed server judges
+            for key in broker.scan_iter(f"{KEYS}claimed:*"):
+                for element in broker.lrange(key, 0, -1):
+                    return str(element)
+            return None
+
+        made = wait_for(held, 60, 0.05)
+        assert made, "the doomed server claimed nothing"
         with http(server, token) as api:
 
             def processing() -> bool:
                 return bool(api.get(f"/submissions/{made}").json()["status"]["id"] == 2)
 
-            assert wait_for(processing, 60, 0.1)
+            assert wait_for(processing, 60, 0.05)
         doomed.proc.kill()
         doomed.proc.wait(timeout=30)
     with http(server, token) as api:
+        assert api.get(f"/submissions/{made}").json()["status"]["id"] == 2  # cut off
 
         def ended() -> dict[str, Any] | None:
             found: dict[str, Any] = api.get(f"/submissions/{made}").json()

@@ -110,10 +110,14 @@ class Runner:
                     self._finish(started, record)
         except Exception as exc:
             log.warning("judge0: a map of %d submissions failed: %s", len(items), exc)
+            if self.stopping.is_set():
+                return  # the farm closes with the server: they were handed back to the queue
             for key, started in left.items():
                 self._finish(started, _failed(key, f"{type(exc).__name__}: {exc}"))
 
     def _finish(self, started: Started, record: BatchRecord) -> None:
+        if self.stopping.is_set() and not record.ok:
+            return  # cut off by this server's end, and queued again: not the verdict
         if not self.store.finish(started.token, record):
             return
         url = started.doc.get("callback_url")

@@ -21,8 +21,11 @@ from typing import Any
 import httpx
 import judge0
 import pytest
+import redis
 
 from farm.client import Farm
+from farm.serve.judge0_store import KEYS
+from farm.settings import FarmSettings
 from tests.judge_problems import SUM
 from tests.serving import Server, farm_serve
 from tests.waiting import wait_for
@@ -179,6 +182,10 @@ def test_bad_options_are_refused_and_nothing_is_kept(server: Server, token: str)
             assert refused.status_code == 422 and words in refused.text, refused.text
         done = api.post("/submissions", params={"wait": "true"}, json=python)
         assert done.status_code == 201 and done.json()["stdout"] == "1\n"
+        config = api.get("/config_info").json()
+        assert config["enable_compiler_options"] and config["enable_command_line_arguments"]
+        allowed = config["allowed_languages_for_compile_options"]
+        assert "C (GCC)" in allowed and "Python (3)" not in allowed
 
 
 def zipped(files: dict[str, bytes], link: str | None = None) -> str:
@@ -319,6 +326,9 @@ def test_submissions_outlive_their_server_and_are_shared(
         judged = api.post("/submissions", params={"wait": "true"}, json=body).json()
         queued = api.post("/submissions/batch", json={"submissions": [body] * 3}).json()
     assert other.proc.poll() is not None  # it stopped
+    with redis.Redis.from_url(local_farm.settings.redis_url) as broker:
+        kept_s = broker.ttl(f"{KEYS}sub:{judged['token']}")
+        assert 0 < kept_s <= FarmSettings().judge0_ttl_s  # kept, for a while only
     with http(server, token) as api:
         again = api.get(f"/submissions/{judged['token']}").json()
         assert again == judged and judged["stdout"] == "4\n"
@@ -339,10 +349,6 @@ def test_a_submission_whose_server_dies_is_judged_by_another(
     """A server killed while it judges a submission (``wait=true``: its own to judge):
     another server queues it again once its heartbeat stops, and judges it; it never stays
     Processing."""
-    import redis
-
-    from farm.serve.judge0_store import KEYS
-
     spin = {"source_code": SUM["python3"]["TLE"], "language_id": 71, "cpu_time_limit": 3}
     broker = redis.Redis.from_url(local_farm.settings.redis_url, decode_responses=True)
     (tmp_path / "b").mkdir()

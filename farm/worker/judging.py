@@ -2,10 +2,10 @@
 one kernel round trip (``BatchRunner``'s, with the judge step in it).
 
 Invariants: the cache (language, source digest with the compile options and the files of
-the build directory, image digest) compiles a submission once per
-worker, compile errors included; a special judge runs in a box of its own, never in the
-submission's; at most ``judge_parallel`` items are judged at once (the worker's ``BoxGate``
-admits no more: ``parallel``). docs/design/judge.md.
+the build directory, image digest) compiles a submission once per worker, compile errors
+included; a special judge runs in a box of its own, never in the submission's; at most
+``judge_parallel`` items are judged at once (the worker's ``BoxGate`` admits no more:
+``parallel``). docs/design/judge.md.
 """
 
 from __future__ import annotations

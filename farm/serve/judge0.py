@@ -4,11 +4,10 @@
 Routes: ``POST /submissions`` (``wait=true|false``), ``GET``/``DELETE /submissions/{token}``,
 ``POST``/``GET /submissions/batch``, ``GET /languages[/{id}]``, ``/statuses``,
 ``/config_info``, ``/about``, with Judge0 CE 1.13.1's field names, status ids and base64
-handling. ``X-Auth-Token`` carries a farm token (scope ``run``). Each submission is a judge
-item of one test, judged on the map engine; a batch is one map. Submissions are kept in the
-broker's Redis for ``judge0_ttl_s`` (``judge0_store``), visible only to the token that made
-them, queued for any ``farm serve`` of the farm to judge (``judge0_runner``); input checks
-are ``judge0_input``'s, the answers ``judge0_view``'s. Why: docs/design/judge.md.
+handling. ``X-Auth-Token`` carries a farm token (scope ``run``). A submission is a judge item
+of one test; a batch is one map. They are kept in Redis, visible only to the token that made
+them (``judge0_store``), judged by any ``farm serve`` of the farm (``judge0_runner``); input
+checks are ``judge0_input``'s, answers ``judge0_view``'s. Why: docs/design/judge.md.
 """
 
 from __future__ import annotations

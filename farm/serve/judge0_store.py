@@ -1,14 +1,12 @@
 """The ``/judge0`` submissions of every ``farm serve`` of one farm, in the broker's Redis: they
 outlive a server's restart, and its replicas share them (and their queue).
 
-Keys (``farm:judge0:``): ``sub:<token>`` a hash (``owner``, ``doc``: the request as JSON,
-``files``, ``status_id``, ``attempts``, then ``result`` and ``finished_at``), expiring
-``judge0_ttl_s`` after it was made; ``pending`` the list of queued work, each element one
-submission's token or a batch's tokens joined by commas; ``claimed:<replica>`` what a server
-took from it to judge; ``alive:<replica>`` that server's heartbeat (``ALIVE_S``); ``replicas``
-the servers that may hold claims. A server whose heartbeat expired (it died, or was stopped)
-has its claims moved back to the queue by any other, or by its own next start; a submission
-cut off ``MAX_ATTEMPTS`` times ends as Internal Error. Why: docs/design/judge.md.
+Keys (``farm:judge0:``): ``sub:<token>`` a hash (``owner``, ``doc``, ``files``, ``status_id``,
+``attempts``, then ``result``), expiring ``judge0_ttl_s`` after it was made; ``pending`` the
+queue, each element a submission's token or a batch's, comma-joined; ``claimed:<replica>``
+what a server took from it; ``alive:<replica>`` its heartbeat (``ALIVE_S``); ``replicas``.
+A dead server's claims go back to the queue (any other moves them); a submission cut off
+``MAX_ATTEMPTS`` times ends as Internal Error. Why: docs/design/judge.md.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from farm.kernel.boxes.testrun import read_all
 from farm.kernel.judge import checkers, entries
 from farm.models.batch import BatchItem, BatchRecord
 from farm.models.judge import JudgeResult, TestResult, Verdict
-from farm.serve.judge0 import _status
+from farm.serve.judge0_view import status_of
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,7 @@ def result(verdict: Verdict, **test: object) -> BatchRecord:
     ],
 )
 def test_verdicts_read_as_judge0_statuses(record: BatchRecord, status: int) -> None:
-    assert _status(record.judge, record) == status
+    assert status_of(record.judge, record) == status
 
 
 MAIN = "{public static void main(String[] a){}}"

@@ -10,8 +10,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
 
-from farm.judge.problems import Problem, problem_of
-from farm.judge.specs import submission_of, timeout_of
+from farm.judge.problems import Problem
+from farm.judge.specs import problem_of, submission_of, timeout_of
 from farm.models import ErrorKind, ExecResult
 from farm.models.batch import BatchItem, BatchRecord, ChunkItem, ItemDone
 from farm.models.judge import Verdict

@@ -1,18 +1,11 @@
 """The Kattis problem package format (legacy and 2023-07) read into a ``Problem``.
 
-``problem.yaml``: ``validation`` (``default``, ``custom``, ``custom interactive``; 2023-07:
-``type``), ``validator_flags`` (and ``output_validator_flags`` in ``data/testdata.yaml``),
-``limits`` (``memory``, ``output``, ``compilation_time``, by default problemtools' 1024 MiB,
-8 MiB and 60 s; ``time_limit``, else the ``.timelimit`` file problemtools and DOMjudge use,
-else ``JudgeLimits``' default: a legacy package's time limit is computed by ``verifyproblem``
-from its accepted submissions, which farm does not run). Tests: ``data/sample`` then
-``data/secret``, each directory's entries sorted by name as problemtools walks them, a test
-being an ``.in`` with its ``.ans``. A custom validator (``output_validators/<name>/``, one
-source and its headers) is the ``checker_program``, or the ``interactor`` of an interactive
-problem, protocol ``kattis``. The default validator becomes a built-in checker where one
-judges exactly as it does (``tokens``, ``float``), else farm's Python copy of it as a special
-judge: the default is case-insensitive, so an answer with a letter needs it. A scoring
-problem's test directories are groups (``accept_score`` per test, ``grader_flags: min``).
+``problem.yaml`` (validation or type, validator flags, limits; else ``.timelimit``), tests
+``data/sample`` then ``data/secret`` (``.in`` with ``.ans``, sorted as problemtools walks
+them), a custom validator as the ``checker_program`` or the ``interactor`` (protocol
+``kattis``), the default validator as the built-in checker that judges alike, else a Python
+copy of it (case-insensitive); a scoring problem's directories are groups. Refused whole with
+a ``PackageError`` where farm would judge otherwise. docs/design/judge.md, "Problem packages".
 """
 
 from __future__ import annotations

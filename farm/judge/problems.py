@@ -35,7 +35,6 @@ from farm.registry import PREFIX
 if TYPE_CHECKING:
     import redis
 
-    from farm.models.batch import BatchItem
 
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 MAX_BYTES = 64 << 20  # one problem's canonical form, as stored (Redis takes 512 MB a value)
@@ -101,20 +100,6 @@ class Problem(Model):
             raise ProblemError(
                 f"the problem stored as {digest} cannot be read here: {exc}"
             ) from None
-
-
-def problem_of(item: BatchItem) -> Problem:
-    """An inline judge item's problem (its fields were checked when the item was read)."""
-    return Problem.model_construct(
-        tests=item.tests or [],
-        checker=item.checker,
-        checker_program=item.checker_program,
-        interactor=item.interactor,
-        special_judge=item.special_judge,
-        files=item.files,
-        groups=item.groups,
-        limits=item.judge_limits,
-    )
 
 
 def check_digest(digest: str) -> str:

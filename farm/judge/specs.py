@@ -13,17 +13,32 @@ from __future__ import annotations
 
 import base64
 
-from farm.judge.problems import Problem, problem_of
+from farm.judge.problems import Problem
 from farm.kernel.wire.protocol import JudgeSpec, JudgeTest
 from farm.models.batch import BatchItem, Submission
 from farm.models.judge import JudgeLimits
 
 INPUTS_DIR = ".judge-in"
+BUILD_DIR = ".judge"  # the runner's working directory (farm.kernel.boxes.judging.BUILD_DIR)
 SLACK_S = 30.0
 
 
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode("ascii")
+
+
+def problem_of(item: BatchItem) -> Problem:
+    """An inline judge item's problem (its fields were checked when the item was read)."""
+    return Problem.model_construct(
+        tests=item.tests or [],
+        checker=item.checker,
+        checker_program=item.checker_program,
+        interactor=item.interactor,
+        special_judge=item.special_judge,
+        files=item.files,
+        groups=item.groups,
+        limits=item.judge_limits,
+    )
 
 
 def submission_of(item: BatchItem, problem: str | Problem) -> Submission:
@@ -38,6 +53,8 @@ def submission_of(item: BatchItem, problem: str | Problem) -> Submission:
         all_tests=item.all_tests,
         keep_outputs=item.keep_outputs,
         timeout_s=item.timeout_s,
+        compile_options=item.compile_options,
+        args=item.args,
     )
 
 
@@ -88,6 +105,10 @@ def build_step(problem: Problem, submission: Submission) -> tuple[JudgeSpec, dic
     }
     if limits.wall_s is not None:
         spec["wall_s"] = limits.wall_s
+    if submission.compile_options:
+        spec["compile_options"] = list(submission.compile_options)
+    if submission.args:
+        spec["run_args"] = list(submission.args)
     # The expected outputs never reach the box: a submission could print them.
     inputs = {test.stdin_file for test in problem.tests}
     hidden = {test.expected_file for test in problem.tests} - inputs

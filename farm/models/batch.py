@@ -19,6 +19,7 @@ from farm.models.judge import (
     TestGroup,
     check_groups,
     check_judge_item,
+    check_words,
 )
 from farm.models.results import BoxLimits, CommandResult, ExecResult
 
@@ -27,9 +28,10 @@ class BatchItem(Model):
     """One item: a ``code`` string, ``cells`` run in order in one session (stopping at the
     first failure), a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
     program of the image), or a submission to judge (``language``, ``source``, ``tests``,
-    ``checker``, ``all_tests``, ``groups`` of tests with points; its ``limits`` are then
-    ``JudgeLimits``: see ``farm.judge``; or, instead of its tests and their checker, a stored
-    ``problem``: a ``Problem`` or its digest, ``farm.judge.problems``),
+    ``checker``, ``all_tests``, ``groups`` of tests with points, ``compile_options`` and the
+    program's ``args``; its ``limits`` are then ``JudgeLimits``: see ``farm.judge``; or,
+    instead of its tests and their checker, a stored ``problem``: a ``Problem`` or its
+    digest, ``farm.judge.problems``),
     with an optional ``setup`` cell first, ``files`` written to the workspace before, its own
     ``timeout_s``, box ``limits`` and ``image``."""
 
@@ -60,6 +62,14 @@ class BatchItem(Model):
     interactor: JudgeProgram | None = None
     problem: str | Problem | None = Field(
         default=None, description="a stored problem (its digest), instead of tests and checker"
+    )
+    compile_options: list[str] | None = Field(
+        default=None,
+        description="argv words for the compiler (no shell): at the language's {options}, "
+        "else before the source file's name",
+    )
+    args: list[str] | None = Field(
+        default=None, description="argv words after the run command: the program's arguments"
     )
 
     @field_validator("image")
@@ -99,6 +109,11 @@ class BatchItem(Model):
                 check_groups(self.groups, len(self.tests or []))
         elif self.groups is not None:
             raise ValueError("'groups' are a judge item's (with 'language' and 'source')")
+        elif self.compile_options is not None or self.args is not None:
+            raise ValueError("'compile_options' and 'args' are a judge item's")
+        if self.source is not None:
+            check_words("compile_options", self.compile_options)
+            check_words("args", self.args)
         return self
 
     def argv(self) -> list[str] | None:
@@ -132,6 +147,8 @@ class Submission(Model):
     all_tests: bool = False
     keep_outputs: bool = False
     timeout_s: float | None = Field(default=None, gt=0)
+    compile_options: list[str] | None = None
+    args: list[str] | None = None
 
 
 class BatchRecord(Model):

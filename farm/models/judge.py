@@ -175,6 +175,21 @@ class JudgeResult(Model):
         return sum(test.verdict == Verdict.AC for test in self.tests)
 
 
+MAX_WORDS = 64  # of a judge item's compile_options, and of its args
+MAX_WORDS_CHARS = 4096  # all of them together
+
+
+def check_words(name: str, words: list[str] | None) -> None:
+    """``words`` can be argv words (execve's: no NUL) within the bounds; no shell ever reads
+    them, so a ``;`` or ``$(...)`` is only text."""
+    if words is None:
+        return
+    if len(words) > MAX_WORDS or sum(len(word) for word in words) > MAX_WORDS_CHARS:
+        raise ValueError(f"{name}: at most {MAX_WORDS} words of {MAX_WORDS_CHARS} characters")
+    if any("\0" in word for word in words):
+        raise ValueError(f"{name}: a word holds a NUL character")
+
+
 def check_judge_item(
     checker: str,
     special_judge: str | None,

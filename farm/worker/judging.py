@@ -1,13 +1,12 @@
-"""A worker's side of judge items: the item's problem (inline, or stored and read by digest:
-``stored_problems``) made into its judge step, the compile cache and the special judge around
-the item's one kernel round trip (``BatchRunner``'s, with the judge step in it), and its
-groups' score.
+"""A worker's side of judge items: the item's problem (inline, or stored: ``stored_problems``)
+made into its judge step, the compile cache and the special judge around the item's one kernel
+round trip (``BatchRunner``'s), and its groups' score.
 
 Invariants: inline and stored problems take one path (``farm.judge.specs.build_step``); a
-problem that is not stored is the item's ``input`` error; the cache (language, source digest,
-image digest) compiles a submission once per worker, compile errors included; a special judge
-runs in a box of its own, never in the submission's; at most ``judge_parallel`` items are
-judged at once (the worker's ``BoxGate`` admits no more: ``parallel``). docs/design/judge.md.
+problem not stored is the item's ``input`` error; the cache (language, source with its compile
+options and build-directory files, image digest) compiles a submission once per worker,
+compile errors included; a special judge runs in a box of its own; at most
+``judge_parallel`` items are judged at once (``parallel``). docs/design/judge.md.
 """
 
 from __future__ import annotations
@@ -18,13 +17,13 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from farm.errors import ProblemError, ProblemNotFound
 from farm.judge.problems import Problem
 from farm.judge.scoring import scored
-from farm.judge.specs import build_step
+from farm.judge.specs import BUILD_DIR, build_step
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.judge import JudgeResult, Verdict
 from farm.worker.stored_problems import StoredProblems
@@ -62,9 +61,20 @@ class CompileCache:
         self.lock = threading.Lock()
 
     @staticmethod
-    def key(language: str, source: str, image: str) -> str:
-        digest = hashlib.sha256(source.encode()).hexdigest()
-        return f"{language}:{digest}:{image}"
+    def key(
+        language: str,
+        source: str,
+        image: str,
+        options: Sequence[str] = (),
+        build_files: Mapping[str, str] | None = None,
+    ) -> str:
+        """The build's key: its compile ``options`` and the item's files in the build directory
+        (a build's artifact holds them: another item's must not be restored over them) too."""
+        hashed = hashlib.sha256(source.encode())
+        if options or build_files:
+            extra = {"options": list(options), "files": dict(sorted((build_files or {}).items()))}
+            hashed.update(b"\0" + json.dumps(extra).encode())
+        return f"{language}:{hashed.hexdigest()}:{image}"
 
     def get(self, key: str) -> dict[str, str] | JudgeResult | None:
         with self.lock:
@@ -129,7 +139,9 @@ class Judging:
         spec = item.judge
         assert spec is not None
         image = self.keeper.info().image_digest or self.settings.image
-        key = CompileCache.key(spec["language"], spec["source"], image)
+        in_build = {k: v for k, v in item.files.items() if k.startswith(f"{BUILD_DIR}/")}
+        options = spec.get("compile_options") or ()
+        key = CompileCache.key(spec["language"], spec["source"], image, options, in_build)
         cached = self.cache.get(key)
         if isinstance(cached, JudgeResult):  # a compile error, the same again
             result = cached.model_copy(deep=True)

@@ -411,6 +411,8 @@ class JudgeSpec(_JudgeSpecRequired, total=False):
     keep_outputs: bool
     compile_time_s: float
     compile_memory_mb: int
+    compile_options: list[str]  # argv words: at the table's {options}, else before the source
+    run_args: list[str]  # argv words after the run command
 
 
 class JudgeTestOutcome(TypedDict, total=False):

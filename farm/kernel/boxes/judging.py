@@ -26,7 +26,7 @@ from ..wire.protocol import (
     JudgeTestOutcome,
     Verdict,
 )
-from . import testrun
+from . import pycheck, testrun
 from .box_protocol import BoxInfo
 
 BUILD_DIR = ".judge"
@@ -195,16 +195,22 @@ def _compile(
     }
     if not argv or cached is not None:
         return compiled, ({} if not argv else None)
-    done = testrun.run(
-        argv,
-        box,
-        isolation,
-        limits,
-        keep_stdout=MESSAGE_HEAD,
-        keep_stderr=MESSAGE_HEAD,
-        keep_tail=MESSAGE_TAIL,
-        watch_output=True,
-    )
+    checked = pycheck.applies(argv, box)
+    if checked is not None:  # Python's syntax check: a fork that parses, no Python start
+        done = pycheck.run(
+            checked, box, isolation, limits, keep=MESSAGE_HEAD, keep_tail=MESSAGE_TAIL
+        )
+    else:
+        done = testrun.run(
+            argv,
+            box,
+            isolation,
+            limits,
+            keep_stdout=MESSAGE_HEAD,
+            keep_stderr=MESSAGE_HEAD,
+            keep_tail=MESSAGE_TAIL,
+            watch_output=True,
+        )
     if done.killed is not None:
         return _failed(_stopped(done.killed, limits), done), None
     if done.signal is not None:

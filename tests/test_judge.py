@@ -15,6 +15,7 @@ import pytest
 
 from farm.client import Farm
 from farm.judge.languages import LANGUAGES as JUDGE_LANGUAGES
+from farm.judge.languages import OPT_IN
 from farm.local import LocalFarm
 from farm.models.batch import BatchRecord
 from farm.models.judge import Verdict
@@ -46,7 +47,7 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 # How each RE submission ends: an exit code, or a signal (SIGABRT, SIGSEGV).
-RE_ENDS = {"cpp17": ("signal", 6), "cpp20": ("signal", 11)}
+RE_ENDS = {"cpp17": ("signal", 6), "cpp20": ("signal", 11)}  # the others: exit code 3
 FLAG = "/tmp/farm-judge-flag"
 
 ATTACKS = {
@@ -163,12 +164,15 @@ def records(judge_farm: Farm) -> dict[str | int, BatchRecord]:
     return {r.id: r for r in judge_farm.map(items, image="judge", ordered=False, retries=1)}
 
 
-@pytest.mark.parametrize("verdict", list(SUM_VERDICTS))
-@pytest.mark.parametrize("language", LANGUAGES)
+@pytest.mark.parametrize(
+    ("language", "verdict"), [(lang, verdict) for lang in LANGUAGES for verdict in SUM[lang]]
+)
 def test_every_language_gets_every_verdict_per_test(
     records: dict[str | int, BatchRecord], language: str, verdict: str
 ) -> None:
     record = records[f"{language}/{verdict}"]
+    if language in OPT_IN and record.kind == "input" and "judges no" in (record.message or ""):
+        pytest.skip(f"{language} is opt-in: this judge image was built without it")
     assert record.ok, record.message
     result = record.judge
     assert result is not None

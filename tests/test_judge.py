@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from farm.client import Farm
+from farm.judge.languages import DEFAULT_LANGUAGES, OPT_IN
 from farm.judge.languages import LANGUAGES as JUDGE_LANGUAGES
-from farm.judge.languages import OPT_IN
 from farm.local import LocalFarm
 from farm.models.batch import BatchRecord
 from farm.models.judge import Verdict
@@ -150,9 +150,18 @@ def border_items() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def judge_farm(docker_env: Any) -> Iterator[Farm]:
-    from farm.sandbox.catalog import build_image
+    """A local farm serving the judge image with at least the default languages: an image
+    built before a language joined the table keeps its own (and any opt-in ones) and gains it."""
+    from farm.sandbox.catalog import build_image, list_images
 
-    build_image("judge", client=docker_env)
+    held = {
+        name
+        for image in list_images(docker_env)
+        if image.name == "judge" and image.spec is not None
+        for name in image.spec.languages
+        if name in JUDGE_LANGUAGES
+    }
+    build_image("judge", client=docker_env, languages=sorted(held | set(DEFAULT_LANGUAGES)))
     with Farm.local(images={"judge": 1}) as farm:
         yield farm
 

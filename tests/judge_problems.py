@@ -337,6 +337,21 @@ BORDER_CASES: dict[str, tuple[str, str, str]] = {
         'public class Solution{public static void main(String[] a){throw new IllegalStateException("boom");}}',
         "RE",
     ),
+    "kotlin/object": (
+        "kotlin",
+        "object Main {\n    @JvmStatic fun main(args: Array<String>) {\n        val s = java.util.Scanner(System.`in`)\n        println(s.nextLong() + s.nextLong())\n    }\n}\n",
+        "AC",
+    ),
+    "kotlin/package": (
+        "kotlin",
+        'package codeforces\n\nprivate fun readLn() = readLine()!!\nfun main(args: Array<String>) {\n    val (a, b) = readLn().split(" ").map(String::toLong)\n    println(a + b)\n}\n',
+        "AC",
+    ),
+    "csharp/namespace": (
+        "csharp",
+        "using System;\nusing System.Linq;\nnamespace CF {\n    public class Program {\n        public static void Main(string[] args) {\n            var v = Console.ReadLine().Split().Select(long.Parse).ToArray();\n            Console.WriteLine(v.Sum());\n        }\n    }\n}\n",
+        "AC",
+    ),
     "go/package-foo": ("go", "package foo\nfunc main(){}\n", "CE"),
     "go/commented-package": ("go", "// package foo\n" + SUM["go"]["AC"], "AC"),
     "cpp17/flood": ("cpp17", FLOOD_CPP, "CE"),

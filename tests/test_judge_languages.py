@@ -1,6 +1,7 @@
 """The judge's language table without Docker: every language has its verdicts' submissions in
 the judge's tests, Judge0's ids name one language each, the default image leaves out only the
-opt-in rows, and the README's table is the one the table prints (it cannot drift)."""
+opt-in rows, the README's table is the one the table prints (it cannot drift), and a Kotlin
+program runs the class of its ``main``."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from farm.judge.languages import DEFAULT_LANGUAGES, LANGUAGES, OPT_IN, markdown
 from farm.judge.toolchains import VERSIONS
+from farm.kernel.judge.entries import find
 from farm.sandbox.variants import VARIANTS, judge_variant
 from tests.judge_problems import SUM
 
@@ -51,3 +53,25 @@ def test_the_readme_table_is_the_generated_one_with_a_version_for_each_language(
         check=True,
     )
     assert printed.stdout == found[1]
+
+
+KOTLIN_MAINS = {
+    "fun main() { println(readLine()) }": "MainKt",
+    "fun main(args: Array<String>) {\n}\n": "MainKt",
+    "object Main {\n    @JvmStatic fun main(args: Array<String>) {}\n}\n": "Main",
+    "class Solution {\n  companion object {\n    @JvmStatic\n"
+    '    fun main(args: Array<String>) { val s = "}" }\n  }\n}\n': "Solution",
+    "package codeforces\n\nprivate fun readLn() = readLine()!!\nfun main() {}\n": (
+        "codeforces.MainKt"
+    ),
+    "data class P(val a: Int)\nobject Runner { @JvmStatic fun main(a: Array<String>) {} }\n": (
+        "Runner"
+    ),
+    "// object Foo { fun main() }\n/* class Bar { fun main( */\nfun main() {}\n": "MainKt",
+    "fun solve() {}\n": "MainKt",  # no main: the JVM says so, a runtime error
+}
+
+
+def test_a_kotlin_program_runs_the_class_of_its_main() -> None:
+    for source, main in KOTLIN_MAINS.items():
+        assert find("kotlin", source, "main.kt") == ("main.kt", main), source

@@ -18,7 +18,7 @@ class Language(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     file: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="the source's file name")
-    entry: Literal["java", "go"] | None = Field(
+    entry: Literal["java", "go", "kotlin"] | None = Field(
         default=None,
         description="the rule reading {file} and {main} from the source "
         "(farm.kernel.judge.entries); none: 'file' and its stem",
@@ -117,7 +117,8 @@ ROWS: dict[str, Language] = {
         title="Java (OpenJDK 17)",
     ),
     "kotlin": Language(
-        file="main.kt",  # a jar whose manifest names the class of main (MainKt)
+        file="main.kt",
+        entry="kotlin",  # the class of main: MainKt, or an object's (@JvmStatic)
         compile=(
             "kotlinc",
             # JNA's native library goes to /tmp, not to ./?/.cache (no user.home for a box uid)
@@ -127,7 +128,7 @@ ROWS: dict[str, Language] = {
             "-d",
             "main.jar",
         ),
-        run=(*_JVM_RUN, "-jar", "main.jar"),
+        run=(*_JVM_RUN, "-cp", "main.jar", "{main}"),
         # kotlinc -version says "1.3-SNAPSHOT" in Debian's build: the package names the release.
         version=("dpkg-query", "-W", "-f", "kotlinc-jvm ${Version}\\n", "kotlin"),
         apt=("kotlin",),

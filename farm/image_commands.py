@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from farm.judge.languages import OPT_IN
+
 image_app = typer.Typer(help="Farm images: build and list them.", no_args_is_help=True)
 console = Console()
 err = Console(stderr=True)
@@ -50,7 +52,10 @@ def image_build(
         "within the farm's FARM_EGRESS_ALLOW)",
     ),
     languages: str = typer.Option(
-        "", "--languages", help="judge only: its languages, comma separated (default: all)"
+        "",
+        "--languages",
+        help="judge only: its languages, comma separated (default: all but the opt-in "
+        f"{', '.join(sorted(OPT_IN))})",
     ),
 ) -> None:
     """Build a farm image when missing or stale: the default one, a variant, or an

@@ -14,7 +14,8 @@ SUM_TESTS = [
     {"stdin": "5 7\n", "expected": "12\n"},
 ]
 
-# Per language: the verdict -> source of a submission to the sum problem.
+# Per language: the verdict -> source of a submission to the sum problem: AC, WA, TLE, RE and CE
+# for every language, MLE and OLE where a submission gets them cheaply.
 SUM: dict[str, dict[str, str]] = {
     "python3": {
         "AC": "a, b = map(int, input().split())\nprint(a + b)\n",
@@ -79,6 +80,126 @@ SUM: dict[str, dict[str, str]] = {
         "CE": "fn main(){return x;}",
         "OLE": 'fn main(){loop{println!("yyyyyyyyyyyyyyyyyyyy");}}',
     },
+    "pypy3": {
+        "AC": "a, b = map(int, input().split())\nprint(a + b)\n",
+        "WA": "a, b = map(int, input().split())\nprint(a * b)\n",
+        "TLE": "while True:\n    pass\n",
+        "MLE": "x = b'x' * (512 << 20)\nprint(len(x))\n",
+        "RE": "raise SystemExit(3)\n",
+        "CE": "def f(:\n    pass\n",
+        "OLE": "while True:\n    print('y' * 100)\n",
+    },
+    "kotlin": {
+        "AC": 'fun main(){val(a,b)=readLine()!!.trim().split(" ").map{it.toLong()};println(a+b)}',
+        "WA": 'fun main(){val(a,b)=readLine()!!.trim().split(" ").map{it.toLong()};println(a*b)}',
+        "TLE": "fun main(){var x=0L;while(true){x++}}",
+        "MLE": "fun main(){val b=Array(64){ByteArray(8 shl 20)};for(a in b)a.fill(1);println(b[3][5])}",
+        "RE": "fun main(){kotlin.system.exitProcess(3)}",
+        "CE": "fun main(){return x}",
+        "OLE": 'fun main(){while(true)println("yyyyyyyyyyyyyyyyyyyy")}',
+    },
+    "csharp": {
+        "AC": "using System;class P{static void Main(){var t=Console.ReadLine().Split(' ');Console.WriteLine(long.Parse(t[0])+long.Parse(t[1]));}}",
+        "WA": "using System;class P{static void Main(){var t=Console.ReadLine().Split(' ');Console.WriteLine(long.Parse(t[0])*long.Parse(t[1]));}}",
+        "TLE": "class P{static long x;static void Main(){while(true){x++;}}}",
+        "MLE": "class P{static void Main(){var b=new byte[512<<20];for(int i=0;i<b.Length;i+=1024)b[i]=1;System.Console.WriteLine(b[99]);}}",
+        "RE": "class P{static int Main(){return 3;}}",
+        "CE": "class P{static void Main(){return x;}}",
+        "OLE": 'class P{static void Main(){while(true)System.Console.WriteLine("yyyyyyyyyyyyyyyyyyyy");}}',
+    },
+    "haskell": {
+        "AC": "main :: IO ()\nmain = do\n  [a, b] <- map read . words <$> getLine :: IO [Integer]\n  print (a + b)\n",
+        "WA": "main :: IO ()\nmain = do\n  [a, b] <- map read . words <$> getLine :: IO [Integer]\n  print (a * b)\n",
+        "TLE": "main :: IO ()\nmain = print (length [1 :: Int ..])\n",
+        "RE": "import System.Exit\nmain :: IO ()\nmain = exitWith (ExitFailure 3)\n",
+        "CE": "main :: IO ()\nmain = print x\n",
+        "OLE": "main :: IO ()\nmain = mapM_ putStrLn (repeat (replicate 100 'y'))\n",
+    },
+    "ocaml": {
+        "AC": 'let () = Scanf.scanf " %d %d" (fun a b -> Printf.printf "%d\\n" (a + b))\n',
+        "WA": 'let () = Scanf.scanf " %d %d" (fun a b -> Printf.printf "%d\\n" (a * b))\n',
+        "TLE": "let rec loop x = loop (x + 1)\nlet () = loop 0\n",
+        "RE": "let () = exit 3\n",
+        "CE": "let () = print_int x\n",
+        "OLE": 'let () = while true do print_endline "yyyyyyyyyyyyyyyyyyyy" done\n',
+    },
+    "pascal": {
+        "AC": "var a,b:int64;begin readln(a,b);writeln(a+b);end.",
+        "WA": "var a,b:int64;begin readln(a,b);writeln(a*b);end.",
+        "TLE": "var x:int64;begin x:=0;while true do inc(x);end.",
+        "MLE": "var p:pchar;i:longint;begin getmem(p,512 shl 20);i:=0;while i<(512 shl 20) do begin p[i]:='x';inc(i,1024);end;writeln(ord(p[99]));end.",
+        "RE": "begin halt(3);end.",
+        "CE": "begin x:=1;end.",
+        "OLE": "begin while true do writeln('yyyyyyyyyyyyyyyyyyyy');end.",
+    },
+    "fortran": {
+        "AC": "program s\ninteger(8)::a,b\nread(*,*)a,b\nprint '(I0)',a+b\nend program s\n",
+        "WA": "program s\ninteger(8)::a,b\nread(*,*)a,b\nprint '(I0)',a*b\nend program s\n",
+        "TLE": "program t\ninteger(8)::x\nx=0\ndo\nx=x+1\nif(x==-1)print *,x\nend do\nend program t\n",
+        "RE": "program r\nstop 3\nend program r\n",
+        "CE": "program c\nx = \nend program c\n",
+        "OLE": "program o\ndo\nprint '(A)','yyyyyyyyyyyyyyyyyyyy'\nend do\nend program o\n",
+    },
+    "d": {
+        "AC": 'import std.stdio;void main(){long a,b;readf(" %d %d",&a,&b);writeln(a+b);}',
+        "WA": 'import std.stdio;void main(){long a,b;readf(" %d %d",&a,&b);writeln(a*b);}',
+        "TLE": "import std.stdio;void main(){long x=0;while(true){x++;if(x==-1)writeln(x);}}",
+        "RE": "int main(){return 3;}",
+        "CE": "void main(){return x;}",
+        "OLE": 'import std.stdio;void main(){while(true)writeln("yyyyyyyyyyyyyyyyyyyy");}',
+    },
+    "commonlisp": {
+        "AC": '(let ((a (read)) (b (read))) (format t "~d~%" (+ a b)))\n',
+        "WA": '(let ((a (read)) (b (read))) (format t "~d~%" (* a b)))\n',
+        "TLE": "(loop)\n",
+        "RE": "(sb-ext:exit :code 3)\n",
+        "CE": "(defun f (\n",
+        "OLE": '(loop (write-line "yyyyyyyyyyyyyyyyyyyy"))\n',
+    },
+    "prolog": {
+        "AC": ":- initialization(main).\nmain :- read_integer(A), read_integer(B), C is A + B, write(C), nl.\n",
+        "WA": ":- initialization(main).\nmain :- read_integer(A), read_integer(B), C is A * B, write(C), nl.\n",
+        "TLE": ":- initialization(main).\nloop(X) :- Y is X + 1, loop(Y).\nmain :- loop(0).\n",
+        "RE": ":- initialization(main).\nmain :- halt(3).\n",
+        "CE": ":- initialization(main).\nmain :- write(.\n",
+        "OLE": ":- initialization(main).\nmain :- repeat, write(yyyyyyyyyyyyyyyyyyyy), nl, fail.\n",
+    },
+    "ruby": {
+        "AC": "a, b = gets.split.map(&:to_i)\nputs a + b\n",
+        "WA": "a, b = gets.split.map(&:to_i)\nputs a * b\n",
+        "TLE": "loop {}\n",
+        "MLE": "x = 'x' * (512 << 20)\nputs x.size\n",
+        "RE": "exit 3\n",
+        "CE": "def f(\n",
+        "OLE": "loop { puts 'y' * 100 }\n",
+    },
+    "php": {
+        "AC": "<?php\n[$a, $b] = array_map('intval', explode(' ', trim(fgets(STDIN))));\necho $a + $b, \"\\n\";\n",
+        "WA": "<?php\n[$a, $b] = array_map('intval', explode(' ', trim(fgets(STDIN))));\necho $a * $b, \"\\n\";\n",
+        "TLE": "<?php\nwhile (true) {}\n",
+        "MLE": "<?php\n$x = str_repeat('x', 512 << 20);\necho strlen($x), \"\\n\";\n",
+        "RE": "<?php\nexit(3);\n",
+        "CE": "<?php\nfunction (\n",
+        "OLE": "<?php\nwhile (true) echo str_repeat('y', 100), \"\\n\";\n",
+    },
+    "perl": {
+        "AC": "my ($a, $b) = split ' ', <STDIN>;\nprint $a + $b, \"\\n\";\n",
+        "WA": "my ($a, $b) = split ' ', <STDIN>;\nprint $a * $b, \"\\n\";\n",
+        "TLE": "1 while 1;\n",
+        "MLE": "my $x = 'x' x (512 << 20);\nprint length($x), \"\\n\";\n",
+        "RE": "exit 3;\n",
+        "CE": "sub f {\n",
+        "OLE": "print 'y' x 100, \"\\n\" while 1;\n",
+    },
+    "lua": {
+        "AC": 'local a, b = io.read("n", "n")\nprint(a + b)\n',
+        "WA": 'local a, b = io.read("n", "n")\nprint(a * b)\n',
+        "TLE": "while true do end\n",
+        "MLE": 'local x = string.rep("x", 512 << 20)\nprint(#x)\n',
+        "RE": "os.exit(3)\n",
+        "CE": "function (\n",
+        "OLE": 'while true do print(string.rep("y", 100)) end\n',
+    },
     "javascript": {
         "AC": "const [a,b]=require('fs').readFileSync(0,'utf8').trim().split(/\\s+/).map(Number);console.log(a+b);",
         "WA": "const [a,b]=require('fs').readFileSync(0,'utf8').trim().split(/\\s+/).map(Number);console.log(a*b);",
@@ -110,7 +231,7 @@ SUM_VERDICTS = {
     "OLE": ["OLE"],
 }
 SUM_LIMITS = {"time_s": 1.0, "memory_mb": 128, "output_mb": 1}
-SLOW_START = {"java17": 3.0, "bash": 3.0}  # a JVM's start is counted; bash is slow
+SLOW_START = {"java17": 3.0, "kotlin": 3.0, "bash": 3.0}  # a JVM's start is counted; bash is slow
 
 
 def sum_items() -> list[dict[str, Any]]:
@@ -215,6 +336,21 @@ BORDER_CASES: dict[str, tuple[str, str, str]] = {
         "java17",
         'public class Solution{public static void main(String[] a){throw new IllegalStateException("boom");}}',
         "RE",
+    ),
+    "kotlin/object": (
+        "kotlin",
+        "object Main {\n    @JvmStatic fun main(args: Array<String>) {\n        val s = java.util.Scanner(System.`in`)\n        println(s.nextLong() + s.nextLong())\n    }\n}\n",
+        "AC",
+    ),
+    "kotlin/package": (
+        "kotlin",
+        'package codeforces\n\nprivate fun readLn() = readLine()!!\nfun main(args: Array<String>) {\n    val (a, b) = readLn().split(" ").map(String::toLong)\n    println(a + b)\n}\n',
+        "AC",
+    ),
+    "csharp/namespace": (
+        "csharp",
+        "using System;\nusing System.Linq;\nnamespace CF {\n    public class Program {\n        public static void Main(string[] args) {\n            var v = Console.ReadLine().Split().Select(long.Parse).ToArray();\n            Console.WriteLine(v.Sum());\n        }\n    }\n}\n",
+        "AC",
     ),
     "go/package-foo": ("go", "package foo\nfunc main(){}\n", "CE"),
     "go/commented-package": ("go", "// package foo\n" + SUM["go"]["AC"], "AC"),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from farm.errors import ImageBuildError
-from farm.judge.languages import LANGUAGES
+from farm.judge.languages import DEFAULT_LANGUAGES, LANGUAGES
 from farm.sandbox.environments import ensure_env_image
 from farm.sandbox.envspec import EnvLimits, EnvSpec
 from farm.sandbox.images import SandboxImage
@@ -37,14 +37,15 @@ VARIANTS: dict[str, EnvSpec] = {
     ),
     "judge": EnvSpec(
         name="judge",
-        languages=dict(LANGUAGES),
+        languages={name: LANGUAGES[name] for name in DEFAULT_LANGUAGES},  # OPT_IN: by name
         limits=EnvLimits(**IMAGE_LIMITS["judge"]),
     ),
 }
 
 
 def judge_variant(languages: Sequence[str]) -> EnvSpec:
-    """The judge image with only ``languages`` (names of ``farm.judge.languages``)."""
+    """The judge image with only ``languages`` (names of ``farm.judge.languages``, the opt-in
+    ones among them)."""
     unknown = sorted(set(languages) - set(LANGUAGES))
     if unknown:
         raise ImageBuildError(f"unknown languages {unknown}; known: {sorted(LANGUAGES)}")

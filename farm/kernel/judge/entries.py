@@ -2,7 +2,8 @@
 
 ``java``: the source file is named after its public top-level type (javac insists) and the
 type holding ``static void main`` runs, whatever their names (``Solution``, ``CF1234A``,
-unicode), as on Codeforces and DMOJ. ``go``: only ``package main`` is a program. Comments and
+unicode), as on Codeforces and DMOJ. ``go``: only ``package main`` is a program. ``kotlin``:
+the class of ``main``, top-level or an object's. Comments and
 literals are blanked first: ``// public class Foo`` names nothing. A source that cannot be a
 program is a compile error (``EntryError``), never a failure of the runner.
 """
@@ -141,4 +142,51 @@ def go(source: str, default_file: str) -> Entry:
     return Entry(default_file, _stem(default_file))
 
 
-RULES: dict[str, Callable[[str, str], Entry]] = {"java": java, "go": go}
+# Kotlin: a top-level main is the file's class (main.kt: MainKt); an object's @JvmStatic main, or
+# a companion object's, is a static method of the object, or of the class holding the companion.
+_KOTLIN_TOKENS = re.compile(
+    r"(?P<brace>[{}])"
+    r"|(?P<companion>\bcompanion\s+object\b)(?:\s+[^\W\d]\w*)?"
+    r"|\b(?:object|class|interface)\s+(?P<name>[^\W\d]\w*|`[^`\n]+`)"
+    r"|(?P<main>\bfun\s+main\s*\()"
+    r"|(?P<fun>\bfun\b)"
+)
+_KOTLIN_PACKAGE = re.compile(r"^\s*package\s+([\w.`]+)", re.M)
+
+
+def kotlin(source: str, default_file: str) -> Entry:
+    """The table's file; the class to run: the file's (``MainKt``) for a top-level ``fun
+    main``, else the object or class whose body (or companion object) holds one: Codeforces'
+    ``object Main { @JvmStatic fun main(...) }``."""
+    code = _java_code(source)  # the same comments and string literals as Java's, blanked
+    stem = _stem(default_file)
+    main = stem[:1].upper() + stem[1:] + "Kt"
+    stack: list[str | None] = []  # per open brace: the type it is the body of, if any
+    pending: str | None = None  # a type declared, its body not yet open
+    found: str | None = None
+    for match in _KOTLIN_TOKENS.finditer(code):
+        if match["brace"] == "{":
+            stack.append(pending)
+            pending = None
+        elif match["brace"] == "}":
+            if stack:
+                stack.pop()
+        elif match["companion"] is not None:  # its main is the enclosing class's
+            pending = next((t for t in reversed(stack) if t), None)
+        elif match["name"] is not None:
+            pending = match["name"].strip("`")
+        elif match["main"] is not None:
+            if not stack:
+                found = main
+                break
+            found = found or stack[-1]
+        else:  # another function: a type declared before it had no body
+            pending = None
+    package = _KOTLIN_PACKAGE.search(code)
+    name = found or main
+    if package is not None:
+        name = package[1].replace("`", "") + "." + name
+    return Entry(default_file, name)
+
+
+RULES: dict[str, Callable[[str, str], Entry]] = {"java": java, "go": go, "kotlin": kotlin}

@@ -220,4 +220,6 @@ BORDER_CASES: dict[str, tuple[str, str, str]] = {
     "go/commented-package": ("go", "// package foo\n" + SUM["go"]["AC"], "AC"),
     "cpp17/flood": ("cpp17", FLOOD_CPP, "CE"),
     "cpp17/slow-compile": ("cpp17", SLOW_CPP, "CE"),
+    # javac -d . makes the package's directory in the build: was IE (the compile cache's read)
+    "java/package": ("java17", f"package cf.round;\npublic class A{_JAVA_SUM}", "AC"),
 }

@@ -219,9 +219,10 @@ def _artifact(build: str, source_name: str) -> dict[str, str] | None:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
             except OSError:
                 return None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a Java package's directory
+                os.close(fd)
+                return None
             with os.fdopen(fd, "rb") as f:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    return None
                 data = f.read(ARTIFACT_BYTES + 1)
             total += len(data)
             if total > ARTIFACT_BYTES:

@@ -222,4 +222,13 @@ BORDER_CASES: dict[str, tuple[str, str, str]] = {
     "cpp17/slow-compile": ("cpp17", SLOW_CPP, "CE"),
     # javac -d . makes the package's directory in the build: was IE (the compile cache's read)
     "java/package": ("java17", f"package cf.round;\npublic class A{_JAVA_SUM}", "AC"),
+    # a program's memory is its own: at 16 MB these were MLE with the runner's 16 MB
+    "c/16MB": ("c", SUM["c"]["AC"], "AC"),
+    "go/16MB": ("go", SUM["go"]["AC"], "AC"),
+}
+# The limits of some border cases, over SUM_LIMITS.
+BORDER_LIMITS: dict[str, dict[str, float]] = {
+    "cpp17/slow-compile": {"compile_time_s": 2.0},
+    "c/16MB": {"memory_mb": 16},
+    "go/16MB": {"memory_mb": 16},
 }

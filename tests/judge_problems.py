@@ -111,6 +111,9 @@ SUM_VERDICTS = {
 }
 SUM_LIMITS = {"time_s": 1.0, "memory_mb": 128, "output_mb": 1}
 SLOW_START = {"java17": 3.0, "bash": 3.0}  # a JVM's start is counted; bash is slow
+# The sum submissions' wall limit: their verdicts are not about it, and a test worker shares
+# its cores (bash's 400 MB string took 9 s of wall for 1.3 s of CPU at a load of 18 on 2).
+SUM_WALL_S = 30.0
 
 
 def sum_items() -> list[dict[str, Any]]:
@@ -119,6 +122,7 @@ def sum_items() -> list[dict[str, Any]]:
     for language in LANGUAGES:
         for verdict, source in SUM[language].items():
             limits = {**SUM_LIMITS, "time_s": SLOW_START.get(language, SUM_LIMITS["time_s"])}
+            limits["wall_s"] = SUM_WALL_S
             items.append(
                 {
                     "id": f"{language}/{verdict}",
@@ -225,6 +229,12 @@ BORDER_CASES: dict[str, tuple[str, str, str]] = {
     # a program's memory is its own: at 16 MB these were MLE with the runner's 16 MB
     "c/16MB": ("c", SUM["c"]["AC"], "AC"),
     "go/16MB": ("go", SUM["go"]["AC"], "AC"),
+    # asleep past 3x its CPU limit (DMOJ's wall limit): TLE, not AC within 3x + 5 s
+    "cpp17/asleep": (
+        "cpp17",
+        f"#include <unistd.h>\n{SUM['cpp17']['AC'].replace('{', '{sleep(7);', 1)}",
+        "TLE",
+    ),
 }
 # The limits of some border cases, over SUM_LIMITS.
 BORDER_LIMITS: dict[str, dict[str, float]] = {

@@ -240,6 +240,14 @@ def test_a_program_s_memory_is_its_own_not_the_runner_s(
         assert all(test.memory_kb < 8 * 1024 for test in result.tests), result.tests
 
 
+def test_a_program_asleep_past_its_wall_limit_is_stopped_there(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    result = records["cpp17/asleep"].judge
+    assert result is not None and result.tests[0].verdict == "TLE", result
+    assert result.tests[0].message == "over 6 s of wall time"  # 3x its 1 s, at least 5 s more
+
+
 def test_a_go_package_other_than_main_is_a_compile_error(
     records: dict[str | int, BatchRecord],
 ) -> None:

@@ -77,7 +77,7 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     run_argv = _filled(language["run"], entry, memory_mb=str(memory_mb))
     limits = testrun.Limits(
         cpu_s=float(spec["time_s"]),
-        wall_s=float(spec.get("wall_s") or float(spec["time_s"]) * 3 + 5.0),
+        wall_s=float(spec.get("wall_s") or default_wall_s(float(spec["time_s"]))),
         memory_kb=memory_mb * 1024,
         output_bytes=int(spec["output_mb"]) << 20,
         stack_bytes=min(STACK_BYTES, memory_mb << 20),
@@ -199,6 +199,13 @@ def _compile(
     compiled["output"], compiled["time_s"], compiled["wall_s"] = text, done.cpu_s, done.wall_s
     with testrun.as_box(box, isolation):  # root here has no CAP_DAC_OVERRIDE
         return compiled, _artifact(build, entry.file)
+
+
+def default_wall_s(time_s: float) -> float:
+    """A test's wall limit unless given: 3x its CPU time, as DMOJ (a worker judges at most
+    twice its CPUs' tests at once, so each has half a core), and at least 5 s more than
+    it, for a runtime's start on a loaded worker. A program asleep past it is TLE."""
+    return max(time_s * 3, time_s + 5.0)
 
 
 def _artifact(build: str, source_name: str) -> dict[str, str] | None:

@@ -226,6 +226,12 @@ BORDER_CASES: dict[str, tuple[str, str, str]] = {
     "cpp17/slow-compile": ("cpp17", SLOW_CPP, "CE"),
     # javac -d . makes the package's directory in the build: was IE (the compile cache's read)
     "java/package": ("java17", f"package cf.round;\npublic class A{_JAVA_SUM}", "AC"),
+    # a 2 GB array past -Xmx128m: the JVM's OutOfMemoryError at once, MLE as DMOJ says
+    "java/heap": (
+        "java17",
+        "public class Main{public static void main(String[] a){long[] x=new long[1<<28];System.out.println(x.length);}}",
+        "MLE",
+    ),
     # a program's memory is its own: at 16 MB these were MLE with the runner's 16 MB
     "c/16MB": ("c", SUM["c"]["AC"], "AC"),
     "go/16MB": ("go", SUM["go"]["AC"], "AC"),

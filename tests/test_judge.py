@@ -248,6 +248,14 @@ def test_a_program_asleep_past_its_wall_limit_is_stopped_there(
     assert result.tests[0].message == "over 6 s of wall time"  # 3x its 1 s, at least 5 s more
 
 
+def test_java_s_heap_is_bounded_at_the_limit_and_its_exhaustion_is_mle(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    result = records["java/heap"].judge
+    assert result is not None and result.verdict == "MLE", result
+    assert result.tests[0].message == "out of memory at 128 MB (java.lang.OutOfMemoryError)"
+
+
 def test_a_go_package_other_than_main_is_a_compile_error(
     records: dict[str | int, BatchRecord],
 ) -> None:

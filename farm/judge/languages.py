@@ -32,6 +32,11 @@ class Language(BaseModel):
     version: tuple[str, ...] = ()
     apt: tuple[str, ...] = ()
     judge0: int | None = Field(default=None, description="Judge0 CE's language id")
+    out_of_memory: tuple[str, ...] = Field(
+        default=(),
+        description="what the runtime writes on stderr when its heap, bounded at the memory "
+        "limit, is full: a failing run saying it is MLE",
+    )
     title: str = ""
 
     def for_image(self) -> dict[str, Any]:
@@ -42,6 +47,7 @@ class Language(BaseModel):
             "compile": list(self.compile),
             "run": list(self.run),
             "version": list(self.version),
+            "out_of_memory": list(self.out_of_memory),
         }
 
 
@@ -96,8 +102,17 @@ LANGUAGES: dict[str, Language] = {
             ".",
             "{file}",
         ),
-        # No -Xmx{memory_mb}m: a heap at the limit turns MLE into an OutOfMemoryError (RE).
-        run=("java", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xss64m", "{main}"),
+        # The heap bounded at the limit, as DMOJ and Kattis: sized from the host's memory, it
+        # filled with garbage before the first collection (a 71 MB peak for a loop of splits).
+        run=(
+            "java",
+            "-XX:+UseSerialGC",
+            "-XX:TieredStopAtLevel=1",
+            "-Xss64m",
+            "-Xmx{memory_mb}m",
+            "{main}",
+        ),
+        out_of_memory=("java.lang.OutOfMemoryError", "Too small maximum heap"),
         version=("javac", "-version"),
         apt=("openjdk-17-jdk-headless",),
         judge0=62,

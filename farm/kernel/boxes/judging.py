@@ -81,6 +81,7 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
         memory_kb=memory_mb * 1024,
         output_bytes=int(spec["output_mb"]) << 20,
         stack_bytes=min(STACK_BYTES, memory_mb << 20),
+        out_of_memory=tuple(words.encode() for words in language.get("out_of_memory") or ()),
     )
     testrun.confine(box, limits)  # the runner's limits are the tests' from here on
     results: list[JudgeTestOutcome] = []
@@ -304,6 +305,9 @@ def _verdict(done: testrun.Measured, limits: testrun.Limits) -> tuple[Verdict, s
     if done.signal is not None:
         return "RE", f"killed by signal {done.signal}"
     if done.exit_code != 0:
+        said = next((words for words in limits.out_of_memory if words in done.stderr), None)
+        if said is not None:  # a heap bounded at the limit (Java's -Xmx): MLE, as DMOJ
+            return "MLE", f"out of memory at {limits.memory_kb // 1024} MB ({said.decode()})"
         return "RE", f"exit code {done.exit_code}"
     return "AC", ""
 

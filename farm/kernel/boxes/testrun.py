@@ -37,6 +37,7 @@ class Limits:
     memory_kb: int
     output_bytes: int
     stack_bytes: int
+    out_of_memory: tuple[bytes, ...] = ()  # a runtime's words on stderr for its heap's limit
 
 
 @dataclass

@@ -232,6 +232,9 @@ SUM_VERDICTS = {
 }
 SUM_LIMITS = {"time_s": 1.0, "memory_mb": 128, "output_mb": 1}
 SLOW_START = {"java17": 3.0, "kotlin": 3.0, "bash": 3.0}  # a JVM's start is counted; bash is slow
+# The sum submissions' wall limit: their verdicts are not about it, and a test worker shares
+# its cores (bash's 400 MB string took 9 s of wall for 1.3 s of CPU at a load of 18 on 2).
+SUM_WALL_S = 30.0
 
 
 def sum_items() -> list[dict[str, Any]]:
@@ -240,6 +243,7 @@ def sum_items() -> list[dict[str, Any]]:
     for language in LANGUAGES:
         for verdict, source in SUM[language].items():
             limits = {**SUM_LIMITS, "time_s": SLOW_START.get(language, SUM_LIMITS["time_s"])}
+            limits["wall_s"] = SUM_WALL_S
             items.append(
                 {
                     "id": f"{language}/{verdict}",
@@ -356,4 +360,27 @@ BORDER_CASES: dict[str, tuple[str, str, str]] = {
     "go/commented-package": ("go", "// package foo\n" + SUM["go"]["AC"], "AC"),
     "cpp17/flood": ("cpp17", FLOOD_CPP, "CE"),
     "cpp17/slow-compile": ("cpp17", SLOW_CPP, "CE"),
+    # javac -d . makes the package's directory in the build: was IE (the compile cache's read)
+    "java/package": ("java17", f"package cf.round;\npublic class A{_JAVA_SUM}", "AC"),
+    # a 2 GB array past -Xmx128m: the JVM's OutOfMemoryError at once, MLE as DMOJ says
+    "java/heap": (
+        "java17",
+        "public class Main{public static void main(String[] a){long[] x=new long[1<<28];System.out.println(x.length);}}",
+        "MLE",
+    ),
+    # a program's memory is its own: at 16 MB these were MLE with the runner's 16 MB
+    "c/16MB": ("c", SUM["c"]["AC"], "AC"),
+    "go/16MB": ("go", SUM["go"]["AC"], "AC"),
+    # asleep past 3x its CPU limit (DMOJ's wall limit): TLE, not AC within 3x + 5 s
+    "cpp17/asleep": (
+        "cpp17",
+        f"#include <unistd.h>\n{SUM['cpp17']['AC'].replace('{', '{sleep(7);', 1)}",
+        "TLE",
+    ),
+}
+# The limits of some border cases, over SUM_LIMITS.
+BORDER_LIMITS: dict[str, dict[str, float]] = {
+    "cpp17/slow-compile": {"compile_time_s": 2.0},
+    "c/16MB": {"memory_mb": 16},
+    "go/16MB": {"memory_mb": 16},
 }

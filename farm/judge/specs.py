@@ -71,7 +71,8 @@ def timeout_of(problem: Problem, submission: Submission) -> float:
     if submission.timeout_s is not None:
         return submission.timeout_s
     limits = limits_of(problem, submission)
-    per_test = (limits.wall_s or limits.time_s * 3 + 5.0) + 0.5  # its wall limit, start, check
+    wall_s = limits.wall_s or max(limits.time_s * 3, limits.time_s + 5.0)  # the kernel's default
+    per_test = wall_s + 0.5  # its wall limit, start, check
     return limits.compile_time_s * 2 + 5.0 + per_test * len(problem.tests) + SLACK_S
 
 

@@ -28,6 +28,11 @@ class Language(BaseModel):
     version: tuple[str, ...] = ()
     apt: tuple[str, ...] = ()
     judge0: int | None = Field(default=None, description="Judge0 CE's language id")
+    out_of_memory: tuple[str, ...] = Field(
+        default=(),
+        description="what the runtime writes on stderr when its heap, bounded at the memory "
+        "limit, is full: a failing run saying it is MLE",
+    )
     title: str = ""
 
     def for_image(self) -> dict[str, Any]:
@@ -38,15 +43,19 @@ class Language(BaseModel):
             "compile": list(self.compile),
             "run": list(self.run),
             "version": list(self.version),
+            "out_of_memory": list(self.out_of_memory),
         }
 
 
 _PY_CHECK = 'import sys; compile(open(sys.argv[1], "rb").read(), sys.argv[1], "exec")'
 # The JVM as the judge runs it: one GC thread, C1 only (a short program starts sooner), a deep
-# stack for recursion; no -Xmx{memory_mb}m: a heap at the limit turns MLE into an
-# OutOfMemoryError (RE). -PrintWarnings: Debian's kotlinc passes flags JDK 17 deprecates.
+# stack for recursion, the heap bounded at the limit as DMOJ and Kattis do (sized from the
+# host's memory, it filled with garbage before the first collection: a 71 MB peak for a loop of
+# splits), its OutOfMemoryError MLE. -PrintWarnings: Debian's kotlinc passes flags JDK 17
+# deprecates.
 _JVM = ("-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
-_JVM_RUN = ("java", *_JVM, "-Xss64m")
+_JVM_RUN = ("java", *_JVM, "-Xss64m", "-Xmx{memory_mb}m")
+_JVM_OUT_OF_MEMORY = ("java.lang.OutOfMemoryError", "Too small maximum heap")
 # compile-file reads and compiles the whole file first (a reader or compile error is CE, as
 # with a compiler), then the run loads the fasl. failure-p: an ERROR or WARNING, not a style one.
 _LISP_COMPILE = (
@@ -111,6 +120,7 @@ ROWS: dict[str, Language] = {
             "{file}",
         ),
         run=(*_JVM_RUN, "{main}"),
+        out_of_memory=_JVM_OUT_OF_MEMORY,
         version=("javac", "-version"),
         apt=("openjdk-17-jdk-headless",),
         judge0=62,
@@ -129,6 +139,7 @@ ROWS: dict[str, Language] = {
             "main.jar",
         ),
         run=(*_JVM_RUN, "-cp", "main.jar", "{main}"),
+        out_of_memory=_JVM_OUT_OF_MEMORY,
         # kotlinc -version says "1.3-SNAPSHOT" in Debian's build: the package names the release.
         version=("dpkg-query", "-W", "-f", "kotlinc-jvm ${Version}\\n", "kotlin"),
         apt=("kotlin",),

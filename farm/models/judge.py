@@ -22,7 +22,7 @@ class Verdict(StrEnum):
 
     AC = "AC"  # accepted
     WA = "WA"  # wrong answer
-    TLE = "TLE"  # over the CPU time (or 3x + 1 s of wall time)
+    TLE = "TLE"  # over the CPU time (or the wall time: 3x, at least + 5 s)
     MLE = "MLE"  # over the peak resident memory
     RE = "RE"  # a non-zero exit or a signal
     OLE = "OLE"  # over the output limit
@@ -52,8 +52,9 @@ class TestCase(Model):
 
 
 class JudgeLimits(Model):
-    """Per test: CPU seconds, wall seconds (default 3x the CPU + 5 s: a loaded worker's tests
-    wait for a core), peak memory, stdout size; and the compile's own CPU seconds."""
+    """Per test: CPU seconds, wall seconds (default 3x the CPU, and at least 5 s more: a
+    loaded worker's tests wait for a core), peak memory, stdout size; and the compile's own
+    CPU seconds."""
 
     time_s: float = Field(default=2.0, gt=0, le=60)
     wall_s: float | None = Field(default=None, gt=0, le=600)

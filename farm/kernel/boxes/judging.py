@@ -82,10 +82,11 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     run_argv += spec.get("run_args") or []
     limits = testrun.Limits(
         cpu_s=float(spec["time_s"]),
-        wall_s=float(spec.get("wall_s") or float(spec["time_s"]) * 3 + 5.0),
+        wall_s=float(spec.get("wall_s") or default_wall_s(float(spec["time_s"]))),
         memory_kb=memory_mb * 1024,
         output_bytes=int(spec["output_mb"]) << 20,
         stack_bytes=min(STACK_BYTES, memory_mb << 20),
+        out_of_memory=tuple(words.encode() for words in language.get("out_of_memory") or ()),
     )
     testrun.confine(box, limits)  # the runner's limits are the tests' from here on
     results: list[JudgeTestOutcome] = []
@@ -223,6 +224,13 @@ def _compile(
         return compiled, _artifact(build, entry.file)
 
 
+def default_wall_s(time_s: float) -> float:
+    """A test's wall limit unless given: 3x its CPU time, as DMOJ (a worker judges at most
+    twice its CPUs' tests at once, so each has half a core), and at least 5 s more than
+    it, for a runtime's start on a loaded worker. A program asleep past it is TLE."""
+    return max(time_s * 3, time_s + 5.0)
+
+
 def _artifact(build: str, source_name: str) -> dict[str, str] | None:
     """The files the compile made (regular files of the build directory, the source left
     out), base64; none when they would be too large to cache. Read with the box's rights,
@@ -241,7 +249,7 @@ def _artifact(build: str, source_name: str) -> dict[str, str] | None:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
             except OSError:
                 return None
-            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, say: no artifact
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory (a Java package's)
                 os.close(fd)
                 return None
             with os.fdopen(fd, "rb") as f:
@@ -319,6 +327,9 @@ def _verdict(done: testrun.Measured, limits: testrun.Limits) -> tuple[Verdict, s
     if done.signal is not None:
         return "RE", f"killed by signal {done.signal}"
     if done.exit_code != 0:
+        said = next((words for words in limits.out_of_memory if words in done.stderr), None)
+        if said is not None:  # a heap bounded at the limit (Java's -Xmx): MLE, as DMOJ
+            return "MLE", f"out of memory at {limits.memory_kb // 1024} MB ({said.decode()})"
         return "RE", f"exit code {done.exit_code}"
     return "AC", ""
 

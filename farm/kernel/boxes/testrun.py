@@ -3,7 +3,8 @@
 A test is forked and exec'd by C code (``subprocess``) straight into the box's uid, under the
 runner's lowered rlimits, with stdin from a box-readable file or a memfd and outputs to memfds.
 Memory, CPU and wall time are sampled on the tree and enforced by killing it; ``wait4`` gives
-CPU time and peak RSS; whatever the program left is killed and reaped. Why and how:
+CPU time and peak RSS (where it is the program's: ``own_peak_kb``); whatever the program left
+is killed and reaped. Why and how:
 docs/design/judge.md, "Measuring and limiting a test".
 """
 
@@ -26,6 +27,7 @@ POLL_S = 0.005
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 KILL_WAIT_S = 5.0
+INHERITED_SLACK_KB = 512  # what a forked child may touch before its execve (its stack)
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Limits:
     memory_kb: int
     output_bytes: int
     stack_bytes: int
+    out_of_memory: tuple[bytes, ...] = ()  # a runtime's words on stderr for its heap's limit
 
 
 @dataclass
@@ -116,6 +119,23 @@ def _limit(which: int, soft: int, hard: int) -> None:
     if ceiling != resource.RLIM_INFINITY:
         soft, hard = min(soft, ceiling), min(hard, ceiling)
     resource.setrlimit(which, (soft, hard))
+
+
+def resident_kb(pid: int | str = "self") -> int:
+    """The resident memory of one process now (kB), 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_KB
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def own_peak_kb(maxrss_kb: int, inherited_kb: int) -> int:
+    """A program's own peak from ``wait4``'s ``ru_maxrss``, or 0 when that may be the
+    runner's: the kernel keeps the high-water mark of the process image an ``execve``
+    replaced, and a child forked from the runner starts with up to the runner's resident
+    pages (``inherited_kb``), so a one-line C program showed as the runner's 16 MB."""
+    return maxrss_kb if maxrss_kb > inherited_kb + INHERITED_SLACK_KB else 0
 
 
 def tree_usage(pid: int) -> tuple[int, float]:
@@ -231,11 +251,13 @@ def run(
             in_fd = os.memfd_create("stdin", os.MFD_CLOEXEC)
             os.write(in_fd, stdin_data)
             os.lseek(in_fd, 0, os.SEEK_SET)
+        inherited = resident_kb()  # what the child starts with, before its execve
         try:
             started = time.monotonic()  # spawn returns once exec succeeded: it may have run
             pid = spawn(argv, box, isolation, stdin_fd=in_fd, out_fd=out_fd, err_fd=err_fd)
         except OSError as exc:  # not found, not executable, the directory taken away
             return Measured(127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0)
+        first = resident_kb(pid)  # a program done before the first sample still shows
         watched = (out_fd, err_fd) if watch_output else ()
         status, usage, wall, peak, killed = wait(pid, limits, started, watched)
         sweep_leftovers()
@@ -251,7 +273,7 @@ def run(
         signal=died,
         cpu_s=usage.ru_utime + usage.ru_stime,
         wall_s=wall,
-        memory_kb=max(int(usage.ru_maxrss), peak),
+        memory_kb=max(own_peak_kb(int(usage.ru_maxrss), inherited), peak, first),
         killed=killed,
         stdout=stdout,
         stderr=stderr,

@@ -406,7 +406,7 @@ class JudgeSpec(_JudgeSpecRequired, total=False):
     ``keep_outputs`` (a special judge) outputs come back and the verdict is ``PENDING``."""
 
     all_tests: bool
-    wall_s: float  # wall seconds per test (default: 3x the CPU time + 5 s)
+    wall_s: float  # wall seconds per test (default: max(3x the CPU time, + 5 s))
     artifact: dict[str, str] | None
     keep_outputs: bool
     compile_time_s: float

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 
+from farm.kernel.boxes.checking import COMPILE_S
 from farm.kernel.wire.protocol import JudgeSpec, JudgeTest
 from farm.models.batch import BatchItem
 from farm.models.judge import JudgeLimits
@@ -53,10 +54,20 @@ def judge_spec(item: BatchItem) -> tuple[JudgeSpec, dict[str, str], float]:
     }
     if limits.wall_s is not None:
         spec["wall_s"] = limits.wall_s
+    # The problem's own programs: compiled once per problem on a worker (its cache), run as
+    # the box's judge uid, out of the submission's reach (docs/design/judge.md).
+    if item.checker_program is not None:
+        spec["checker_program"] = item.checker_program.model_dump()  # type: ignore[typeddict-item]
+    if item.interactor is not None:
+        spec["interactor"] = item.interactor.model_dump()  # type: ignore[typeddict-item]
     # The expected outputs never reach the box: a submission could print them.
     inputs = {test.stdin_file for test in item.tests}
     hidden = {test.expected_file for test in item.tests} - inputs
     files = {path: text for path, text in files.items() if path not in hidden}
     per_test = (limits.wall_s or limits.time_s * 3 + 5.0) + 0.5  # its wall limit, start, check
     timeout = limits.compile_time_s * 2 + 5.0 + per_test * len(tests) + SLACK_S
+    programs = [p for p in (item.checker_program, item.interactor) if p is not None]
+    if programs:  # their compiles (checking.COMPILE_S at least), a checker's run after each test
+        compile_s = max(limits.compile_time_s, COMPILE_S)
+        timeout += len(programs) * (compile_s * 2 + 5.0) + per_test * len(tests)
     return spec, files, item.timeout_s or timeout

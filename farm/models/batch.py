@@ -12,6 +12,7 @@ from farm.models.base import Model
 from farm.models.frames import JudgeStep
 from farm.models.judge import (
     JudgeLimits,
+    JudgeProgram,
     JudgeResult,
     TestCase,
     TestGroup,
@@ -45,8 +46,16 @@ class BatchItem(Model):
     language: str | None = Field(default=None, description="a judge item's language")
     source: str | None = None
     tests: list[TestCase] | None = None
-    checker: str = Field(default="tokens", description="exact, lines, tokens, float:A[:R], special")
+    checker: str = Field(
+        default="tokens", description="exact, lines, tokens, float:A[:R], special, program"
+    )
     special_judge: str | None = Field(default=None, description="Python: def check(i, e, o)")
+    checker_program: JudgeProgram | None = Field(
+        default=None, description="with checker 'program': a testlib checker or Kattis validator"
+    )
+    interactor: JudgeProgram | None = Field(
+        default=None, description="an interactive problem's interactor (testlib or Kattis)"
+    )
     all_tests: bool = False
     keep_outputs: bool = Field(default=False, description="each test's stdout in its result")
     judge_limits: JudgeLimits | None = None
@@ -78,7 +87,14 @@ class BatchItem(Model):
         if (self.source is None) != (self.language is None):
             raise ValueError("a judge item needs both 'language' and 'source'")
         if self.source is not None:
-            check_judge_item(self.checker, self.special_judge, self.tests, self.files)
+            check_judge_item(
+                self.checker,
+                self.special_judge,
+                self.tests,
+                self.files,
+                self.checker_program,
+                self.interactor,
+            )
             if self.groups is not None:
                 check_groups(self.groups, len(self.tests or []))
         elif self.groups is not None:

@@ -124,17 +124,24 @@ class Programs:
             stack_bytes=test.stack_bytes,
         )
 
+    @property
+    def feedback(self) -> str:
+        return os.path.join(self.root, "feedback")
+
     @contextlib.contextmanager
     def feedback_dir(self) -> Iterator[str]:
-        """A fresh, empty directory of the judge uid (a Kattis validator's feedback)."""
-        path = os.path.join(self.root, f"feedback-{secrets.token_hex(6)}")
-        with testrun.as_box(self.judge, self.isolation):
-            os.mkdir(path, 0o700)
+        """The judge uid's directory for a Kattis validator's feedback (made with the
+        programs), empty, and emptied again after the block."""
         try:
-            yield path
+            yield self.feedback
         finally:
             with testrun.as_box(self.judge, self.isolation):
-                shutil.rmtree(path, ignore_errors=True)
+                for name in os.listdir(self.feedback):
+                    path = os.path.join(self.feedback, name)
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        os.unlink(path)
 
     def read_feedback(self, path: str, name: str) -> str | None:
         """A file the validator wrote in its feedback directory, read as the judge uid and
@@ -175,8 +182,9 @@ def prepare(
     home: str,
     compile_program: Compile,
 ) -> Programs | JudgeOutcome:
-    """Compile (or restore) the item's checker and interactor as the judge uid, before any
-    test of the submission runs; the runner's working directory is ``home`` again after.
+    """Compile (or restore) the item's checker and interactor as the judge uid, and read the
+    tests' input files, before anything of the submission's (its compile too: a build that
+    fills the box's disk) ran; ``home`` is the submission's build directory, to be.
     A program that does not compile, or in a language the image lacks, is the problem's
     failure: an ``IE`` of kind ``input``."""
     uid = judge_uid(box, isolation)
@@ -207,9 +215,12 @@ def prepare(
                 if refused is not None:
                     programs.close()
                     return refused
+        if any(p.protocol == "kattis" for p in programs.found.values()):
+            with testrun.as_box(judge, isolation):  # made now: no inode is needed later
+                os.mkdir(programs.feedback, 0o700)
     finally:
         with testrun.as_box(box, isolation):
-            os.chdir(home)
+            os.chdir(box["workspace"])
     return programs
 
 

@@ -70,16 +70,16 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     except entries.EntryError as exc:
         return _named(outcome("CE", str(exc), compile=_failed(str(exc))), named)
     build = os.path.join(box["workspace"], BUILD_DIR)
-    compiled, artifact = _compile(spec, language, entry, box, isolation, build)
-    if compiled["status"] == "error":
-        return _named(outcome("CE", compiled["output"], compile=compiled), named)
-    programs = None  # the problem's checker and interactor, compiled as the judge uid
+    programs = None  # the problem's checker and interactor: first, as the judge uid
     if spec.get("checker_program") or spec.get("interactor"):
         prepared = checking.prepare(spec, table, box, isolation, build, _compile)
         if not isinstance(prepared, checking.Programs):
             return _named(prepared, named)
         programs = prepared
     try:
+        compiled, artifact = _compile(spec, language, entry, box, isolation, build)
+        if compiled["status"] == "error":
+            return _named(outcome("CE", compiled["output"], compile=compiled), named)
         return _named(
             _tests(spec, language, entry, box, isolation, compiled, programs, artifact), named
         )

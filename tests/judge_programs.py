@@ -148,7 +148,8 @@ while True:
 """
 
 # The attack: reads the interactor's input (its fd of the test's input) to learn the secret,
-# writes into its memory, kills it; then answers what it learnt (0 if nothing).
+# writes into its memory, kills it; then answers what it learnt (0 if nothing). It also says
+# which fds it has (the runner's must not have leaked to it).
 _ATTACK = """import os, signal, sys
 me, found, tried = os.getpid(), None, set()
 for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != me]:
@@ -167,6 +168,7 @@ for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != me]:
         except OSError as exc:
             tried.add((what, exc.errno))
 sys.stderr.write(repr(sorted(tried)) + "\\n")
+sys.stderr.write(repr(sorted(int(fd) for fd in os.listdir("/proc/self/fd"))) + "\\n")
 n = int(input())
 print("!", found or 0, flush=True)
 """

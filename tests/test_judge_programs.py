@@ -87,6 +87,11 @@ def items() -> list[dict[str, Any]]:
         found += [guessed(f"{interactor}/{name}", GUESS[name], interactor) for name in names]
     found += [
         {**guessed("cpp-testlib/search-cpp", GUESS_CPP, "cpp-testlib"), "language": "cpp17"},
+        {  # with files: its box has a session process of the box's uid while it is judged
+            **guessed("py-testlib/search-files", GUESS["search"], "py-testlib"),
+            "tests": [{"stdin_file": "guess.in"}],
+            "files": {"guess.in": "20 7\n"},
+        },
         guessed(
             "py-testlib/linear-checked",
             GUESS["linear"],
@@ -205,6 +210,8 @@ def test_a_submission_cannot_reach_the_interactor(
     tried = ast.literal_eval(first.stderr.strip().splitlines()[0])
     assert {what for what, _ in tried} >= {"fd", "mem", "environ", "kill", "stop"}, tried
     assert all(errno != 0 for _, errno in tried), tried
+    fds = ast.literal_eval(first.stderr.strip().splitlines()[1])
+    assert fds == [0, 1, 2, 3], fds  # stdio, and the fd of its own listing
 
 
 def test_a_cpp_submission_and_a_checker_after_the_interactor(
@@ -212,6 +219,8 @@ def test_a_cpp_submission_and_a_checker_after_the_interactor(
 ) -> None:
     result = judged(records, "cpp-testlib/search-cpp")
     assert [t.verdict for t in result.tests] == ["AC"] * 3, result.tests
+    files = judged(records, "py-testlib/search-files")
+    assert [t.verdict for t in files.tests] == ["AC"], files.tests
     linear = judged(records, "py-testlib/linear-checked")  # 7, 20 and 1 queries
     assert [(t.verdict, t.points) for t in linear.tests] == [
         ("AC", 1.0),

@@ -113,6 +113,10 @@ class Programs:
         proc.returncode = 0  # waited for with wait4 by the runner
         return proc.pid
 
+    def ids(self, who: BoxInfo) -> tuple[int, int] | None:
+        """``who``'s uid and gid to start a program as (``None`` with ``dirs``: no uids)."""
+        return None if self.isolation == "dirs" else (who["uid"], who["gid"])
+
     def limits(self, test: testrun.Limits) -> testrun.Limits:
         """A program's limits beside a test's: generous, bounded."""
         cpu = test.cpu_s + EXTRA_CPU_S

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..judge import protocols
 from ..wire.protocol import JudgeSpec, JudgeTest, JudgeTestOutcome, Verdict
-from . import checking, testrun
+from . import checking, spawning, testrun, uids
 from .box_protocol import BoxInfo
 from .trees import kill_tree, tree
 
@@ -141,20 +141,43 @@ def interact(
             else:
                 args = [checking.fd_path(fd) for fd in (inputs[0], tout, inputs[1])]
             started = time.monotonic()
-            ipid = programs.spawn(
-                program,
-                args,
-                stdin=to_int_r,
-                stdout=to_sub_w,
-                stderr=errs[1],
-                pass_fds=(*inputs, tout),
-            )
+            if isolation == "namespaces" and spawning.nobody_runs_as(programs.judge["uid"]):
+                with programs.inside(program):
+                    ipid = spawning.spawn_as(
+                        [*program.argv, *args],
+                        programs.ids(programs.judge),
+                        {**os.environ, **uids.box_env(programs.judge)},
+                        stdin=to_int_r,
+                        stdout=to_sub_w,
+                        stderr=errs[1],
+                        keep=(*inputs, tout),
+                        default_signals=False,  # SIGPIPE ignored: a closed pipe is WA to say
+                    )
+            else:
+                ipid = programs.spawn(
+                    program,
+                    args,
+                    stdin=to_int_r,
+                    stdout=to_sub_w,
+                    stderr=errs[1],
+                    pass_fds=(*inputs, tout),
+                )
             inter = Side(ipid, programs.limits(limits), os.pidfd_open(ipid))
             sides.append(inter)
             try:
-                spid = testrun.spawn(
-                    argv, box, isolation, stdin_fd=to_sub_r, out_fd=to_int_w, err_fd=errs[0]
-                )
+                if isolation == "namespaces" and spawning.nobody_runs_as(box["uid"]):
+                    spid = spawning.spawn_as(
+                        argv,
+                        programs.ids(box),
+                        {**os.environ, **uids.box_env(box)},
+                        stdin=to_sub_r,
+                        stdout=to_int_w,
+                        stderr=errs[0],
+                    )
+                else:  # a process of the box's uid (its session's: the item has files) runs
+                    spid = testrun.spawn(
+                        argv, box, isolation, stdin_fd=to_sub_r, out_fd=to_int_w, err_fd=errs[0]
+                    )
             except OSError as exc:
                 kill_tree(ipid)
                 inter.end(time.monotonic())

@@ -5,7 +5,8 @@ Forked by a box's init for an item's ``judge`` step (``zygote``), it stays root 
 compile and test as the box's uid (``testrun``), so that a submission can neither forge its
 verdict nor see another test's data. It writes one JSON object (``protocol.JudgeOutcome``)
 on stdout. Verdict order per test: output size, memory kill, wall or CPU time, peak memory,
-non-zero exit or signal, then the checker. Why: docs/design/judge.md.
+non-zero exit or signal, then the checker. A problem's own checker or interactor is compiled
+first and run as the box's judge uid (``checking``, ``interaction``). Why: docs/design/judge.md.
 """
 
 from __future__ import annotations

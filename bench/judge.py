@@ -13,10 +13,17 @@ all distinct.
    kernel). A warm-up map is left out. Tests/s, end to end (compiles included).
 2. baseline: the same compiled programs and Python sources run by a plain ``subprocess`` loop
    with no sandbox, 2 processes (one per core), in a container of the same image (where the
-   toolchains are), its compiles left out: tests/s. Goal: farm >= 0.5x.
+   toolchains are), its compiles left out: tests/s. Goal (issues 33, 35): farm >= 0.8x.
 3. compile cache: ``COLD`` (20) C++ sources never seen, judged once (each compiles), again
    (a hit where the same worker takes it: the cache is per worker) and a third time (mostly
    hits): submissions/s of each, and the ratio of the third to the first.
+4. stored problems: bytes per item of a map with the tests inline vs one naming the problem
+   stored by digest (``bench/judge_bytes.py``), and their ratio.
+
+Both sides also report CPU seconds per test (farm: client, workers, sandboxes and Redis, read by
+``costs.Snapshot``; baseline: the loop's processes and their tests, ``RUSAGE_CHILDREN``): their
+ratio is what tests/s would be on a machine nobody else uses, and moves little when other
+processes share the cores (the tests/s ratio then moves with their load).
 
 Verdicts must agree (all accepted). Goals are reported, never asserted; the program exits 0.
 The farm and the baseline's container are stopped on exit.
@@ -33,7 +40,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import judge_bytes
 from benchlib import emit, machine, parse_args
+from costs import Snapshot
 
 from farm.client import Farm
 from farm.models.judge import Verdict
@@ -41,7 +50,7 @@ from farm.sandbox.catalog import build_image
 
 TESTS = 10
 NUMBERS = 2000
-GOAL = 0.5
+GOAL = 0.8
 LIMITS = {"time_s": 2.0, "memory_mb": 256}
 
 
@@ -69,7 +78,7 @@ PY = (
 # The baseline, run by python3 in a container of the judge image: compile each distinct
 # source, then run every test of every submission with subprocess from 2 processes.
 BASELINE = r"""
-import json, os, subprocess, sys, time
+import json, os, resource, subprocess, sys, time
 from multiprocessing import Pool
 job = json.load(sys.stdin)
 os.chdir("/tmp")
@@ -90,11 +99,16 @@ work = []
 for kind, key in job["order"]:
     argv = [binaries[key]] if kind == "cpp" else ["python3", f"p{key}.py"]
     work += [(argv, t["stdin"], t["expected"]) for t in job["tests"]]
+def cpu():
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's, once reaped, with tests
+    return used.ru_utime + used.ru_stime
+before = cpu()
 with Pool(2) as pool:
     started = time.perf_counter()
     passed = pool.map(one, work, chunksize=8)
     took = time.perf_counter() - started
-print(json.dumps({"tests": len(work), "passed": sum(passed), "seconds": took}))
+used = cpu() - before
+print(json.dumps({"tests": len(work), "passed": sum(passed), "seconds": took, "cpu_s": used}))
 """
 
 
@@ -137,13 +151,16 @@ def baseline(plan: Plan, tests: list[dict[str, str]]) -> dict[str, Any]:
         raise SystemExit(f"the baseline failed: {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout)
     result["tests_per_s"] = result["tests"] / result["seconds"]
+    result["cpu_ms_per_test"] = result["cpu_s"] / result["tests"] * 1e3
     return result
 
 
 def judged(farm: Farm, batch: list[dict[str, Any]]) -> dict[str, Any]:
+    before = Snapshot.take(farm)
     started = time.perf_counter()
     records = list(farm.map(batch, image="judge", ordered=False, retries=1))
     took = time.perf_counter() - started
+    cost = Snapshot.take(farm) - before
     accepted = sum(r.judge is not None and r.judge.verdict == Verdict.AC for r in records)
     cached = sum(bool(r.judge and r.judge.compile and r.judge.compile.cached) for r in records)
     tests = sum(len(r.judge.tests) for r in records if r.judge is not None)
@@ -155,6 +172,8 @@ def judged(farm: Farm, batch: list[dict[str, Any]]) -> dict[str, Any]:
         "seconds": took,
         "tests_per_s": tests / took,
         "submissions_per_s": len(records) / took,
+        "cpu_ms_per_test": {k: (v or 0.0) / max(1, tests) * 1e3 for k, v in cost.cpu_s.items()},
+        "others_share": cost.others_share,
     }
 
 
@@ -177,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         cold = judged(farm, cold_items)
         again = judged(farm, [{**i, "id": f"again-{i['id']}"} for i in cold_items])
         warm_again = judged(farm, [{**i, "id": f"warm-{i['id']}"} for i in cold_items])
+        count = judge_bytes.QUICK_ITEMS if args.quick else judge_bytes.ITEMS
+        stored = judge_bytes.measure(farm, tests, LIMITS, count)  # bytes per item
     ratio = main_run["tests_per_s"] / base["tests_per_s"]
+    farm_cpu = sum(main_run["cpu_ms_per_test"].values())
+    cpu_ratio = base["cpu_ms_per_test"] / farm_cpu
     ok = ratio >= GOAL
     cache_ratio = warm_again["submissions_per_s"] / cold["submissions_per_s"]
     data = {
@@ -186,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         "farm": main_run,
         "baseline": base,
         "ratio": ratio,
+        "cpu_ratio": cpu_ratio,
         "compile_cache": {"cold": cold, "again": again, "warm": warm_again, "ratio": cache_ratio},
+        "stored_problem": stored,
         "goal": {f"farm >= {GOAL}x baseline": ratio >= GOAL},
     }
     lines = [
@@ -198,11 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{main_run['compiles_cached']} compiles cached, {main_run['seconds']:.1f} s)",
         f"subprocess loop (2)   {base['tests_per_s']:9.1f} tests/s  "
         f"({base['passed']}/{base['tests']} tests passed, {base['seconds']:.1f} s)",
-        f"ratio                 {ratio:9.2f}x  (goal >= {GOAL}x: {'met' if ok else 'MISSED'})",
+        f"ratio                 {ratio:9.2f}x  (goal >= {GOAL}x: {'met' if ok else 'MISSED'}; "
+        f"others used {main_run['others_share']:.0%} of the cores meanwhile)",
+        f"CPU per test          farm {farm_cpu:.2f} ms ("
+        + ", ".join(f"{k} {v:.2f}" for k, v in main_run["cpu_ms_per_test"].items())
+        + f"), loop {base['cpu_ms_per_test']:.2f} ms: {cpu_ratio:.2f}x",
         f"compile cache: {plan.cold} new C++ sources {cold['submissions_per_s']:.1f}/s; again "
         f"{again['submissions_per_s']:.1f}/s ({again['compiles_cached']} cached: a cache is "
         f"per worker); a third time {warm_again['submissions_per_s']:.1f}/s "
         f"({warm_again['compiles_cached']} cached, {cache_ratio:.1f}x the first)",
+        *judge_bytes.lines(stored),
     ]
     return emit("\n".join(lines), data, as_json=args.json)
 

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from farm.client import AsyncFarm, AsyncSession, Farm, Session, replay
     from farm.errors import FarmError
+    from farm.judge.packages import read_package
+    from farm.judge.problems import Problem
     from farm.models import BoxLimits, ExecResult
     from farm.models.batch import BatchItem, BatchRecord
 
@@ -26,8 +28,10 @@ __all__ = [
     "ExecResult",
     "Farm",
     "FarmError",
+    "Problem",
     "Session",
     "__version__",
+    "read_package",
     "replay",
 ]
 
@@ -42,6 +46,8 @@ _LAZY = {
     "BoxLimits": "farm.models",
     "FarmError": "farm.errors",
     "replay": "farm.client",
+    "Problem": "farm.judge.problems",
+    "read_package": "farm.judge.packages",
 }
 
 

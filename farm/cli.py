@@ -20,6 +20,7 @@ from rich.table import Table
 from farm.client import Farm
 from farm.errors import BrokerUnavailable, FarmError, LocalFarmError
 from farm.image_commands import image_app
+from farm.judge_commands import judge
 from farm.models import ExecResult
 from farm.serve_commands import mcp, serve, token_app
 from farm.settings import FarmSettings
@@ -33,6 +34,7 @@ app.add_typer(image_app, name="image")
 app.add_typer(token_app, name="token")
 app.command()(serve)
 app.command()(mcp)
+app.command()(judge)
 console = Console()
 err = Console(stderr=True)
 

@@ -116,6 +116,38 @@ class InvalidRequest(FarmError, ValueError):
     duplicate sweep ids); raised before anything is sent or run."""
 
 
+class ProblemError(InvalidRequest):
+    """A problem farm cannot store or read (``farm.judge.problems``, ``farm.judge.packages``);
+    ``path``: the package's file at fault, when one is."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(f"{path}: {message}" if path else message)
+        self.path = path
+
+
+class ProblemTooLarge(ProblemError):
+    """A problem over the size a farm stores (``size`` and ``limit``, in bytes of its
+    canonical form); nothing was stored."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(
+            f"the problem is {size} bytes, over the {limit} bytes a farm stores as one problem"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class ProblemNotFound(FarmError):
+    """No problem is stored under ``digest`` (never put, or expired unused): put it again."""
+
+    def __init__(self, digest: str) -> None:
+        super().__init__(
+            f"no problem is stored as {digest} (never put, or unused past its TTL): "
+            "Farm.put_problem it again"
+        )
+        self.digest = digest
+
+
 class FileOperationError(FarmError):
     """A ``session.files`` operation was refused (outside the workspace, too big, missing);
     ``errno``, ``path`` and ``ename`` (the OS's exception name) say how."""

@@ -273,6 +273,22 @@ class FarmSettings(BaseSettings):
         "holds one while it runs, an open one while it waits for room (asyncio's default, "
         "cores + 4, would let a handful of clients stall every other)",
     )
+    judge0_ttl_s: float = Field(
+        default=7 * 24 * 3600.0,
+        gt=0,
+        description="a /judge0 submission is kept this long in the broker's Redis (Judge0 "
+        "keeps them for good: farm bounds the storage)",
+    )
+    judge0_parallel: int = Field(
+        default=32,
+        ge=1,
+        description="queued /judge0 submissions (or batches) one `farm serve` judges at once",
+    )
+    judge0_callbacks: bool = Field(
+        default=True,
+        description="whether /judge0 takes a callback_url: farm serve then makes requests "
+        "to any address a token names (keep it off where that reaches what it must not)",
+    )
     event_stream_max_events: int = Field(
         default=10000, ge=10, description="events one streamed run keeps"
     )

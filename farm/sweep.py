@@ -33,7 +33,8 @@ SweepRecord = BatchRecord
 RETRYABLE = {ErrorKind.SANDBOX_LOST.value, ErrorKind.INFRA.value}
 # A judge item's fields that change its outcome (in the cache key beside the cells).
 JUDGE_FIELDS = {"language", "source", "tests", "checker", "special_judge", "all_tests"}
-JUDGE_FIELDS |= {"keep_outputs", "judge_limits", "groups"}
+JUDGE_FIELDS |= {"keep_outputs", "judge_limits", "groups", "checker_program", "interactor"}
+JUDGE_FIELDS |= {"problem"}  # a digest names its content: a stored problem's key is its name
 REFRESH_S = 1.0  # the cache reads the live workers (their images' digests) at most this often
 
 

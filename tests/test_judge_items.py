@@ -10,12 +10,14 @@ import os
 import pytest
 from pydantic import ValidationError
 
+from farm.judge.languages import LANGUAGES
 from farm.judge.specs import judge_spec
+from farm.kernel.boxes import pycheck
 from farm.kernel.boxes.testrun import read_all
 from farm.kernel.judge import checkers, entries
 from farm.models.batch import BatchItem, BatchRecord
 from farm.models.judge import JudgeResult, TestResult, Verdict
-from farm.serve.judge0 import _status
+from farm.serve.judge0_view import status_of
 
 
 @pytest.mark.parametrize(
@@ -122,7 +124,7 @@ def result(verdict: Verdict, **test: object) -> BatchRecord:
     ],
 )
 def test_verdicts_read_as_judge0_statuses(record: BatchRecord, status: int) -> None:
-    assert _status(record.judge, record) == status
+    assert status_of(record.judge, record) == status
 
 
 MAIN = "{public static void main(String[] a){}}"
@@ -194,3 +196,11 @@ def test_a_long_output_is_kept_as_its_head_and_tail() -> None:
         assert read_all(fd, 10) == (data[:10], 1024)  # a test's stdout: its head only
     finally:
         os.close(fd)
+
+
+def test_pythons_check_is_the_one_the_runner_does_without_a_python_start() -> None:
+    row = LANGUAGES["python3"]
+    box = {"number": 1, "uid": 1, "gid": 1, "workspace": "/w", "tmp": "/t", "limits": {}}
+    assert list(row.compile) == [*pycheck.CHECK_ARGV, row.file]
+    assert pycheck.applies([*row.compile[:-1], "other.py"], box) in ("other.py", None)
+    assert pycheck.applies(["python3", "-c", "pass", row.file], box) is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -252,3 +253,33 @@ def test_a_problems_programs_compile_once_per_worker(
     assert again.verdict == Verdict.AC, again
     assert again.program_compiles is not None and again.program_compiles["checker"].cached
     assert again.program_artifacts is None  # the worker's, not the caller's
+
+
+PACKAGES = Path(__file__).parent / "problems"
+KATTIS_GUESS = (
+    "lo, hi = 1, 100\nwhile True:\n    mid = (lo + hi) // 2\n    print(mid, flush=True)\n"
+    "    said = input().strip()\n    if said == 'correct':\n        break\n"
+    "    if said == 'lower':\n        hi = mid - 1\n    else:\n        lo = mid + 1\n"
+)
+POLYGON_SUM = "input()\nprint(sum(map(int, input().split())))\n"
+
+
+def test_packages_are_judged_by_their_own_checker_and_interactor(judge_farm: Farm) -> None:
+    """A Kattis interactive package (its Python interactor) and a Polygon package (its
+    testlib check.cpp), read by ``farm.judge.packages``, judged end to end."""
+    guess = judge_farm.judge("python3", KATTIS_GUESS, problem=PACKAGES / "kattis_guess")
+    assert guess.verdict == Verdict.AC and len(guess.tests) == 3, guess
+    blind = judge_farm.judge(
+        "python3", "print(0, flush=True)\ninput()\n", problem=PACKAGES / "kattis_guess"
+    )
+    assert blind.verdict == Verdict.WA, blind
+    total = judge_farm.judge("python3", POLYGON_SUM, problem=PACKAGES / "polygon_sum")
+    assert total.verdict == Verdict.AC and total.tests[0].message.startswith("ok the sum is"), total
+    extra = judge_farm.judge(
+        "python3", POLYGON_SUM + "print(0)\n", problem=PACKAGES / "polygon_sum"
+    )
+    assert extra.verdict == Verdict.WA, extra
+    assert (
+        extra.tests[0].message
+        == "presentation error: wrong output format extra output after the sum"
+    )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,17 @@ def test_every_item_gets_one_record_in_the_items_order(inproc_farm: Farm) -> Non
     assert cells.ok and len(cells.cells) == 3 and cells.cells[-1].value.text == "42"  # type: ignore[union-attr]
     assert (records[-1].status, records[-1].kind, records[-1].attempts) == ("error", "user", 1)
     assert records[0].manifest["worker"] and records[0].manifest["image"] == "default"
+
+
+def test_an_item_whose_text_is_not_utf8_gets_its_own_record_and_its_chunk_runs(
+    inproc_farm: Farm,
+) -> None:
+    # json.loads("\"\\ud800\"") is a lone surrogate, which no UTF-8 message can carry.
+    lone = json.loads('"x = \\ud800"')
+    items: list[Any] = ["1 + 1", {"id": "lone", "code": lone}, "2 + 2"]
+    records = {r.id: r for r in inproc_farm.map(items)}
+    assert records["lone"].kind == "input" and "UTF-8" in (records["lone"].message or "")
+    assert records[0].ok and records[2].ok, records
 
 
 def test_unordered_records_come_as_items_finish(inproc_farm: Farm) -> None:

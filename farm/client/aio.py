@@ -13,6 +13,7 @@ from typing import Any
 from farm.client.farm import Farm
 from farm.client.session import Session
 from farm.events import Event
+from farm.judge.problems import Problem
 from farm.models import CommandResult, ExecResult
 from farm.models.batch import BatchRecord
 from farm.models.judge import JudgeResult
@@ -43,9 +44,16 @@ class AsyncFarm:
     async def run(self, code: str, **kwargs: Any) -> ExecResult:
         return await asyncio.to_thread(self.sync.run, code, **kwargs)
 
-    async def judge(self, language: str, source: str, tests: Any, **options: Any) -> JudgeResult:
-        """``Farm.judge`` off the event loop: one submission's verdicts."""
+    async def judge(
+        self, language: str, source: str, tests: Any = None, **options: Any
+    ) -> JudgeResult:
+        """``Farm.judge`` off the event loop: one submission's verdicts, on ``tests`` or a
+        ``problem`` (a ``Problem``, a stored one's digest, a package's directory)."""
         return await asyncio.to_thread(self.sync.judge, language, source, tests, **options)
+
+    async def put_problem(self, problem: Problem, *, again: bool = False) -> str:
+        """``Farm.put_problem`` off the event loop: the stored problem's digest."""
+        return await asyncio.to_thread(self.sync.put_problem, problem, again=again)
 
     async def map(self, items: Iterable[Any], **kwargs: Any) -> AsyncIterator[BatchRecord]:
         """``async for record in farm.map(items)``: ``Farm.map`` read off the event loop (the

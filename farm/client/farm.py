@@ -33,7 +33,8 @@ from farm.errors import (
 from farm.events import Event
 from farm.image_name import ImageName
 from farm.journal import Journal
-from farm.judge.front import judge_one
+from farm.judge import problems
+from farm.judge.front import ProblemRef, judge_one
 from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused
 from farm.models.batch import BatchItem
 from farm.models.judge import JudgeResult
@@ -63,6 +64,7 @@ class Farm:
         self._owned = owned
         self._served: dict[str, float] = {}
         self.answers = Answers(self.registry)  # to this client's session opens
+        self._uploads = problems.Uploads()  # the problems this client stored
 
     @classmethod
     def connect(cls, broker_url: str | None = None) -> Farm:
@@ -379,13 +381,29 @@ class Farm:
         )
 
     def judge(
-        self, language: str, source: str, tests: Sequence[Mapping[str, Any]], **options: Any
+        self,
+        language: str,
+        source: str,
+        tests: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        problem: ProblemRef | None = None,
+        **options: Any,
     ) -> JudgeResult:
-        """Judge one submission (``farm.judge``): ``options`` are a judge item's (``checker``,
-        ``limits``, ``all_tests``, ``groups``, ``special_judge``, ``files``, ``image``) and
-        ``retries``.
+        """Judge one submission (``farm.judge``) on ``tests``, or on a ``problem``: a
+        ``Problem``, a stored one's digest or a package's directory (Kattis, Polygon).
+        ``options`` are a judge item's (``checker``, ``limits``, ``all_tests``, ``groups``,
+        ``special_judge``, ``files``, ``image``) and ``retries``.
         Many submissions: ``Farm.map`` of judge items, on the same engine."""
-        return judge_one(self, language, source, tests, **options)
+        return judge_one(self, language, source, tests, problem=problem, **options)
+
+    def put_problem(self, problem: problems.Problem, *, again: bool = False) -> str:
+        """Store ``problem`` (once: this client remembers what it stored, unless ``again``)
+        and return its digest, which judge items name as their ``problem``; a ``Problem``
+        in an item is stored so by ``map``. ``ProblemTooLarge`` past its size limit."""
+        redis = self.registry.redis
+        if again:
+            return self.broker.call(lambda: problems.put(redis, problem), sent=False)
+        return self.broker.call(lambda: self._uploads.put(redis, problem), sent=False)
 
     def _started(self, request: dict[str, Any]) -> bool:
         """Whether a worker claimed ``request`` (may have run it); unknown counts as yes."""

@@ -8,8 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
-from farm.judge.specs import judge_spec
+from farm.judge.problems import Problem
+from farm.judge.specs import problem_of, submission_of, timeout_of
 from farm.models import ErrorKind, ExecResult
 from farm.models.batch import BatchItem, BatchRecord, ChunkItem, ItemDone
 from farm.models.judge import Verdict
@@ -37,19 +39,23 @@ def parse_item(key: int, raw: Item) -> BatchItem | BatchRecord:
 def chunk_item(
     key: int, exec_id: str, item: BatchItem, timeout_s: float, egress: list[str] | None = None
 ) -> ChunkItem:
-    """One attempt at ``item`` as a worker gets it (a judge item: its judge step); ``egress``:
-    the map's hosts, for an item that names none."""
+    """One attempt at ``item`` as a worker gets it (a judge item: its submission, with its
+    problem inline or named by digest: its worker builds the judge step); ``egress``: the
+    map's hosts, for an item that names none."""
     hosts = item.egress if item.egress is not None else egress
     if item.source is not None:  # a submission to judge (farm.judge)
-        spec, files, judge_timeout_s = judge_spec(item)
+        problem = problem_of(item) if item.problem is None else item.problem
+        submission = submission_of(item, problem)
+        if isinstance(problem, Problem):
+            item_timeout_s = timeout_of(problem, submission)
+        else:  # a digest: its problem is read by the worker, which sets the item's timeout
+            item_timeout_s = item.timeout_s or timeout_s
         return ChunkItem(
             key=key,
             exec_id=exec_id,
             cells=[],
-            files=files,
-            timeout_s=judge_timeout_s,
-            judge=spec,
-            special_judge=item.special_judge,
+            timeout_s=item_timeout_s,
+            submission=submission,
             egress=hosts,
         )
     return ChunkItem(
@@ -62,6 +68,19 @@ def chunk_item(
         limits=item.limits.model_dump() if item.limits else {},
         egress=hosts,
     )
+
+
+def unsendable(key: int, item: BatchItem, chunk: ChunkItem) -> BatchRecord | None:
+    """The record (kind ``input``) of an item whose chunk item cannot travel as JSON (text
+    that is not UTF-8: a lone surrogate, as ``json.loads`` makes of ``"\\ud800"``), else
+    ``None``. Checked only when a whole chunk failed to serialize: free on the usual path."""
+    try:
+        chunk.model_dump_json()
+    except PydanticSerializationError as exc:
+        why = str(exc).removeprefix("Error serializing to JSON: ")
+        message = f"item {key}: its text cannot be sent as UTF-8 ({why})"
+        return BatchRecord(id=item.id, status="error", kind="input", message=message[:2000])
+    return None
 
 
 def failed(key: int, exec_id: str, worker: str, kind: ErrorKind, ename: str, why: str) -> ItemDone:

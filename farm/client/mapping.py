@@ -17,11 +17,21 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from farm.client.map_records import Item, chunk_item, failed, manifest, outcome, parse_item
-from farm.errors import BrokerLost, BrokerUnavailable, SandboxUnavailable
+from pydantic_core import PydanticSerializationError
+
+from farm.client.map_records import (
+    Item,
+    chunk_item,
+    failed,
+    manifest,
+    outcome,
+    parse_item,
+    unsendable,
+)
+from farm.errors import BrokerLost, BrokerUnavailable, ProblemError, SandboxUnavailable
 from farm.image_name import ImageName
 from farm.judge import image_for
-from farm.judge.scoring import scored
+from farm.judge.problems import Problem
 from farm.models import ErrorKind
 from farm.models.batch import BatchItem, BatchRecord, Chunk, ChunkItem, ItemDone
 from farm.registry import BROKER_MARK, PREFIX, cancel_key, chunks_key, results_key, taken_key
@@ -57,6 +67,8 @@ class MapHost(Protocol):
     def require_image(self, image: str | ImageName) -> None: ...
 
     def replay(self, session_id: str) -> Iterator[Event]: ...
+
+    def put_problem(self, problem: Problem, *, again: bool = False) -> str: ...
 
 
 @dataclass
@@ -233,7 +245,16 @@ class MapRun:
         return why is None
 
     def _parse(self, key: int, raw: Item) -> BatchItem | None:
+        """The item (a judge item's ``Problem`` stored, the item naming it by digest), or
+        ``None`` with its record of why not in ``_ready``."""
         parsed = parse_item(key, raw)
+        if isinstance(parsed, BatchItem) and isinstance(parsed.problem, Problem):
+            try:  # once per client: the farm remembers what it stored
+                digest = self.farm.put_problem(parsed.problem)
+            except ProblemError as exc:
+                parsed = BatchRecord(id=parsed.id, status="error", kind="input", message=str(exc))
+            else:
+                parsed = parsed.model_copy(update={"problem": digest})
         if isinstance(parsed, BatchRecord):
             self._ready[key] = parsed
             return None
@@ -255,7 +276,11 @@ class MapRun:
             items=[self._chunk_item(attempt) for attempt in batch],
             sent_at=time.time(),
         )
-        body = payload.model_dump_json()
+        try:
+            body = payload.model_dump_json()
+        except PydanticSerializationError:  # an item's text is not UTF-8: its own record
+            self._send(self._sendable(batch, payload.items))
+            return
         place, taken = self.farm.broker.queue_chunk(queue, body)
         keys = {a.key for a in batch}
         self._chunks[chunk_id] = _Chunk(chunk_id, keys, queue, place, taken, body)
@@ -265,6 +290,19 @@ class MapRun:
         self._sent_chunks += 1
         if self.on_sent is not None:
             self.on_sent(len(batch))
+
+    def _sendable(self, batch: list[_Attempt], items: list[ChunkItem]) -> list[_Attempt]:
+        """``batch`` without the items that cannot travel, each given its ``input`` record."""
+        kept = []
+        for attempt, chunk in zip(batch, items, strict=True):
+            record = unsendable(attempt.key, attempt.item, chunk)
+            if record is None:
+                kept.append(attempt)
+            else:
+                self._ready[attempt.key] = record
+        if len(kept) == len(batch):
+            raise RuntimeError("a chunk failed to serialize, yet each of its items does")
+        return kept
 
     def _chunk_item(self, attempt: _Attempt) -> ChunkItem:
         return chunk_item(attempt.key, attempt.exec_id, attempt.item, self.timeout_s, self.egress)
@@ -344,7 +382,7 @@ class MapRun:
             message=message,
             cells=done.cells,
             command=done.command,
-            judge=None if done.judge is None else scored(done.judge, attempt.item.groups),
+            judge=done.judge,  # scored by its worker, which has its problem's groups
             attempts=attempt.attempts,
             duration_s=time.perf_counter() - attempt.started,
             queue_s=attempt.queue_s + done.queue_s,

@@ -5,8 +5,9 @@ table (plus a spec's own ``[languages.NAME]`` rows) as ``/etc/farm/judge/languag
 which the kernel's runner reads (``farm.kernel.judge.languages``). ``compile`` runs in the build
 directory and may be a syntax check (Python, node, bash), so that every language has ``CE``;
 ``run`` may name ``{memory_mb}``, both may name ``{file}`` and ``{main}``, which ``entry``
-reads from the source (``farm.kernel.judge.entries``: Java's class). ``judge0`` is the
-language's id in Judge0 CE's table, for the ``/judge0`` API (``farm.serve.judge0``).
+reads from the source (``farm.kernel.judge.entries``: Java's class); an item's
+``compile_options`` go at a ``compile`` word ``{options}``, else before the source's name.
+``judge0`` is the language's id in Judge0 CE's table, for ``/judge0`` (``farm.serve.judge0``).
 """
 
 from __future__ import annotations

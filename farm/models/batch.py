@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from farm.image_name import ImageName
+from farm.judge.problems import Problem, check_digest
 from farm.models.base import Model
 from farm.models.frames import JudgeStep
 from farm.models.judge import (
@@ -18,6 +19,7 @@ from farm.models.judge import (
     TestGroup,
     check_groups,
     check_judge_item,
+    check_words,
 )
 from farm.models.results import BoxLimits, CommandResult, ExecResult
 
@@ -26,8 +28,10 @@ class BatchItem(Model):
     """One item: a ``code`` string, ``cells`` run in order in one session (stopping at the
     first failure), a command ``cmd`` (an argv list, or a string for ``/bin/sh -c``: any
     program of the image), or a submission to judge (``language``, ``source``, ``tests``,
-    ``checker``, ``all_tests``, ``groups`` of tests with points; its ``limits`` are then
-    ``JudgeLimits``: see ``farm.judge``),
+    ``checker``, ``all_tests``, ``groups`` of tests with points, ``compile_options`` and the
+    program's ``args``; its ``limits`` are then ``JudgeLimits``: see ``farm.judge``; or,
+    instead of its tests and their checker, a stored ``problem``: a ``Problem`` or its
+    digest, ``farm.judge.problems``),
     with an optional ``setup`` cell first, ``files`` written to the workspace before, its own
     ``timeout_s``, box ``limits`` and ``image``."""
 
@@ -62,6 +66,17 @@ class BatchItem(Model):
     groups: list[TestGroup] | None = Field(
         default=None, description="subtasks with points: the record's judge gets a score"
     )
+    problem: str | Problem | None = Field(
+        default=None, description="a stored problem (its digest), instead of tests and checker"
+    )
+    compile_options: list[str] | None = Field(
+        default=None,
+        description="argv words for the compiler (no shell): at the language's {options}, "
+        "else before the source file's name",
+    )
+    args: list[str] | None = Field(
+        default=None, description="argv words after the run command: the program's arguments"
+    )
 
     @field_validator("image")
     @classmethod
@@ -86,7 +101,15 @@ class BatchItem(Model):
             raise ValueError("'cmd' must not be an empty list")
         if (self.source is None) != (self.language is None):
             raise ValueError("a judge item needs both 'language' and 'source'")
-        if self.source is not None:
+        if self.problem is not None:
+            if self.source is None:
+                raise ValueError("'problem' is a judge item's (with 'language' and 'source')")
+            if isinstance(self.problem, str):
+                check_digest(self.problem)
+            given = sorted(PROBLEM_FIELDS & self.model_fields_set)
+            if given:
+                raise ValueError(f"an item with a 'problem' takes these from it: {given}")
+        elif self.source is not None:
             check_judge_item(
                 self.checker,
                 self.special_judge,
@@ -99,6 +122,11 @@ class BatchItem(Model):
                 check_groups(self.groups, len(self.tests or []))
         elif self.groups is not None:
             raise ValueError("'groups' are a judge item's (with 'language' and 'source')")
+        elif self.compile_options is not None or self.args is not None:
+            raise ValueError("'compile_options' and 'args' are a judge item's")
+        if self.source is not None:
+            check_words("compile_options", self.compile_options)
+            check_words("args", self.args)
         return self
 
     def argv(self) -> list[str] | None:
@@ -111,6 +139,29 @@ class BatchItem(Model):
             self.cells if self.cells is not None else [self.code] if self.code is not None else []
         )
         return ([self.setup] if self.setup else []) + body
+
+
+# A judge item's fields that are its problem's (with a stored ``problem``, the problem's own).
+PROBLEM_FIELDS = frozenset(
+    {"tests", "checker", "checker_program", "interactor", "special_judge", "files", "groups"}
+)
+
+
+class Submission(Model):
+    """A judge item as its worker gets it: the submission, its problem (inline, or the digest
+    of a stored one, which the worker resolves) and the item's own overrides of it."""
+
+    language: str
+    source: str
+    problem: str | Problem
+    limits: dict[str, int | float] | None = Field(
+        default=None, description="the item's own JudgeLimits fields, over the problem's"
+    )
+    all_tests: bool = False
+    keep_outputs: bool = False
+    timeout_s: float | None = Field(default=None, gt=0)
+    compile_options: list[str] | None = None
+    args: list[str] | None = None
 
 
 class BatchRecord(Model):
@@ -153,7 +204,9 @@ class ChunkItem(Model):
     timeout_s: float = Field(gt=0)
     limits: dict[str, int] = Field(default_factory=dict)
     egress: list[str] | None = None
-    judge: JudgeStep | None = Field(default=None, description="a submission to judge")
+    submission: Submission | None = Field(default=None, description="a submission to judge")
+    # Made by the worker from ``submission`` (farm.worker.judging), never sent:
+    judge: JudgeStep | None = Field(default=None, description="the kernel's judge step")
     special_judge: str | None = Field(default=None, description="its checker's Python code")
 
 

@@ -184,6 +184,21 @@ class JudgeResult(Model):
         return sum(test.verdict == Verdict.AC for test in self.tests)
 
 
+MAX_WORDS = 64  # of a judge item's compile_options, and of its args
+MAX_WORDS_CHARS = 4096  # all of them together
+
+
+def check_words(name: str, words: list[str] | None) -> None:
+    """``words`` can be argv words (execve's: no NUL) within the bounds; no shell ever reads
+    them, so a ``;`` or ``$(...)`` is only text."""
+    if words is None:
+        return
+    if len(words) > MAX_WORDS or sum(len(word) for word in words) > MAX_WORDS_CHARS:
+        raise ValueError(f"{name}: at most {MAX_WORDS} words of {MAX_WORDS_CHARS} characters")
+    if any("\0" in word for word in words):
+        raise ValueError(f"{name}: a word holds a NUL character")
+
+
 def check_judge_item(
     checker: str,
     special_judge: str | None,
@@ -196,7 +211,10 @@ def check_judge_item(
     program with its program), tests whose ``*_file`` names are among its ``files``, expected
     outputs unless a special judge, a checker program or an interactor decides."""
     if (checker == "program") != (checker_program is not None):
-        raise ValueError("checker 'program' and 'checker_program' go together")
+        raise ValueError(
+            "checker 'program' needs 'checker_program', and 'checker_program' needs checker "
+            "'program'"
+        )
     if interactor is not None and checker not in ("program", "tokens", "none"):
         raise ValueError("an interactive item's verdict is its interactor's (or checker_program)")
     if checker == "special":

@@ -61,6 +61,9 @@ def make_app(
         async with contextlib.AsyncExitStack() as stack:
             if mcp is not None:
                 await stack.enter_async_context(mcp.session_manager.run())
+            if farm_ is not None:
+                runner = await asyncio.to_thread(judge0.start, app, farm_, settings)
+                stack.callback(runner.stop)
             yield
             if farm_ is not None:
                 app.state.sessions.close_all()

@@ -50,7 +50,7 @@ class BatchRunner:
         self.items = ThreadPoolExecutor(ITEM_THREADS, thread_name_prefix="batch")
         # A chunk's driver waits for its items and pushes their results as they end.
         self.drivers = ThreadPoolExecutor(ITEM_THREADS, thread_name_prefix="chunk")
-        self.judging = Judging(worker.settings, worker.keeper, worker.id)
+        self.judging = Judging(worker.settings, worker.keeper, worker.id, worker.registry.redis)
         self._open: dict[str, set[str]] = {}  # map id -> kernel sessions of its running items
         self._cancel_seen: dict[str, tuple[float, bool]] = {}  # map id -> (asked at, cancelled)
         self._lock = threading.Lock()
@@ -78,7 +78,7 @@ class BatchRunner:
         for item in chunk.items:
             future: Future[str | None] = Future()
             ticket = Ticket(
-                "judge" if item.judge is not None else "item",
+                "judge" if item.submission is not None else "item",
                 weight(item.limits, self.worker.box_defaults()),
                 chunk.map_id,
                 start=self._starter(chunk, item, future, queued_s),
@@ -218,7 +218,7 @@ class BatchRunner:
         )
         if claim is not None:  # ran (or runs) elsewhere: this copy runs nothing
             return None
-        if item.judge is not None:  # a submission to judge: cache and special judge around it
+        if item.submission is not None:  # to judge: its problem, cache, special judge, score
             done = self.judging.run(chunk, item, self._cells)
         else:
             done = self._cells(chunk, item)

@@ -1,10 +1,12 @@
-"""A worker's side of judge items: the compile cache and the special judge, around the item's
-one kernel round trip (``BatchRunner``'s, with the judge step in it).
+"""A worker's side of judge items: the item's problem (inline, or stored: ``stored_problems``)
+made into its judge step, the compile cache and the special judge around the item's one kernel
+round trip (``BatchRunner``'s), and its groups' score.
 
-Invariants: the cache (language, source digest, image digest) compiles a submission once per
-worker, compile errors included; a special judge runs in a box of its own, never in the
-submission's; at most ``judge_parallel`` items are judged at once (the worker's ``BoxGate``
-admits no more: ``parallel``). docs/design/judge.md.
+Invariants: inline and stored problems take one path (``farm.judge.specs.build_step``); a
+problem not stored is the item's ``input`` error; the cache (language, source with its compile
+options and build-directory files, image digest) compiles a submission once per worker,
+compile errors included; a special judge runs in a box of its own; at most
+``judge_parallel`` items are judged at once (``parallel``). docs/design/judge.md.
 """
 
 from __future__ import annotations
@@ -15,15 +17,22 @@ import json
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from farm.errors import ProblemError, ProblemNotFound
+from farm.judge.problems import Problem
+from farm.judge.scoring import scored
+from farm.judge.specs import BUILD_DIR, build_step
 from farm.kernel.wire.protocol import JudgeProgram
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.frames import JudgeStep
 from farm.models.judge import JudgeResult, Verdict
+from farm.worker.stored_problems import StoredProblems
 
 if TYPE_CHECKING:
+    import redis
+
     from farm.sandbox.keeper import SandboxKeeper
     from farm.settings import FarmSettings
 
@@ -54,9 +63,20 @@ class CompileCache:
         self.lock = threading.Lock()
 
     @staticmethod
-    def key(language: str, source: str, image: str) -> str:
-        digest = hashlib.sha256(source.encode()).hexdigest()
-        return f"{language}:{digest}:{image}"
+    def key(
+        language: str,
+        source: str,
+        image: str,
+        options: Sequence[str] = (),
+        build_files: Mapping[str, str] | None = None,
+    ) -> str:
+        """The build's key: its compile ``options`` and the item's files in the build directory
+        (a build's artifact holds them: another item's must not be restored over them) too."""
+        hashed = hashlib.sha256(source.encode())
+        if options or build_files:
+            extra = {"options": list(options), "files": dict(sorted((build_files or {}).items()))}
+            hashed.update(b"\0" + json.dumps(extra).encode())
+        return f"{language}:{hashed.hexdigest()}:{image}"
 
     def get(self, key: str) -> dict[str, str] | JudgeResult | None:
         with self.lock:
@@ -84,20 +104,48 @@ class CompileCache:
 
 
 class Judging:
-    def __init__(self, settings: FarmSettings, keeper: SandboxKeeper, worker_id: str) -> None:
+    def __init__(
+        self, settings: FarmSettings, keeper: SandboxKeeper, worker_id: str, client: redis.Redis
+    ) -> None:
         self.settings = settings
         self.keeper = keeper  # whose image's digest keys the cache
         self.worker_id = worker_id
         self.cache = CompileCache()
         self.lock = threading.Lock()
         self.building: dict[str, threading.Event] = {}  # program key -> built (or given up)
+        self.problems = StoredProblems(client)
 
     def run(self, chunk: Chunk, item: ChunkItem, run_item: RunItem) -> ItemDone:
+        """Judge ``item`` (its ``submission``, on its problem), then score its groups."""
+        submission = item.submission
+        assert submission is not None
+        try:
+            problem = (
+                submission.problem
+                if isinstance(submission.problem, Problem)
+                else self.problems.get(submission.problem)
+            )
+        except (ProblemNotFound, ProblemError) as exc:
+            refused = JudgeResult(verdict=Verdict.IE, kind="input", message=str(exc))
+            done = ItemDone(key=item.key, exec_id=item.exec_id, worker=self.worker_id)
+            done.judge = refused
+            return done
+        spec, files, timeout_s = build_step(problem, submission)
+        step = {"judge": spec, "files": files, "timeout_s": timeout_s}
+        item = item.model_copy(update={**step, "special_judge": problem.special_judge})
+        done = self._judge(chunk, item, run_item)
+        if done.judge is not None:
+            done.judge = scored(done.judge, problem.groups)
+        return done
+
+    def _judge(self, chunk: Chunk, item: ChunkItem, run_item: RunItem) -> ItemDone:
         """Judge ``item`` (its ``judge`` step) with the cache, then its special judge."""
         spec = item.judge
         assert spec is not None
         image = self.keeper.info().image_digest or self.settings.image
-        key = CompileCache.key(spec["language"], spec["source"], image)
+        in_build = {k: v for k, v in item.files.items() if k.startswith(f"{BUILD_DIR}/")}
+        options = spec.get("compile_options") or ()
+        key = CompileCache.key(spec["language"], spec["source"], image, options, in_build)
         cached = self.cache.get(key)
         if isinstance(cached, JudgeResult):  # a compile error, the same again
             result = cached.model_copy(deep=True)

@@ -27,7 +27,7 @@ from ..wire.protocol import (
     JudgeTestOutcome,
     Verdict,
 )
-from . import checking, interaction, testrun
+from . import checking, interaction, pycheck, testrun
 from .box_protocol import BoxInfo
 
 BUILD_DIR = ".judge"
@@ -66,6 +66,10 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
         refused["kind"] = "input"
         return refused
     named = (spec["language"], language.get("version_text", ""))
+    if spec.get("compile_options") and not language.get("compile"):
+        refused = outcome("IE", f"{spec['language']} has no compile step for compile options")
+        refused["kind"] = "input"
+        return _named(refused, named)
     try:
         entry = entries.find(language.get("entry"), spec["source"], language["file"])
     except entries.EntryError as exc:
@@ -102,6 +106,7 @@ def _tests(
     """Each test of the compiled submission, and the item's verdict."""
     memory_mb = int(spec["memory_mb"])
     run_argv = _filled(language["run"], entry, memory_mb=str(memory_mb))
+    run_argv += spec.get("run_args") or []
     limits = testrun.Limits(
         cpu_s=float(spec["time_s"]),
         wall_s=float(spec.get("wall_s") or float(spec["time_s"]) * 3 + 5.0),
@@ -144,6 +149,16 @@ def _filled(argv: list[str], entry: entries.Entry, **more: str) -> list[str]:
     return filled
 
 
+def _optioned(argv: list[str], options: list[str], source: str) -> list[str]:
+    """``argv`` with ``options`` at its ``{options}`` word, else before the source's name (its
+    first word naming the source file), else at its end."""
+    if "{options}" in argv:
+        at = argv.index("{options}")
+        return argv[:at] + options + argv[at + 1 :]
+    at = argv.index(source) if source in argv else len(argv)
+    return argv[:at] + options + argv[at:]
+
+
 def _failed(why: str, done: testrun.Measured | None = None) -> CompileOutcome:
     """A compile that failed, with why and what the compiler said."""
     said = (done.stdout + done.stderr).decode(errors="replace") if done is not None else ""
@@ -180,6 +195,7 @@ def _compile(
     the tests'. A compile killed (a flood of messages, a hang) is a compile error."""
     cached = spec.get("artifact")
     argv = _filled(language.get("compile") or [], entry)
+    argv = _optioned(argv, spec.get("compile_options") or [], entry.file) if argv else argv
     with testrun.as_box(box, isolation):  # the box's files, made with its rights
         os.makedirs(build, mode=0o700, exist_ok=True)
         os.chdir(build)
@@ -206,16 +222,22 @@ def _compile(
     }
     if not argv or cached is not None:
         return compiled, ({} if not argv else None)
-    done = testrun.run(
-        argv,
-        box,
-        isolation,
-        limits,
-        keep_stdout=MESSAGE_HEAD,
-        keep_stderr=MESSAGE_HEAD,
-        keep_tail=MESSAGE_TAIL,
-        watch_output=True,
-    )
+    checked = pycheck.applies(argv, box)
+    if checked is not None:  # Python's syntax check: a fork that parses, no Python start
+        done = pycheck.run(
+            checked, box, isolation, limits, keep=MESSAGE_HEAD, keep_tail=MESSAGE_TAIL
+        )
+    else:
+        done = testrun.run(
+            argv,
+            box,
+            isolation,
+            limits,
+            keep_stdout=MESSAGE_HEAD,
+            keep_stderr=MESSAGE_HEAD,
+            keep_tail=MESSAGE_TAIL,
+            watch_output=True,
+        )
     if done.killed is not None:
         return _failed(_stopped(done.killed, limits), done), None
     if done.signal is not None:
@@ -246,9 +268,10 @@ def _artifact(build: str, source_name: str) -> dict[str, str] | None:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
             except OSError:
                 return None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, say: no artifact
+                os.close(fd)
+                return None
             with os.fdopen(fd, "rb") as f:
-                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                    return None
                 data = f.read(ARTIFACT_BYTES + 1)
             total += len(data)
             if total > ARTIFACT_BYTES:

@@ -426,6 +426,8 @@ class JudgeSpec(_JudgeSpecRequired, total=False):
     compile_memory_mb: int
     checker_program: JudgeProgram  # with checker "program"
     interactor: JudgeProgram  # an interactive problem: wired to the submission's stdin/stdout
+    compile_options: list[str]  # argv words: at the table's {options}, else before the source
+    run_args: list[str]  # argv words after the run command
 
 
 class JudgeTestOutcome(TypedDict, total=False):

@@ -1,0 +1,1 @@
+// testlib.h stands here in a real package; the judge image has its own.

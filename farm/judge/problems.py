@@ -61,12 +61,14 @@ class Problem(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> Problem:
-        checker = self.checker
-        if checker == "program":  # its program judges each test: expected outputs optional
-            if self.checker_program is None:
-                raise ValueError("checker 'program' needs 'checker_program'")
-            checker = "none"
-        check_judge_item(checker, self.special_judge, self.tests, self.files)
+        check_judge_item(
+            self.checker,
+            self.special_judge,
+            self.tests,
+            self.files,
+            self.checker_program,
+            self.interactor,
+        )
         if self.groups is not None:
             check_groups(self.groups, len(self.tests))
         return self

@@ -1,7 +1,9 @@
 """Subtasks and points: a judge item's ``groups`` scored from its tests' verdicts, on the
 client, after the worker's result (the kernel knows nothing of groups). ``min`` is IOI's all
 or nothing, ``sum`` a share per test passed; a group scores 0 unless each group it depends
-on passed whole (CMS, Polygon). An ``IE`` result (farm's failure) is never scored.
+on passed whole (CMS, Polygon). A checker program's partial points count as a share of a
+test: ``min`` takes the lowest share (CMS's GroupMin), ``sum`` their mean. An ``IE`` result
+(farm's failure) is never scored.
 """
 
 from __future__ import annotations
@@ -13,6 +15,14 @@ from farm.models.judge import GroupScore, JudgeResult, TestGroup, Verdict, group
 PLACES = 6  # scores are rounded so that thirds add up to whole points
 
 
+def _share(points: float | None, verdict: Verdict) -> float:
+    """A test's share of its points: what its checker gave it (a testlib checker's points, a
+    Kattis validator's score), else all for AC and none otherwise."""
+    if points is not None:
+        return min(max(points, 0.0), 1.0)
+    return 1.0 if verdict == Verdict.AC else 0.0
+
+
 def scored(result: JudgeResult, groups: Sequence[TestGroup] | None) -> JudgeResult:
     """``result`` with its ``score``, ``max_score`` and each group's, in the groups' order;
     as it is without groups or when farm failed to judge it. A test that did not run (none
@@ -20,6 +30,7 @@ def scored(result: JudgeResult, groups: Sequence[TestGroup] | None) -> JudgeResu
     if not groups or result.verdict == Verdict.IE:
         return result
     verdicts = {test.index: test.verdict for test in result.tests}
+    shares = {test.index: _share(test.points, test.verdict) for test in result.tests}
     missing = result.verdict if result.verdict != Verdict.AC else Verdict.IE
     whole: dict[str, bool] = {}  # name -> every test passed, and every dependency whole
     scores: dict[str, GroupScore] = {}
@@ -28,10 +39,13 @@ def scored(result: JudgeResult, groups: Sequence[TestGroup] | None) -> JudgeResu
         failed = [(index, verdict) for index, verdict in ran if verdict != Verdict.AC]
         blocked_by = next((name for name in group.depends_on if not whole[name]), None)
         whole[group.name] = not failed and blocked_by is None
-        if blocked_by is not None or (failed and group.scoring == "min"):
+        earned = [shares.get(index, 0.0) for index, _ in ran]
+        if blocked_by is not None:
             points = 0.0
+        elif group.scoring == "min":
+            points = group.points * min(earned)
         else:
-            points = group.points * (len(ran) - len(failed)) / len(ran)
+            points = group.points * sum(earned) / len(earned)
         scores[group.name] = GroupScore(
             name=group.name,
             points=group.points,

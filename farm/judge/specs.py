@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 
 from farm.judge.problems import Problem
+from farm.kernel.boxes.checking import COMPILE_S
 from farm.kernel.wire.protocol import JudgeSpec, JudgeTest
 from farm.models.batch import BatchItem, Submission
 from farm.models.judge import JudgeLimits
@@ -73,7 +74,12 @@ def timeout_of(problem: Problem, submission: Submission) -> float:
     limits = limits_of(problem, submission)
     wall_s = limits.wall_s or max(limits.time_s * 3, limits.time_s + 5.0)  # the kernel's default
     per_test = wall_s + 0.5  # its wall limit, start, check
-    return limits.compile_time_s * 2 + 5.0 + per_test * len(problem.tests) + SLACK_S
+    timeout = limits.compile_time_s * 2 + 5.0 + per_test * len(problem.tests) + SLACK_S
+    programs = [p for p in (problem.checker_program, problem.interactor) if p is not None]
+    if programs:  # their compiles (checking.COMPILE_S at least), a checker's run after each test
+        compile_s = max(limits.compile_time_s, COMPILE_S)
+        timeout += len(programs) * (compile_s * 2 + 5.0) + per_test * len(problem.tests)
+    return timeout
 
 
 def build_step(problem: Problem, submission: Submission) -> tuple[JudgeSpec, dict[str, str], float]:
@@ -110,6 +116,12 @@ def build_step(problem: Problem, submission: Submission) -> tuple[JudgeSpec, dic
         spec["compile_options"] = list(submission.compile_options)
     if submission.args:
         spec["run_args"] = list(submission.args)
+    # The problem's own programs: compiled once per problem on a worker (its cache), run as
+    # the box's judge uid, out of the submission's reach (docs/design/judge.md).
+    if problem.checker_program is not None:
+        spec["checker_program"] = problem.checker_program.model_dump()  # type: ignore[typeddict-item]
+    if problem.interactor is not None:
+        spec["interactor"] = problem.interactor.model_dump()  # type: ignore[typeddict-item]
     # The expected outputs never reach the box: a submission could print them.
     inputs = {test.stdin_file for test in problem.tests}
     hidden = {test.expected_file for test in problem.tests} - inputs

@@ -50,16 +50,22 @@ class BatchItem(Model):
     language: str | None = Field(default=None, description="a judge item's language")
     source: str | None = None
     tests: list[TestCase] | None = None
-    checker: str = Field(default="tokens", description="exact, lines, tokens, float:A[:R], special")
+    checker: str = Field(
+        default="tokens", description="exact, lines, tokens, float:A[:R], special, program"
+    )
     special_judge: str | None = Field(default=None, description="Python: def check(i, e, o)")
+    checker_program: JudgeProgram | None = Field(
+        default=None, description="with checker 'program': a testlib checker or Kattis validator"
+    )
+    interactor: JudgeProgram | None = Field(
+        default=None, description="an interactive problem's interactor (testlib or Kattis)"
+    )
     all_tests: bool = False
     keep_outputs: bool = Field(default=False, description="each test's stdout in its result")
     judge_limits: JudgeLimits | None = None
     groups: list[TestGroup] | None = Field(
         default=None, description="subtasks with points: the record's judge gets a score"
     )
-    checker_program: JudgeProgram | None = None
-    interactor: JudgeProgram | None = None
     problem: str | Problem | None = Field(
         default=None, description="a stored problem (its digest), instead of tests and checker"
     )
@@ -104,7 +110,14 @@ class BatchItem(Model):
             if given:
                 raise ValueError(f"an item with a 'problem' takes these from it: {given}")
         elif self.source is not None:
-            check_judge_item(self.checker, self.special_judge, self.tests, self.files)
+            check_judge_item(
+                self.checker,
+                self.special_judge,
+                self.tests,
+                self.files,
+                self.checker_program,
+                self.interactor,
+            )
             if self.groups is not None:
                 check_groups(self.groups, len(self.tests or []))
         elif self.groups is not None:

@@ -126,6 +126,9 @@ class TestResult(Model):
     signal: int | None = None
     stderr: str = ""
     output: str | None = Field(default=None, description="base64, for a special judge only")
+    points: float | None = Field(
+        default=None, description="the share of the test a checker program gave it (0 to 1)"
+    )
 
 
 class CompileResult(Model):
@@ -162,6 +165,12 @@ class JudgeResult(Model):
     language: str = ""
     version: str = ""
     artifact: dict[str, str] | None = Field(default=None, description="the worker's, not yours")
+    program_compiles: dict[str, CompileResult] | None = Field(
+        default=None, description="the compiles of the checker and interactor (cached or not)"
+    )
+    program_artifacts: dict[str, dict[str, str]] | None = Field(
+        default=None, description="the worker's, not yours: the checker's, interactor's builds"
+    )
     score: float | None = Field(default=None, description="the groups' points scored")
     max_score: float | None = Field(default=None, description="the groups' points")
     groups: list[GroupScore] | None = None
@@ -196,13 +205,25 @@ def check_judge_item(
     special_judge: str | None,
     tests: list[TestCase] | None,
     files: dict[str, str] | None,
+    checker_program: JudgeProgram | None = None,
+    interactor: JudgeProgram | None = None,
 ) -> None:
-    """A judge item's parts agree: a known checker (a special judge with its code), tests
-    whose ``*_file`` names are among its ``files``, expected outputs unless a special judge."""
+    """A judge item's parts agree: a known checker (a special judge with its code, a checker
+    program with its program), tests whose ``*_file`` names are among its ``files``, expected
+    outputs unless a special judge, a checker program or an interactor decides."""
+    if (checker == "program") != (checker_program is not None):
+        raise ValueError(
+            "checker 'program' needs 'checker_program', and 'checker_program' needs checker "
+            "'program'"
+        )
+    if interactor is not None and checker not in ("program", "tokens", "none"):
+        raise ValueError("an interactive item's verdict is its interactor's (or checker_program)")
     if checker == "special":
         if not special_judge:
             raise ValueError("checker 'special' needs 'special_judge' (Python defining check)")
-    else:
+        if interactor is not None:
+            raise ValueError("a special judge cannot judge an interactive item")
+    elif checker != "program":
         try:
             checkers.parse(checker)
         except checkers.CheckerError as exc:
@@ -214,7 +235,8 @@ def check_judge_item(
             if name is not None and name not in (files or {}):
                 raise ValueError(f"test {number}: {name!r} is not among the item's files")
         if (
-            checker not in ("special", "none")
+            checker not in ("special", "none", "program")
+            and interactor is None
             and test.expected is None
             and test.expected_file is None
         ):

@@ -12,6 +12,7 @@ naming the package that failed. How and why: docs/design/images.md.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -51,6 +52,8 @@ MIN_PYTHON = (3, 9)
 
 LABEL_ENV = "farm.env"
 LABEL_ENV_HASH = "farm.env_hash"
+LABEL_JUDGE_INCLUDE = "farm.judge_include"  # the digest of images/judge/include (testlib.h)
+JUDGE_INCLUDE = Path("images/judge/include")
 LABEL_ENV_SPEC = "farm.env_spec"
 LABEL_FROM_ID = "farm.from_id"
 
@@ -116,6 +119,7 @@ def ensure_env_image(
                         LABEL_ENV_HASH: spec.digest(),
                         LABEL_ENV_SPEC: spec.canonical(),
                         LABEL_FROM_ID: from_id,
+                        **({LABEL_JUDGE_INCLUDE: _include_digest(root)} if spec.languages else {}),
                         **(labels or {}),
                     },
                     prepare=prepare,
@@ -215,7 +219,8 @@ def _download_wheels(
 
 def _build_context(spec: EnvSpec, wheels: Path, root: Path) -> Path:
     """build/sandbox-context/NAME: env.Dockerfile (at its repository path, which the kernel
-    hash names), the kernel, ``wheels/`` and ``judge/languages.json`` (the judge's table),
+    hash names), the kernel, ``wheels/``, ``judge/languages.json`` (the judge's table) and,
+    for a judge image, ``judge/include/`` (testlib.h),
     so the repository's own build context (the default image's, the worker's) never carries
     an environment's wheels."""
     context = root / CONTEXT_DIR / spec.name
@@ -228,6 +233,8 @@ def _build_context(spec: EnvSpec, wheels: Path, root: Path) -> Path:
     table = {name: language.for_image() for name, language in spec.languages.items()}
     (context / "judge").mkdir()
     (context / "judge" / "languages.json").write_text(json.dumps(table, indent=1, sort_keys=True))
+    if spec.languages:  # testlib.h, for the problems' checkers and interactors
+        shutil.copytree(root / JUDGE_INCLUDE, context / "judge" / "include")
     shutil.copytree(
         wheels,
         context / "wheels",
@@ -235,6 +242,14 @@ def _build_context(spec: EnvSpec, wheels: Path, root: Path) -> Path:
         copy_function=_link_or_copy,
     )
     return context
+
+
+def _include_digest(root: Path) -> str:
+    """The digest of the judge's headers (``images/judge/include``): a label of the image."""
+    digest = hashlib.sha256()
+    for path in sorted((root / JUDGE_INCLUDE).iterdir()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def _link_or_copy(src: str, dst: str) -> None:

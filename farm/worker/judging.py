@@ -24,7 +24,9 @@ from farm.errors import ProblemError, ProblemNotFound
 from farm.judge.problems import Problem
 from farm.judge.scoring import scored
 from farm.judge.specs import BUILD_DIR, build_step
+from farm.kernel.wire.protocol import JudgeProgram
 from farm.models.batch import Chunk, ChunkItem, ItemDone
+from farm.models.frames import JudgeStep
 from farm.models.judge import JudgeResult, Verdict
 from farm.worker.stored_problems import StoredProblems
 
@@ -109,6 +111,8 @@ class Judging:
         self.keeper = keeper  # whose image's digest keys the cache
         self.worker_id = worker_id
         self.cache = CompileCache()
+        self.lock = threading.Lock()
+        self.building: dict[str, threading.Event] = {}  # program key -> built (or given up)
         self.problems = StoredProblems(client)
 
     def run(self, chunk: Chunk, item: ChunkItem, run_item: RunItem) -> ItemDone:
@@ -150,7 +154,14 @@ class Judging:
             return ItemDone(key=item.key, exec_id=item.exec_id, worker=self.worker_id, judge=result)
         if cached is not None:
             item = item.model_copy(update={"judge": {**spec, "artifact": cached}})
-        done = run_item(chunk, item)
+        step, owned = self._programs(item, image)
+        item = item.model_copy(update={"judge": step})
+        built = None
+        try:
+            done = run_item(chunk, item)
+            built = done.judge.program_artifacts if done.judge is not None else None
+        finally:  # the items waiting for these programs' builds find them cached, or build
+            self._built(owned, built)
         if done.judge is None:
             return done  # the kernel failed: the cells say how
         result = done.judge
@@ -158,13 +169,64 @@ class Judging:
             self.cache.put(key, result.artifact)
         elif result.verdict == Verdict.CE:
             self.cache.put(key, result)
-        result.artifact = None
+        result.artifact = result.program_artifacts = None
         if any(t.verdict == Verdict.PENDING for t in result.tests):
             done.judge = result = self._special(chunk, item, result, run_item)
         if not spec.get("keep_outputs"):  # a special judge's, not the caller's
             for test in result.tests:
                 test.output = None
         return done
+
+    def _programs(self, item: ChunkItem, image: str) -> tuple[JudgeStep, dict[str, str]]:
+        """The item's judge step with its checker's and interactor's builds when cached, and
+        the cache keys of those this item builds, by the kernel's name. They are
+        compiled once per problem on this worker: while an item builds one, the others of
+        the problem wait for its build rather than compile it too."""
+        assert item.judge is not None
+        spec: JudgeStep = {**item.judge}
+        owned: dict[str, str] = {}
+        for role, program in (
+            ("checker", spec.get("checker_program")),
+            ("interactor", spec.get("interactor")),
+        ):
+            if program is None:
+                continue
+            key = "program:" + CompileCache.key(program["language"], program["source"], image)
+            cached = self._build_of(key, item.timeout_s)
+            if cached is None:
+                owned[role] = key
+            elif isinstance(cached, dict):
+                built: JudgeProgram = {**program, "artifact": cached}
+                if role == "checker":
+                    spec["checker_program"] = built
+                else:
+                    spec["interactor"] = built
+        return spec, owned
+
+    def _build_of(self, key: str, timeout_s: float) -> dict[str, str] | JudgeResult | None:
+        """A program's cached build; ``None`` when this item is to build it (none cached, or
+        the item building it gave up or failed), after waiting for another item building it."""
+        while True:
+            with self.lock:
+                cached = self.cache.get(key)
+                if cached is not None:
+                    return cached
+                event = self.building.get(key)
+                if event is None:
+                    self.building[key] = threading.Event()
+                    return None
+            if not event.wait(timeout_s):
+                return None
+
+    def _built(self, owned: dict[str, str], builds: dict[str, dict[str, str]] | None) -> None:
+        """Cache the builds of the programs this item built and wake those waiting for them."""
+        for name, key in owned.items():
+            if builds and name in builds:
+                self.cache.put(key, builds[name])
+            with self.lock:
+                event = self.building.pop(key, None)
+            if event is not None:
+                event.set()
 
     def _special(
         self, chunk: Chunk, item: ChunkItem, result: JudgeResult, run_item: RunItem

@@ -5,7 +5,8 @@ Forked by a box's init for an item's ``judge`` step (``zygote``), it stays root 
 compile and test as the box's uid (``testrun``), so that a submission can neither forge its
 verdict nor see another test's data. It writes one JSON object (``protocol.JudgeOutcome``)
 on stdout. Verdict order per test: output size, memory kill, wall or CPU time, peak memory,
-non-zero exit or signal, then the checker. Why: docs/design/judge.md.
+non-zero exit or signal, then the checker. A problem's own checker or interactor is compiled
+first and run as the box's judge uid (``checking``, ``interaction``). Why: docs/design/judge.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..wire.protocol import (
     JudgeTestOutcome,
     Verdict,
 )
-from . import pycheck, testrun
+from . import checking, interaction, pycheck, testrun
 from .box_protocol import BoxInfo
 
 BUILD_DIR = ".judge"
@@ -74,9 +75,35 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     except entries.EntryError as exc:
         return _named(outcome("CE", str(exc), compile=_failed(str(exc))), named)
     build = os.path.join(box["workspace"], BUILD_DIR)
-    compiled, artifact = _compile(spec, language, entry, box, isolation, build)
-    if compiled["status"] == "error":
-        return _named(outcome("CE", compiled["output"], compile=compiled), named)
+    programs = None  # the problem's checker and interactor: first, as the judge uid
+    if spec.get("checker_program") or spec.get("interactor"):
+        prepared = checking.prepare(spec, table, box, isolation, build, _compile)
+        if not isinstance(prepared, checking.Programs):
+            return _named(prepared, named)
+        programs = prepared
+    try:
+        compiled, artifact = _compile(spec, language, entry, box, isolation, build)
+        if compiled["status"] == "error":
+            return _named(outcome("CE", compiled["output"], compile=compiled), named)
+        return _named(
+            _tests(spec, language, entry, box, isolation, compiled, programs, artifact), named
+        )
+    finally:
+        if programs is not None:
+            programs.close()
+
+
+def _tests(
+    spec: JudgeSpec,
+    language: dict[str, Any],
+    entry: entries.Entry,
+    box: BoxInfo,
+    isolation: str,
+    compiled: CompileOutcome,
+    programs: checking.Programs | None,
+    artifact: dict[str, str] | None,
+) -> JudgeOutcome:
+    """Each test of the compiled submission, and the item's verdict."""
     memory_mb = int(spec["memory_mb"])
     run_argv = _filled(language["run"], entry, memory_mb=str(memory_mb))
     run_argv += spec.get("run_args") or []
@@ -93,13 +120,13 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     kept = 0
     verdict: Verdict = "AC"
     for index, test in enumerate(spec["tests"]):
-        result = _test(index, test, spec, run_argv, box, isolation, limits)
+        result = _test(index, test, spec, run_argv, box, isolation, limits, programs)
         kept += len(result.get("output", ""))
-        if kept > OUTPUTS_BYTES:
+        if kept > OUTPUTS_BYTES or result["verdict"] == "IE":  # IE: the problem's program failed
             why = f"the outputs to return are over {OUTPUTS_BYTES >> 20} MB"
-            refused = outcome("IE", why)
+            refused = outcome("IE", why if kept > OUTPUTS_BYTES else result["message"])
             refused["kind"] = "input"
-            return _named(refused, named)
+            return checking.reported(refused, programs)
         results.append(result)
         if result["verdict"] not in ("AC", "PENDING") and verdict == "AC":
             verdict = result["verdict"]
@@ -109,7 +136,7 @@ def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
         verdict = "PENDING"  # the special judge decides
     judged = outcome(verdict, "", tests=results, compile=compiled)
     judged["artifact"] = artifact
-    return _named(judged, named)
+    return checking.reported(judged, programs)
 
 
 def _filled(argv: list[str], entry: entries.Entry, **more: str) -> list[str]:
@@ -271,11 +298,18 @@ def _test(
     box: BoxInfo,
     isolation: str,
     limits: testrun.Limits,
+    programs: checking.Programs | None = None,
 ) -> JudgeTestOutcome:
     stdin_path = None
     if test.get("stdin_path"):
         stdin_path = os.path.join(box["workspace"], test["stdin_path"])
     data = base64.b64decode(test["stdin"]) if test.get("stdin") is not None else None
+    if programs is not None:  # the input as it was before any test ran: the checker's too
+        data, stdin_path = programs.inputs.get(index, data or b""), None
+        if "interactor" in programs.found:
+            return interaction.test(
+                index, test, data, spec, argv, box, isolation, limits, programs, _verdict
+            )
     done = testrun.run(
         argv,
         box,
@@ -302,6 +336,10 @@ def _test(
     if verdict == "AC":
         if spec["checker"] == "special":
             verdict = "PENDING"
+        elif programs is not None:
+            expected = base64.b64decode(test.get("expected") or "")
+            said = checking.run_checker(programs, data or b"", done.stdout, expected, limits)
+            verdict, message, result["points"] = said.verdict, said.message, said.points
         else:
             expected = base64.b64decode(test.get("expected") or "")
             passed, message = checkers.check(spec["checker"], expected, done.stdout)

@@ -181,8 +181,18 @@ def _judge(spec: Any) -> JudgeSpec | None:
     tests = spec.get("tests")
     if not isinstance(tests, list) or not all(isinstance(t, dict) for t in tests):
         raise RequestError("bad_request", "judge field 'tests' must be a list of objects")
+    for role in ("checker_program", "interactor"):  # a problem's programs (checking.py)
+        program = spec.get(role)
+        if program is None:
+            continue
+        if not isinstance(program, dict) or program.get("protocol") not in ("testlib", "kattis"):
+            raise RequestError("bad_request", f"judge field {role!r}: protocol testlib or kattis")
+        for name, kind in (("language", str), ("source", str)):
+            field(program, name, kind)
+    if (spec["checker"] == "program") != (spec.get("checker_program") is not None):
+        raise RequestError("bad_request", "checker 'program' needs 'checker_program'")
     try:
-        if spec["checker"] != "special":
+        if spec["checker"] not in ("special", "program"):
             checkers.parse(spec["checker"])
     except checkers.CheckerError as exc:
         raise RequestError("bad_request", str(exc)) from None

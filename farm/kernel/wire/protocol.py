@@ -390,11 +390,24 @@ class JudgeTest(TypedDict, total=False):
     expected: str
 
 
+class _JudgeProgramRequired(TypedDict):
+    language: str  # a name of the image's table, like a submission's
+    source: str
+    protocol: Literal["testlib", "kattis"]
+
+
+class JudgeProgram(_JudgeProgramRequired, total=False):
+    """A problem's checker or interactor (``checking``, ``interaction``): compiled once per
+    problem, run as the box's judge uid; ``artifact``: the worker's cached build."""
+
+    artifact: dict[str, str] | None
+
+
 class _JudgeSpecRequired(TypedDict):
     language: str  # a name of the image's table (languages.TABLE)
     source: str
     tests: list[JudgeTest]
-    checker: str  # exact | lines | tokens | float:ABS[:REL] | none | special
+    checker: str  # exact | lines | tokens | float:ABS[:REL] | none | special | program
     time_s: float  # CPU seconds per test
     memory_mb: int  # peak resident memory per test
     output_mb: int  # stdout per test
@@ -411,6 +424,8 @@ class JudgeSpec(_JudgeSpecRequired, total=False):
     keep_outputs: bool
     compile_time_s: float
     compile_memory_mb: int
+    checker_program: JudgeProgram  # with checker "program"
+    interactor: JudgeProgram  # an interactive problem: wired to the submission's stdin/stdout
     compile_options: list[str]  # argv words: at the table's {options}, else before the source
     run_args: list[str]  # argv words after the run command
 
@@ -427,6 +442,7 @@ class JudgeTestOutcome(TypedDict, total=False):
     signal: int | None
     stderr: str
     output: str  # base64, with keep_outputs (or a special judge) only
+    points: float  # the share of the test a checker or interactor gave it (0 to 1)
 
 
 class CompileOutcome(TypedDict):
@@ -449,6 +465,8 @@ class JudgeOutcome(_JudgeOutcomeRequired, total=False):
     language: str
     version: str  # the toolchain's own words (recorded when the image was built)
     artifact: dict[str, str] | None  # a fresh build's files, for the worker's cache
+    program_artifacts: dict[str, dict[str, str]]  # "checker"/"interactor": fresh builds
+    program_compiles: dict[str, CompileOutcome]  # "checker"/"interactor": their compiles
 
 
 class ItemOutcome(TypedDict):

@@ -46,6 +46,7 @@ class Side:
     usage: Any = None
     ended_at: float = 0.0
     killed: str | None = None
+    inherited: int = 0  # the runner's resident kB when it spawned this side (testrun.own_peak_kb)
 
     def end(self, now: float) -> None:
         _, self.status, self.usage = os.wait4(self.pid, 0)
@@ -164,6 +165,7 @@ def interact(
                 )
             inter = Side(ipid, programs.limits(limits), os.pidfd_open(ipid))
             sides.append(inter)
+            inherited = testrun.resident_kb()  # what the submission starts with
             try:
                 if isolation == "namespaces" and spawning.nobody_runs_as(box["uid"]):
                     spid = spawning.spawn_as(
@@ -185,7 +187,8 @@ def interact(
                     127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0
                 )
                 return Interaction(failed, protocols.Said("AC", 0.0, ""), False, b"")
-            sub = Side(spid, limits, os.pidfd_open(spid))
+            sub = Side(spid, limits, os.pidfd_open(spid), inherited=inherited)
+            sub.peak = testrun.resident_kb(spid)  # one that ends before the first sample shows
             sides.append(sub)
             for fd in pipes:  # only the two sides hold them now: end of file when one ends
                 os.close(fd)
@@ -243,7 +246,7 @@ def _measured(sub: Side, started: float, err: int) -> testrun.Measured:
         signal=os.WTERMSIG(status) if os.WIFSIGNALED(status) and sub.killed != "decided" else None,
         cpu_s=sub.usage.ru_utime + sub.usage.ru_stime,
         wall_s=sub.ended_at - started,
-        memory_kb=max(int(sub.usage.ru_maxrss), sub.peak),
+        memory_kb=max(testrun.own_peak_kb(int(sub.usage.ru_maxrss), sub.inherited), sub.peak),
         killed=killed,
         stdout=b"",
         stderr=stderr,

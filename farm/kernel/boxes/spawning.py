@@ -1,15 +1,12 @@
 """Start a program as another uid with ``posix_spawn`` (a ``vfork``): an interactive test's two
-programs, which start back to back and whose start is most of a short interaction's time.
+programs, which start back to back and whose start is most of a short interaction's time
+(``subprocess`` forks the whole runner when it switches uid: it cannot ``vfork`` then).
 
-``subprocess`` forks the runner (tens of MB of page tables) when it switches uid, since it
-cannot ``vfork`` then. Here the runner (root, single-threaded) sets its *real* uid and gid to
-the program's for the moment of the spawn, keeping its effective and saved uid 0 (and so its
-capabilities); ``POSIX_SPAWN_RESETIDS`` makes the child's effective ids its real ones, and
-its ``execve`` makes its saved ids those too, with no capability left (neither id is 0) and
-``no_new_privs`` inherited. Every inheritable fd of the runner but stdio and ``keep`` is
-closed in the child. For that moment a process of the target uid could signal the runner:
-``nobody_runs_as`` says whether one runs, and the caller spawns so only when none does.
-docs/design/judge.md.
+The runner (root, single-threaded) sets its *real* uid and gid to the program's for the moment
+of the spawn; ``POSIX_SPAWN_RESETIDS`` and the ``execve`` leave the child no id 0 and no
+capability, ``no_new_privs`` inherited, no fd of the runner's but stdio and ``keep``. For that
+moment a process of the target uid could signal the runner: callers spawn so only when
+``nobody_runs_as`` that uid (none can then appear). docs/design/judge.md.
 """
 
 from __future__ import annotations

@@ -8,19 +8,20 @@ DMOJ is AGPL; its files are read at run time, never copied)::
 
 Every case in a language of farm's judge image (``bench/dmoj_cases.py`` maps DMOJ's executor
 names) becomes one judge item, all in one ``Farm.map`` on ``Farm.local(images={"judge": 1})``:
-DMOJ's tests with their inputs and outputs, its time limit, its memory limit (KB, raised to
-farm's 16 MB floor where lower: noted), DMOJ's compile limit (10 s), its checker where a farm
-built-in judges alike, and every test run (``all_tests``), as DMOJ runs them. A case agrees
-when each test's verdict is one DMOJ's case accepts (RTE and IR are farm's RE; a test after a
-batch's first failure, or in a batch whose dependency failed, is DMOJ's SC); a ``CE`` or
-``IE`` when DMOJ expects it. Prints the table, the skipped cases with why, and the agreements
-by language and by the verdict DMOJ expects. Exits 0.
+DMOJ's tests, time limit, memory limit (KB, raised to farm's 16 MB floor where lower: noted),
+compile limit (10 s), its checker where a farm built-in judges alike, its bridged checker or
+interactor as a testlib program (``bench/dmoj_programs.py``), every test run (``all_tests``).
+A case agrees when each test's verdict is one DMOJ's case accepts (RTE and IR are farm's RE; a
+test after a batch's first failure, or in a batch whose dependency failed, is DMOJ's SC); a
+``CE`` or an ``IE`` of kind ``input`` when DMOJ expects it; farm's points DMOJ's ``score``.
+Prints the table, the skipped cases with why, the agreements by language and expected verdict.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import subprocess
 from collections import Counter
@@ -71,7 +72,9 @@ def farm_codes(case: Case, result: JudgeResult) -> list[str]:
 def compare(case: Case, result: JudgeResult) -> tuple[bool, str]:
     """Whether farm's result agrees with what DMOJ expects, and farm's verdicts in short."""
     verdict = result.verdict.value
-    if verdict in ("CE", "IE"):
+    if verdict == "IE":  # only the problem's fault (input) is DMOJ's IE; infra is farm's
+        return verdict in case.expect and result.kind == "input", f"IE({result.kind})"
+    if verdict == "CE":
         return verdict in case.expect, verdict
     codes = farm_codes(case, result)
     count = len(case.item["tests"])
@@ -79,13 +82,21 @@ def compare(case: Case, result: JudgeResult) -> tuple[bool, str]:
         code in case.per_test.get(number, case.expect) for number, code in enumerate(codes, 1)
     )
     shown = codes[0] if len(set(codes)) == 1 and not case.per_test else ",".join(codes)
+    if case.score is not None:  # DMOJ's points: a test's value times the share it earned
+        score = sum(
+            value * (test.points if test.points is not None else test.verdict == Verdict.AC)
+            for value, test in zip(case.points, result.tests, strict=False)
+        )
+        agree = agree and math.isclose(score, case.score, abs_tol=1e-6)
+        shown += f" {score:g}pt"
     return agree, shown or "no tests"
 
 
 def expected(case: Case) -> str:
     if case.per_test:
         return ",".join("|".join(sorted(case.per_test[n])) for n in sorted(case.per_test))
-    return "|".join(sorted(case.expect))
+    score = f" {case.score:g}pt" if case.score is not None else ""
+    return "|".join(sorted(case.expect)) + score
 
 
 def run(cases: list[Case]) -> dict[str, BatchRecord]:

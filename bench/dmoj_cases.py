@@ -2,9 +2,10 @@
 
 A DMOJ problem is ``init.yml`` (tests, maybe in a zip ``archive``, a checker, batches); each
 of its cases is ``tests/<case>/test[.linux|.posix].yml`` (language, time, memory in KB,
-source, ``expect`` or per-test ``cases``). ``read_suite`` gives a ``Case`` per case that farm
-can judge as DMOJ does, and a ``Skip`` with the reason for every other. Nothing of DMOJ is
-copied: its files are read from the checkout given at run time.
+source, ``expect`` or per-test ``cases``, ``score``). ``read_suite`` gives a ``Case`` per case
+farm can judge as DMOJ does (bridged checkers and interactors: ``bench/dmoj_programs.py``), a
+``Skip`` with the reason for every other. Nothing of DMOJ is copied: its files are read from
+the checkout given at run time.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from dmoj_programs import judge_program
 
 # DMOJ's executor -> the farm languages that run it, the first the image has wins. Rows of
 # languages farm may gain later stay here: a name the image lacks is skipped ("no language").
@@ -55,6 +57,7 @@ CHECKERS = {"standard": "tokens", "identical": "exact", "linecount": "lines", "r
 FLOATS = {"floats": "float:{e}:{e}", "floatsabs": "float:{e}:0", "floatsrel": "float:0:{e}"}
 # DMOJ's verdicts as farm's: IR (invalid return: an exception, a signal) and RTE are RE.
 VERDICTS = {"RTE": "RE", "IR": "RE"}
+PRINT_STATEMENT = re.compile(r"^[ \t]*print\b(?![ \t]*[(=])", re.MULTILINE)
 MIN_MEMORY_MB = 16  # farm's floor (JudgeLimits.memory_mb)
 COMPILE_TIME_S = 10.0  # DMOJ's default compiler_time_limit
 OUTPUT_MB = 24  # DMOJ's default output_limit_length (25,165,824 bytes)
@@ -69,8 +72,7 @@ SKIP_CASES = {
 # Problem keys farm has no counterpart for; the value says what is needed.
 PROBLEM_FEATURES = {
     "generator": "tests made by a generator program (farm takes tests as data)",
-    "interactive": "needs checker programs: an interactor",
-    "custom_judge": "needs checker programs: DMOJ's Python grader or interactor (custom_judge)",
+    "custom_judge": "DMOJ's Python grader or interactor (custom_judge), DMOJ's own API",
     "signature_grader": "DMOJ's signature grader (a C entry linked with the submission)",
 }
 
@@ -87,6 +89,8 @@ class Case:
     batches: list[list[int]] = field(default_factory=list)  # test indices from 0
     depends: dict[int, list[int]] = field(default_factory=dict)  # batch -> batches it needs
     notes: list[str] = field(default_factory=list)
+    score: float | None = None  # DMOJ's points for the case, when it says
+    points: list[float] = field(default_factory=list)  # each test's points, DMOJ's
 
 
 @dataclass
@@ -118,8 +122,11 @@ def _config(case_dir: Path) -> dict[str, Any]:
 class Problem:
     """A DMOJ problem directory: its tests as farm test cases, checker, batches."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, languages: dict[str, str]) -> None:
         self.root = root
+        self.languages = languages  # DMOJ's executor -> the image's language
+        self.notes: list[str] = []
+        self.judging: dict[str, Any] = {}
         self.name = root.name
         self.init: dict[str, Any] = yaml.safe_load((root / "init.yml").read_text()) or {}
         archive = self.init.get("archive")
@@ -132,11 +139,29 @@ class Problem:
                 return reason
         if not isinstance(self.init.get("test_cases"), list):
             return "tests found by DMOJ's input_format regex over the archive"
-        checker = self.init.get("checker")
-        name = checker.get("name") if isinstance(checker, dict) else checker
-        if name == "bridged":
-            return "needs checker programs: a bridged checker (testlib, coci, peg, its own)"
+        try:
+            self.judging = self._judging()
+        except (ValueError, KeyError) as error:
+            return str(error)
+        if self.init.get("unbuffered"):
+            self.notes.append("DMOJ: unbuffered stdout")
         return None
+
+    def _judging(self) -> dict[str, Any]:
+        """The item's checker fields: a bridged checker or interactor as a farm program."""
+        checker = self.init.get("checker")
+        interactive = self.init.get("interactive")
+        if isinstance(interactive, dict):
+            made, note = judge_program(self.root, interactive, self.languages, "interactor")
+            if checker:
+                raise ValueError("an interactor and a checker after it")
+            self.notes += [note] if note else []
+            return {"interactor": made.model_dump(), "checker": "none"}
+        if isinstance(checker, dict) and checker.get("name") == "bridged":
+            made, note = judge_program(self.root, checker["args"], self.languages, "checker")
+            self.notes += [note] if note else []
+            return {"checker": "program", "checker_program": made.model_dump()}
+        return {}
 
     def read(self, name: str) -> str:
         """A data file as DMOJ gives it: newlines (CRLF, CR) as LF, one at the end, unless
@@ -162,6 +187,14 @@ class Problem:
                 raise ValueError("a DMOJ Python checker reading DMOJ's own result object")
             return "special", python_checker(source)
         raise ValueError(f"DMOJ's {name!r} checker has no farm built-in alike")
+
+    def points(self) -> list[float]:
+        """Each test's points (DMOJ's; a batch's on its first test)."""
+        points: list[float] = []
+        for entry in self.init["test_cases"]:
+            count = len(entry["batched"]) if "batched" in entry else 1
+            points += [float(entry.get("points", 0))] + [0.0] * (count - 1)
+        return points
 
     def tests(self) -> tuple[list[dict[str, str]], list[list[int]], dict[int, list[int]]]:
         """The tests in order, the batches (test indices) and each batch's dependencies."""
@@ -232,6 +265,8 @@ def read_case(
     if language is None and dmoj == "PY2" and py2_as_py3 and "python3" in languages:
         try:
             compile(source, "main.py", "exec")
+            if PRINT_STATEMENT.search(source):  # print -1, 1 compiles, then fails
+                raise SyntaxError("a print statement")
             language = "python3"
             notes.append("PY2 as python3")
         except SyntaxError:
@@ -247,10 +282,10 @@ def read_case(
         return Skip(name, dmoj, SKIP_CASES[name])
     if config.get("required_auxiliary_executors"):
         return Skip(name, dmoj, "needs another language's program beside it")
-    if "score" in config or "score_cases" in config:
-        return Skip(name, dmoj, "expects partial points from a checker")
+    if "score_cases" in config:
+        return Skip(name, dmoj, "expects each test's partial points")
     try:
-        checker, special = problem.checker()
+        checker, special = problem.checker() if not problem.judging else ("", None)
     except ValueError as error:
         return Skip(name, dmoj, str(error))
     tests, batches, depends = problem.tests()
@@ -268,10 +303,10 @@ def read_case(
         "language": language,
         "source": source,
         "tests": tests,
-        "checker": checker,
         "limits": limits,
         "all_tests": True,  # DMOJ runs every test (but a batch's after its first failure)
     }
+    item |= problem.judging or {"checker": checker}
     if special is not None:
         item["special_judge"] = special
     cases = config.get("cases", {})
@@ -280,16 +315,22 @@ def read_case(
         for k, v in (enumerate(cases, 1) if isinstance(cases, list) else cases.items())
     }
     expect = _verdicts(config.get("expect", "AC"))
-    return Case(name, dmoj, item, expect, per_test, batches, depends, notes)
+    score = float(config["score"]) if "score" in config else None
+    notes += problem.notes
+    points = problem.points()
+    return Case(name, dmoj, item, expect, per_test, batches, depends, notes, score, points)
 
 
 def read_suite(root: Path, languages: set[str], py2_as_py3: bool) -> list[Case | Skip]:
     """Every case of the testsuite at ``root``, sorted by name."""
     found: list[Case | Skip] = []
+    image = {
+        dmoj: lang for dmoj, row in LANGUAGES.items() for lang in row[::-1] if lang in languages
+    }
     for problem_dir in sorted(p for p in root.iterdir() if (p / "init.yml").is_file()):
         if not (problem_dir / "tests").is_dir():
             continue
-        problem = Problem(problem_dir)
+        problem = Problem(problem_dir, image)
         for case_dir in sorted(p for p in (problem_dir / "tests").iterdir() if p.is_dir()):
             try:
                 case = read_case(problem, case_dir, languages, py2_as_py3)

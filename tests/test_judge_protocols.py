@@ -1,8 +1,14 @@
 """How a problem's checker or interactor is read, without a sandbox: testlib's and the Kattis
 format's exit codes, partial points, and the verdict of an interactive test from both sides'
-ends (Kattis' and DOMjudge's rule), and what a judge item with programs accepts."""
+ends (Kattis' and DOMjudge's rule; which side ended first, with real processes), and what a
+judge item with programs accepts."""
 
 from __future__ import annotations
+
+import os
+import select
+import subprocess
+from collections.abc import Iterator
 
 import pytest
 from pydantic import ValidationError
@@ -11,6 +17,7 @@ from farm.judge.scoring import scored
 from farm.kernel.boxes import interaction
 from farm.kernel.boxes.judging import _verdict
 from farm.kernel.boxes.testrun import Limits, Measured
+from farm.kernel.boxes.trees import exiting
 from farm.kernel.judge import protocols
 from farm.kernel.judge.protocols import Said
 from farm.models.batch import BatchItem
@@ -89,6 +96,60 @@ def test_interactive_verdicts_follow_kattis_and_domjudge(
     assert got == verdict, message
     if sub.killed == "wall":
         assert message.startswith("idleness limit exceeded")
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "60"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def ended(process: subprocess.Popen[bytes]) -> None:
+    """Kill ``process`` and wait (on its pidfd) until it is a zombie, not reaped."""
+    pidfd = os.pidfd_open(process.pid)
+    process.kill()
+    select.select([pidfd], [], [])
+    os.close(pidfd)
+
+
+def side(
+    process: subprocess.Popen[bytes], ended_at: float, killed: str | None = None
+) -> interaction.Side:
+    return interaction.Side(process.pid, LIMITS, -1, ended_at=ended_at, killed=killed)
+
+
+def test_a_process_is_exiting_from_its_kill_to_its_reaping(
+    sleeper: subprocess.Popen[bytes],
+) -> None:
+    assert not exiting(sleeper.pid)
+    ended(sleeper)
+    assert exiting(sleeper.pid)  # a zombie: its pipes are closed, its pidfd may lag
+    sleeper.wait()
+    assert exiting(sleeper.pid)  # gone
+
+
+@pytest.mark.parametrize("how", ["exiting", "memory", "cpu"])
+def test_an_interactor_answering_the_submissions_end_did_not_end_first(
+    sleeper: subprocess.Popen[bytes], how: str
+) -> None:
+    """The submission stopped by the runner for its limits, or exiting, when the interactor's
+    end is seen first (it read end of file and said WA): the submission's end decides."""
+    if how == "exiting":
+        ended(sleeper)
+    sub = side(sleeper, ended_at=2.0, killed=None if how == "exiting" else how)
+    interaction.interactor_ended(sub, decided=lambda: True)
+    assert sub.ending and sub.killed == (None if how == "exiting" else how)
+    assert not interaction.ended_first(side(sleeper, ended_at=1.0), sub)
+
+
+def test_an_interactor_that_says_wa_first_decides(sleeper: subprocess.Popen[bytes]) -> None:
+    sub = side(sleeper, ended_at=2.0)
+    interaction.interactor_ended(sub, decided=lambda: True)
+    assert not sub.ending and sub.killed == "decided"
+    assert sleeper.wait(timeout=10) == -9  # killed: no need to wait for it
+    assert interaction.ended_first(side(sleeper, ended_at=1.0), sub)
 
 
 def test_partial_points_score_as_shares_of_tests() -> None:

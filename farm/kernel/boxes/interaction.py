@@ -25,7 +25,7 @@ from ..judge import protocols
 from ..wire.protocol import JudgeSpec, JudgeTest, JudgeTestOutcome, Verdict
 from . import checking, spawning, testrun, uids
 from .box_protocol import BoxInfo
-from .trees import kill_tree, tree
+from .trees import exiting, kill_tree, tree
 
 INTERACTOR_EVERY = (
     4  # the interactor's tree is sampled every 4th look (20 ms), the submission's at each
@@ -46,6 +46,7 @@ class Side:
     usage: Any = None
     ended_at: float = 0.0
     killed: str | None = None
+    ending: bool = False  # (the submission) already ending when the interactor ended
     inherited: int = 0  # the runner's resident kB when it spawned this side (testrun.own_peak_kb)
 
     def end(self, now: float) -> None:
@@ -99,9 +100,8 @@ def _watch(
             poller.unregister(fd)
             side.end(time.monotonic())
             _kill_others(me, keep=next((s.pid for s in alive.values()), 0))
-            if side is inter and sub.pidfd in alive and decided():
-                sub.killed = "decided"  # the interactor said WA (or failed): no need to wait
-                kill_tree(sub.pid)
+            if side is inter and sub.pidfd in alive:
+                interactor_ended(sub, decided)
         rounds += 1
         for side in list(alive.values()):
             if side is inter and rounds % INTERACTOR_EVERY:
@@ -113,6 +113,23 @@ def _watch(
             if over is not None and side.killed is None:
                 side.killed = over
                 kill_tree(side.pid)
+
+
+def interactor_ended(sub: Side, decided: Callable[[], bool]) -> None:
+    """The interactor ended while the submission's pidfd had not said so. The submission may
+    already be ending (stopped by the runner for its limits, or exiting: its pipes close
+    before its pidfd is ready, and the interactor may be reaped first, answering its end of
+    file): then it ended first. Else, if the interactor said WA (or failed), it is killed:
+    the verdict is decided, no need to wait."""
+    sub.ending = sub.killed is not None or exiting(sub.pid)
+    if not sub.ending and decided():
+        sub.killed = "decided"
+        kill_tree(sub.pid)
+
+
+def ended_first(inter: Side, sub: Side) -> bool:
+    """Whether the interactor ended first, on its own (Kattis' and DOMjudge's "exited first")."""
+    return inter.ended_at < sub.ended_at and inter.killed is None and not sub.ending
 
 
 def interact(
@@ -206,8 +223,7 @@ def interact(
                 said = protocols.Said("IE", 0.0, why)
         run = _measured(sub, started, errs[0])
         report, _ = testrun.read_all(tout, limits.output_bytes)
-        first = inter.ended_at < sub.ended_at and inter.killed is None
-        return Interaction(run, said, first, report)
+        return Interaction(run, said, ended_first(inter, sub), report)
     finally:
         for side in sides:
             os.close(side.pidfd)

@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 
+PF_EXITING = 0x4  # include/linux/sched.h
 TREE_PASSES = 50  # at most this many looks for processes started while the tree was stopped
 
 
@@ -23,6 +24,18 @@ def _parent(pid: int) -> int | None:
         return int(data[data.rindex(b")") + 2 :].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def exiting(pid: int) -> bool:
+    """Whether ``pid`` has begun to exit (or ended): the kernel's ``PF_EXITING`` task flag
+    (``/proc/<pid>/stat``'s ninth field) is set first thing in ``do_exit``, before its memory
+    goes and its fds (its ends of pipes) close, and stays on the zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return bool(int(data[data.rindex(b")") + 2 :].split()[6]) & PF_EXITING)
+    except (OSError, ValueError, IndexError):
+        return True
 
 
 def tree(root: int) -> set[int]:

@@ -27,7 +27,6 @@ from farm.models.judge import (
     JudgeProgram,
     TestCase,
     TestGroup,
-    check_groups,
     check_judge_item,
 )
 from farm.registry import PREFIX
@@ -68,9 +67,8 @@ class Problem(Model):
             self.files,
             self.checker_program,
             self.interactor,
+            self.groups,
         )
-        if self.groups is not None:
-            check_groups(self.groups, len(self.tests))
         return self
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Problem:

@@ -17,7 +17,6 @@ from farm.models.judge import (
     JudgeResult,
     TestCase,
     TestGroup,
-    check_groups,
     check_judge_item,
     check_words,
 )
@@ -117,9 +116,8 @@ class BatchItem(Model):
                 self.files,
                 self.checker_program,
                 self.interactor,
+                self.groups,
             )
-            if self.groups is not None:
-                check_groups(self.groups, len(self.tests or []))
         elif self.groups is not None:
             raise ValueError("'groups' are a judge item's (with 'language' and 'source')")
         elif self.compile_options is not None or self.args is not None:

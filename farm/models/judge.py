@@ -207,10 +207,12 @@ def check_judge_item(
     files: dict[str, str] | None,
     checker_program: JudgeProgram | None = None,
     interactor: JudgeProgram | None = None,
+    groups: Sequence[TestGroup] | None = None,
 ) -> None:
-    """A judge item's parts agree: a known checker (a special judge with its code, a checker
-    program with its program), tests whose ``*_file`` names are among its ``files``, expected
-    outputs unless a special judge, a checker program or an interactor decides."""
+    """A judge item's (or a problem's) parts agree: a known checker (a special judge with its
+    code, a checker program with its program), tests whose ``*_file`` names are among its
+    ``files``, expected outputs unless a special judge, a checker program or an interactor
+    decides, and ``groups`` that agree with the tests (``check_groups``)."""
     if (checker == "program") != (checker_program is not None):
         raise ValueError(
             "checker 'program' needs 'checker_program', and 'checker_program' needs checker "
@@ -241,6 +243,8 @@ def check_judge_item(
             and test.expected_file is None
         ):
             raise ValueError(f"test {number} has no 'expected' or 'expected_file'")
+    if groups is not None:
+        check_groups(groups, len(tests))
 
 
 def group_order(groups: Sequence[TestGroup]) -> list[TestGroup]:

@@ -183,13 +183,6 @@ GUESS = {
     # unbuffered here: the judge image sets PYTHONUNBUFFERED)
     "no-flush": '#include <cstdio>\nint main(){int n;scanf("%d",&n);printf("? %d\\n",n/2);char s[8];scanf("%7s",s);}\n',
     "attack": _ATTACK,
-    # Signals the runner (its parent) from its first instant on, then guesses wrong: the runner's
-    # real uid must never be the submission's while it starts (as a posix_spawn's would be)
-    "kill-runner": (
-        "#include <csignal>\n#include <iostream>\n#include <unistd.h>\n"
-        "int main(){for(int i=0;i<100000;i++)kill(getppid(),SIGKILL);kill(-1,SIGKILL);"
-        'int n;std::cin>>n;std::cout<<"! "<<(n!=3?3:4)<<std::endl;}\n'
-    ),
 }
 GUESS_CPP = r"""#include <iostream>
 #include <string>
@@ -205,6 +198,14 @@ int main() {
     }
 }
 """
+# Signals the runner (its parent) from its first instant on, then plays right (AC, three
+# tests: three starts): the runner's real uid must never be the submission's while it starts
+# (as a posix_spawn's would be; then the runner dies in some starts and the item is retried)
+GUESS["kill-runner"] = GUESS_CPP.replace(
+    "int main() {",
+    "#include <csignal>\n#include <unistd.h>\nint main() {\n"
+    "    for (int i = 0; i < 100000; i++) kill(getppid(), SIGKILL);\n    kill(-1, SIGKILL);",
+)
 
 
 LANGUAGE = {"no-flush": "cpp17", "kill-runner": "cpp17"}  # the others are Python

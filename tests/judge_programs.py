@@ -198,9 +198,17 @@ int main() {
     }
 }
 """
+# Signals the runner (its parent) from its first instant on, then plays right (AC, three
+# tests: three starts): the runner's real uid must never be the submission's while it starts
+# (as a posix_spawn's would be; then the runner dies in some starts and the item is retried)
+GUESS["kill-runner"] = GUESS_CPP.replace(
+    "int main() {",
+    "#include <csignal>\n#include <unistd.h>\nint main() {\n"
+    "    for (int i = 0; i < 100000; i++) kill(getppid(), SIGKILL);\n    kill(-1, SIGKILL);",
+)
 
 
-LANGUAGE = {"no-flush": "cpp17"}  # the others are Python
+LANGUAGE = {"no-flush": "cpp17", "kill-runner": "cpp17"}  # the others are Python
 
 
 def program(language: str, source: str, protocol: str = "testlib") -> dict[str, Any]:

@@ -72,6 +72,14 @@ ATTACKS = {
         "a, b = map(int, input().split())\nprint(a + b)\n"
     ),
 }
+# Signals the runner (its parent) from its first instant on, then answers: the runner's real
+# uid must never be the test's while it starts (as a posix_spawn's would be: the test could end
+# its item as IE).
+KILL_RUNNER = (
+    "#include <csignal>\n#include <cstdio>\n#include <unistd.h>\n"
+    "int main(){for(int i=0;i<100000;i++)kill(getppid(),SIGKILL);kill(-1,SIGKILL);"
+    'long long a,b;if(scanf("%lld %lld",&a,&b)!=2)return 1;printf("%lld\\n",a+b);}\n'
+)
 # Runs after the attacks: sees no trace of them.
 WITNESS = (
     "import os\n"
@@ -132,6 +140,7 @@ def problem_items() -> list[dict[str, Any]]:
             files={"secret.out": "False\n"},
         ),
         item("unknown-language", "cobol", "DISPLAY 'HI'.", SUM_TESTS),
+        item("attack/kill-runner", "cpp17", KILL_RUNNER, SUM_TESTS, limits={"time_s": 1.0}),
     ] + [
         item(f"attack/{name}", "python3", source, SUM_TESTS, limits={"time_s": 1.0})
         for name, source in ATTACKS.items()
@@ -353,11 +362,12 @@ def test_attacks_get_verdicts_and_leave_no_trace(
 ) -> None:
     bomb = records["attack/fork-bomb"].judge
     assert bomb is not None and bomb.verdict in (Verdict.TLE, Verdict.MLE, Verdict.RE), bomb
-    for name in ("attack/left-child", "attack/writes-outside"):
+    for name in ("attack/left-child", "attack/writes-outside", "attack/kill-runner"):
         result = records[name].judge
         assert result is not None and result.verdict == Verdict.AC, (name, result)
         assert [t.verdict for t in result.tests] == ["AC"] * 3
         assert all(t.wall_s < 5 for t in result.tests)  # a child left running is not waited for
+    assert records["attack/kill-runner"].attempts == 1  # its runner was never killed
     witness = judge_farm.judge("python3", WITNESS, [{"stdin": "", "expected": "[]"}])
     assert witness.verdict == Verdict.AC, witness.tests[0].message
 

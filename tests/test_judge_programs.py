@@ -2,7 +2,7 @@
 checkers and Kattis output validators (many right answers, WA, presentation errors, the
 checker's own failure, partial points), and interactive problems with interactors in C++ on
 testlib and in Python (AC, WA, idleness, a submission that closes its pipe or never flushes,
-one that attacks the interactor). Each program compiles once per worker."""
+one that attacks the interactor or signals the runner). Each program compiles once per worker."""
 
 from __future__ import annotations
 
@@ -52,6 +52,7 @@ GUESS_VERDICTS = {
     "close": "WA",
     "no-flush": "TLE",
     "attack": "WA",
+    "kill-runner": "AC",
 }
 
 
@@ -183,6 +184,8 @@ def test_interactive_verdicts(
     if interactor == "py-kattis" and name not in ("search", "wrong", "idle"):
         pytest.skip("the Kattis interactor plays the main cases")
     result = judged(records, f"{interactor}/{name}")
+    if name == "kill-runner":  # its runner was never killed: no second attempt
+        assert records[f"{interactor}/{name}"].attempts == 1
     want = GUESS_VERDICTS[name]
     assert result.verdict == want, result
     if want == "AC":

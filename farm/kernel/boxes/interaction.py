@@ -183,20 +183,10 @@ def interact(
             inter = Side(ipid, programs.limits(limits), os.pidfd_open(ipid))
             sides.append(inter)
             inherited = testrun.resident_kb()  # what the submission starts with
-            try:
-                if isolation == "namespaces" and spawning.nobody_runs_as(box["uid"]):
-                    spid = spawning.spawn_as(
-                        argv,
-                        programs.ids(box),
-                        {**os.environ, **uids.box_env(box)},
-                        stdin=to_sub_r,
-                        stdout=to_int_w,
-                        stderr=errs[0],
-                    )
-                else:  # a process of the box's uid (its session's: the item has files) runs
-                    spid = testrun.spawn(
-                        argv, box, isolation, stdin_fd=to_sub_r, out_fd=to_int_w, err_fd=errs[0]
-                    )
+            try:  # never spawning.spawn_as: the submission could signal the runner at its start
+                spid = testrun.spawn(
+                    argv, box, isolation, stdin_fd=to_sub_r, out_fd=to_int_w, err_fd=errs[0]
+                )
             except OSError as exc:
                 kill_tree(ipid)
                 inter.end(time.monotonic())

@@ -1,12 +1,12 @@
-"""Start a program as another uid with ``posix_spawn`` (a ``vfork``): an interactive test's two
-programs, which start back to back and whose start is most of a short interaction's time
-(``subprocess`` forks the whole runner when it switches uid: it cannot ``vfork`` then).
-
-The runner (root, single-threaded) sets its *real* uid and gid to the program's for the moment
-of the spawn; ``POSIX_SPAWN_RESETIDS`` and the ``execve`` leave the child no id 0 and no
-capability, ``no_new_privs`` inherited, no fd of the runner's but stdio and ``keep``. For that
-moment a process of the target uid could signal the runner: callers spawn so only when
-``nobody_runs_as`` that uid (none can then appear). docs/design/judge.md.
+"""Start a program as another uid with ``posix_spawn`` (a ``vfork``): an interactive test's
+interactor, the problem's own program (``subprocess`` forks the whole runner when it switches
+uid: it cannot ``vfork`` then). The runner (root, single-threaded) sets its *real* uid and gid
+to the program's for the spawn; ``POSIX_SPAWN_RESETIDS`` and the ``execve`` leave the child no
+id 0 and no capability, ``no_new_privs`` inherited, no fd of the runner's but stdio and ``keep``.
+Until the runner's uid is back, any process of that uid can signal it, the started program
+too (a C program does, in microseconds: the runner wakes from the ``vfork`` later): callers
+spawn so only when ``nobody_runs_as`` that uid, and only a problem's program, never a submission.
+docs/design/judge.md, "Interactive problems".
 """
 
 from __future__ import annotations

@@ -14,18 +14,21 @@ SUM_TESTS = [
     {"stdin": "5 7\n", "expected": "12\n"},
 ]
 
+# The sum problem's submissions in Python, for CPython and PyPy alike.
+PYTHON_SUM: dict[str, str] = {
+    "AC": "a, b = map(int, input().split())\nprint(a + b)\n",
+    "WA": "a, b = map(int, input().split())\nprint(a * b)\n",
+    "TLE": "while True:\n    pass\n",
+    "MLE": "x = b'x' * (512 << 20)\nprint(len(x))\n",
+    "RE": "raise SystemExit(3)\n",
+    "CE": "def f(:\n    pass\n",
+    "OLE": "while True:\n    print('y' * 100)\n",
+}
+
 # Per language: the verdict -> source of a submission to the sum problem: AC, WA, TLE, RE and CE
 # for every language, MLE and OLE where a submission gets them cheaply.
 SUM: dict[str, dict[str, str]] = {
-    "python3": {
-        "AC": "a, b = map(int, input().split())\nprint(a + b)\n",
-        "WA": "a, b = map(int, input().split())\nprint(a * b)\n",
-        "TLE": "while True:\n    pass\n",
-        "MLE": "x = b'x' * (512 << 20)\nprint(len(x))\n",
-        "RE": "raise SystemExit(3)\n",
-        "CE": "def f(:\n    pass\n",
-        "OLE": "while True:\n    print('y' * 100)\n",
-    },
+    "python3": PYTHON_SUM,
     "c": {
         "AC": '#include <stdio.h>\nint main(){long a,b;scanf("%ld %ld",&a,&b);printf("%ld\\n",a+b);}',
         "WA": '#include <stdio.h>\nint main(){long a,b;scanf("%ld %ld",&a,&b);printf("%ld\\n",a*b);}',
@@ -80,15 +83,7 @@ SUM: dict[str, dict[str, str]] = {
         "CE": "fn main(){return x;}",
         "OLE": 'fn main(){loop{println!("yyyyyyyyyyyyyyyyyyyy");}}',
     },
-    "pypy3": {
-        "AC": "a, b = map(int, input().split())\nprint(a + b)\n",
-        "WA": "a, b = map(int, input().split())\nprint(a * b)\n",
-        "TLE": "while True:\n    pass\n",
-        "MLE": "x = b'x' * (512 << 20)\nprint(len(x))\n",
-        "RE": "raise SystemExit(3)\n",
-        "CE": "def f(:\n    pass\n",
-        "OLE": "while True:\n    print('y' * 100)\n",
-    },
+    "pypy3": PYTHON_SUM,  # the same sources: PyPy runs Python 3
     "kotlin": {
         "AC": 'fun main(){val(a,b)=readLine()!!.trim().split(" ").map{it.toLong()};println(a+b)}',
         "WA": 'fun main(){val(a,b)=readLine()!!.trim().split(" ").map{it.toLong()};println(a*b)}',

@@ -27,7 +27,7 @@ from typing import Any
 from benchlib import Latency, emit, machine, parse_args
 
 from farm.client import Farm
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 
 BIG_MB = 64
 

@@ -43,7 +43,7 @@ import docker.errors
 from benchlib import Latency, emit, machine, parse_args
 
 from farm.client import Farm
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from farm.sandbox.docker import LABEL_MANAGED, LABEL_OWNER
 from farm.sandbox.images import ensure_base, image_exists, own_sandbox_tag
 

@@ -75,7 +75,7 @@ from soak import descendants, process_table, pss_kb, rss_kb
 
 from farm.client import Farm
 from farm.errors import SessionLost, StateLost
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 
 SAMPLE_S = 2.0
 WIND_DOWN_S = 120.0  # a part still running this long after its level ended counts as hung

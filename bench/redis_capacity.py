@@ -42,7 +42,7 @@ from costs import Snapshot
 from snippets import snippets
 
 from farm.client import Farm
-from farm.redis_server import free_port
+from farm.local.redis_server import free_port
 
 WORKERS = 2
 ITEMS = 1000

@@ -29,7 +29,7 @@ import httpx
 from benchlib import Latency, emit, machine, parse_args
 
 from farm.client import Farm
-from farm.redis_server import free_port
+from farm.local.redis_server import free_port
 
 FARM = str(Path(sys.executable).parent / "farm")
 READY_S = 60.0

@@ -37,7 +37,7 @@ import docker
 from benchlib import machine, write_json
 
 from farm.client import Farm, Session
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 
 # metric -> (allowed growth from start to end, as a fraction, and in absolute units)
 FLAT: dict[str, tuple[float, float]] = {

@@ -25,7 +25,7 @@ import redis
 from benchlib import Latency, emit, machine, parse_args
 
 from farm.client import Farm
-from farm.events import Stream
+from farm.events.run_events import Stream
 
 GAP_S = 0.05
 CALL_TIMEOUT_S = 120.0

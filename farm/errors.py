@@ -3,22 +3,23 @@
 Error kinds are written once, in the kernel's protocol (``farm.kernel.wire.protocol.Kind``), which
 ``farm.models.ErrorKind`` mirrors; they are mapped to exceptions once, here.
 
-The root, ``FarmError``, and the kernel client's errors are defined in ``farm.kernel.wire.errors``
-and re-exported here (imports run from here into the kernel, never back; why the root lives
-there: docs/design/errors.md). ``KernelRequestError.code`` says why the kernel refused a request;
-the other ``Kernel*Error``s that it could not be reached, authenticated or understood.
+The root, ``FarmError``, and the kernel client's errors are defined in
+``farm.kernel.wire.wire_errors`` and re-exported here (imports run from here into the kernel,
+never back; why the root lives there: docs/design/errors.md). ``KernelRequestError.code`` says
+why the kernel refused a request; the other ``Kernel*Error``s that it could not be reached,
+authenticated or understood.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from farm.kernel.wire.errors import FarmError as FarmError
-from farm.kernel.wire.errors import KernelAuthError as KernelAuthError
-from farm.kernel.wire.errors import KernelConnectionError as KernelConnectionError
-from farm.kernel.wire.errors import KernelError as KernelError
-from farm.kernel.wire.errors import KernelProtocolError as KernelProtocolError
-from farm.kernel.wire.errors import KernelRequestError as KernelRequestError
+from farm.kernel.wire.wire_errors import FarmError as FarmError
+from farm.kernel.wire.wire_errors import KernelAuthError as KernelAuthError
+from farm.kernel.wire.wire_errors import KernelConnectionError as KernelConnectionError
+from farm.kernel.wire.wire_errors import KernelError as KernelError
+from farm.kernel.wire.wire_errors import KernelProtocolError as KernelProtocolError
+from farm.kernel.wire.wire_errors import KernelRequestError as KernelRequestError
 
 if TYPE_CHECKING:
     from farm.models import ExecResult

@@ -194,7 +194,7 @@ def one_worker(docker_env: Any) -> Iterator[Any]:
     """A farm of one worker: every session of a module's tests shares its sandbox (the
     co-tenancy modules: one session attacks another on the same worker)."""
     from farm.client import Farm
-    from farm.local import LocalFarm
+    from farm.local.embedded import LocalFarm
 
     local = LocalFarm(1).start()
     with Farm(local.settings(), owned=local) as farm:
@@ -229,7 +229,7 @@ def farm(docker_env: Any) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: Any) -> Iterator[Any]:
     """One real redis-server for the session (loopback, a password, a free port)."""
-    from farm.redis_server import RedisServer
+    from farm.local.redis_server import RedisServer
 
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
@@ -253,7 +253,7 @@ def farm_worker(broker_url: str) -> Iterator[Any]:
     import uuid
 
     from farm.settings import FarmSettings
-    from farm.worker.worker import Worker
+    from farm.worker.worker_state import Worker
 
     logging.getLogger("farm.sandbox.process").setLevel(logging.ERROR)
     settings = FarmSettings(

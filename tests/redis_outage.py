@@ -3,7 +3,7 @@ restart with or without persistence would) and start a new one on the same port.
 
 from __future__ import annotations
 
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 
 
 def stop_redis(local: LocalFarm, *, save: bool) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from farm.redis_server import free_port
+from farm.local.redis_server import free_port
 from tests.waiting import wait_for
 
 FARM = str(Path(sys.executable).parent / "farm")

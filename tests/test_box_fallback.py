@@ -127,7 +127,7 @@ def test_the_box_filter_is_built_for_both_architectures() -> None:
 
 @pytest.mark.docker
 def test_farm_doctor_warns_when_boxes_fell_back_to_uids(tmp_path_factory: Any) -> None:
-    from farm.diagnose import _kernel_checks
+    from farm.cli.diagnose import _kernel_checks
     from farm.settings import FarmSettings
 
     settings = FarmSettings(limits=no_mount_limits(tmp_path_factory))

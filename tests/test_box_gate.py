@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from farm.worker.admission import BoxGate, Ticket, weight
+from farm.worker.box_gate import BoxGate, Ticket, weight
 from tests.waiting import wait_for
 
 

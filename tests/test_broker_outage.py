@@ -22,7 +22,7 @@ import pytest
 
 from farm.client import Farm
 from farm.errors import BrokerUnavailable
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from farm.sweep import Sweep, SweepSummary, plan_sweep
 from tests.redis_outage import start_redis, stop_redis
 from tests.waiting import stays, wait_for

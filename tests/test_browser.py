@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from farm.client import Farm, Session
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from farm.models import ExecResult
 from farm.sandbox.variants import ensure_variant_image
 from tests.conftest import remove_image_tags

@@ -17,7 +17,7 @@ import pytest
 
 from farm.client import Farm
 from farm.errors import ImageBuildError, SandboxUnavailable
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from farm.sandbox.environments import CONTEXT_DIR, WHEELS_DIR, ensure_env_image
 from farm.sandbox.envspec import make_spec
 from farm.sandbox.images import default_repo_root, ensure_base

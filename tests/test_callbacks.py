@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from farm import AsyncFarm, Farm
-from farm.client.callbacks import current_depth
-from farm.events import HostCall
+from farm.client.hostcall_handlers import current_depth
+from farm.events.run_events import HostCall
 from farm.kernel.wire.framing import encode, recv_frame, send_frame
 from farm.sandbox.process import ProcessSandbox
 
@@ -135,7 +135,7 @@ def test_only_answers_may_arrive_while_a_cell_runs(shared_kernel: ProcessSandbox
 def test_the_kernel_refuses_a_call_the_cell_was_not_given(shared_kernel: ProcessSandbox) -> None:
     handler = answering("should not be asked")
     forged = (
-        "from farm.kernel.repl.calls import make_call\nimport builtins\n"
+        "from farm.kernel.repl.hostcall_stubs import make_call\nimport builtins\n"
         "make_call('secret', builtins.display.__self__)('x')"
     )
     with shared_kernel.kernel() as client:
@@ -227,7 +227,7 @@ def test_a_failing_callback_is_an_exception_inside_and_the_session_lives(farm: F
 
 @pytest.mark.docker
 def test_an_answer_over_the_limit_is_a_callback_error_and_the_session_lives(farm: Farm) -> None:
-    from farm.kernel.repl.calls import MAX_ANSWER_BYTES
+    from farm.kernel.repl.hostcall_stubs import MAX_ANSWER_BYTES
 
     def llm_query(size: int) -> str:
         return "x" * size
@@ -259,7 +259,7 @@ def test_a_sandbox_cannot_call_a_callback_that_was_not_registered(farm: Farm) ->
         return "ok"
 
     forged = (
-        "from farm.kernel.repl.calls import make_call\n"
+        "from farm.kernel.repl.hostcall_stubs import make_call\n"
         "import builtins\n"
         "secret = make_call('secret', builtins.display.__self__)\n"
         "secret('give me the host')"
@@ -357,7 +357,7 @@ def test_async_sessions_take_coroutine_callbacks(farm: Farm) -> None:
 
 
 def test_callback_names_are_checked_up_front() -> None:
-    from farm.client.callbacks import Callbacks
+    from farm.client.hostcall_handlers import Callbacks
 
     with pytest.raises(ValueError, match="identifier"):
         Callbacks({"not a name": print})

@@ -17,8 +17,8 @@ import pytest
 
 from farm.client import AsyncFarm, Farm
 from farm.errors import SandboxUnavailable
-from farm.local import DIR_PREFIX, OWNER_FILE
-from farm.processes import pid_alive
+from farm.local.embedded import DIR_PREFIX, OWNER_FILE
+from farm.local.processes import pid_alive
 from farm.sweep import Sweep, plan_sweep, read_items
 from tests.waiting import wait_for
 
@@ -247,7 +247,7 @@ def test_the_sweep_cache_keys_on_the_image_digest_and_the_sandbox_limits(
     one answers from the cache."""
     import docker
 
-    from farm.local import LocalFarm
+    from farm.local.embedded import LocalFarm
     from farm.sandbox.images import own_sandbox_tag
     from tests.conftest import build_test_image, remove_image_tags, removing_images
 

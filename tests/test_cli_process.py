@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from farm.processes import pid_alive
-from farm.redis_server import free_port
+from farm.local.processes import pid_alive
+from farm.local.redis_server import free_port
 
 FARM = str(Path(sys.executable).parent / "farm")
 

@@ -11,7 +11,7 @@ import pytest
 
 from farm.client import Farm, Session
 from farm.errors import FileOperationError
-from farm.processes import pid_alive
+from farm.local.processes import pid_alive
 from tests.conftest import Cells
 from tests.waiting import wait_for
 

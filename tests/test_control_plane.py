@@ -23,13 +23,13 @@ import pytest
 import redis
 
 from farm.celeryconf import TASK_RUN
+from farm.cli.diagnose import broker_checks
 from farm.client import Farm
 from farm.client.broker import release
 from farm.client.session import exec_request
-from farm.diagnose import broker_checks
 from farm.errors import BrokerAuthFailed, BrokerUnavailable, InvalidRequest
-from farm.local import LocalFarm
-from farm.redis_server import RedisServer, ServerTLS, free_port
+from farm.local.embedded import LocalFarm
+from farm.local.redis_server import RedisServer, ServerTLS, free_port
 from farm.registry import Registry
 from farm.settings import FarmSettings
 from farm.worker.startup import EXIT_REFUSED
@@ -447,9 +447,9 @@ def test_tls_files_with_a_plain_url_are_refused_rather_than_ignored(pki: Pki) ->
 def farm_cli(
     *args: str, env: dict[str, str], stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """The real CLI of this checkout (``python -m farm.cli`` from the repository root)."""
+    """The real CLI of this checkout (``python -m farm.cli.main`` from the repository root)."""
     return subprocess.run(
-        [sys.executable, "-m", "farm.cli", *args],
+        [sys.executable, "-m", "farm.cli.main", *args],
         cwd=ROOT,
         env=env,
         input=stdin,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from farm.client import Farm, Session
-from farm.client.files import SessionFiles
+from farm.client.session_files import SessionFiles
 from farm.errors import FileOperationError, InvalidRequest
 from farm.sweep import Sweep, plan_sweep
 from tests.test_reliability_adversarial import record

@@ -20,7 +20,7 @@ from farm.kernel.wire.client import KernelConnectionError
 from farm.sandbox import images
 from farm.sandbox.docker import DockerSandbox, remove_orphans
 from farm.sandbox.images import own_sandbox_tag
-from farm.sandbox.keeper import SandboxKeeper
+from farm.sandbox.sandbox_keeper import SandboxKeeper
 from tests.conftest import TEST_OWNER, Cells, make_docker_sandbox, remove_image_tags
 from tests.waiting import wait_for
 

@@ -28,7 +28,7 @@ import pytest
 
 from farm.client import Farm, Session
 from farm.errors import InvalidRequest
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from tests.http_servers import http_server
 from tests.test_reliability_adversarial import record
 

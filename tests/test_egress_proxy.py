@@ -173,7 +173,7 @@ def test_a_connection_is_cut_at_its_time_limit(upstream: int) -> None:
 
 
 def test_doctor_says_what_boxes_may_reach(tmp_path: Any) -> None:
-    from farm.diagnose import egress_check
+    from farm.cli.diagnose import egress_check
     from farm.settings import EgressSettings, FarmSettings
 
     def check(**egress: Any) -> Any:

@@ -25,7 +25,7 @@ import pytest
 
 from farm.client import Farm
 from farm.errors import ImageBuildError, SandboxUnavailable
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from farm.registry import Registry
 from farm.sandbox.catalog import build_image, list_images, prepare
 from farm.sandbox.environments import CONTEXT_DIR, ENV_DOCKERFILE, WHEELS_DIR, ensure_env_image
@@ -389,9 +389,9 @@ def _build_from_text(client: Any, tag: str, dockerfile: str) -> None:
 
 
 def _farm_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """The ``farm`` command of this checkout (``python -m farm.cli`` from its root)."""
+    """The ``farm`` command of this checkout (``python -m farm.cli.main`` from its root)."""
     return subprocess.run(
-        [sys.executable, "-m", "farm.cli", *args],
+        [sys.executable, "-m", "farm.cli.main", *args],
         cwd=default_repo_root(),
         capture_output=True,
         text=True,

@@ -57,7 +57,7 @@ def test_the_kernel_defines_them_with_the_standard_library_alone(tmp_path: Path)
     bundle = kernel_bundle(tmp_path)
     code = (
         f"import sys; sys.path.insert(0, {str(bundle)!r})\n"
-        "from farm.kernel.wire.errors import FarmError, KernelRequestError\n"
+        "from farm.kernel.wire.wire_errors import FarmError, KernelRequestError\n"
         "from farm.kernel.wire import client\n"
         "assert issubclass(client.KernelRequestError, FarmError)\n"
         "assert client.KernelRequestError is KernelRequestError\n"
@@ -75,8 +75,8 @@ def test_the_public_root_is_the_one_the_kernel_client_raises_under() -> None:
     """``farm.FarmError`` is the kernel's root itself, not a copy: ``except farm.FarmError``
     catches a kernel client's failure."""
     import farm
-    import farm.kernel.wire.errors
+    import farm.kernel.wire.wire_errors
 
-    assert farm.FarmError is errors.FarmError is farm.kernel.wire.errors.FarmError
+    assert farm.FarmError is errors.FarmError is farm.kernel.wire.wire_errors.FarmError
     with pytest.raises(farm.FarmError):
-        raise farm.kernel.wire.errors.KernelConnectionError("the kernel is gone")
+        raise farm.kernel.wire.wire_errors.KernelConnectionError("the kernel is gone")

@@ -7,10 +7,10 @@ import json
 
 from IPython.core.formatters import DisplayFormatter
 
-from farm.client.restore import live_cells
-from farm.events import RENDER_CHARS, Display, Error, ExecEnd, ExecStart, Result, Stream
+from farm.client.journal_replay import live_cells
+from farm.events.run_events import RENDER_CHARS, Display, Error, ExecEnd, ExecStart, Result, Stream
+from farm.events.transcripts import mime_stream, to_html, to_markdown
 from farm.models import ExecError, Value
-from farm.streams import mime_stream, to_html, to_markdown
 
 COMMON = {"exec_id": "e1", "session_id": "s1", "ts": 1.0}
 PNG = (

@@ -16,7 +16,7 @@ import pytest
 
 from farm.client import Farm
 from farm.errors import FarmBusy
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from tests.serving import FARM, farm_serve
 
 pytestmark = pytest.mark.docker

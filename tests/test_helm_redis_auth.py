@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from farm.redis_server import free_port
+from farm.local.redis_server import free_port
 from tests.certs import make_pki
 from tests.raw_sockets import raw_ping
 from tests.test_helm import (

@@ -63,7 +63,7 @@ from farm.integrations.inspect import FarmSandboxConfig, FarmSandboxEnvironment,
 from farm.integrations.inspect.config import resolve_config
 from farm.integrations.inspect.farms import LEDGER, FarmHandle
 from farm.integrations.inspect.provider import FARMS
-from farm.processes import pid_alive
+from farm.local.processes import pid_alive
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.anyio]
@@ -283,7 +283,7 @@ import json, sys
 import anyio
 from farm.integrations.inspect import FarmSandboxConfig, FarmSandboxEnvironment
 from farm.integrations.inspect.provider import FARMS
-from farm.processes import pid_alive
+from farm.local.processes import pid_alive
 
 async def main() -> None:
     config = FarmSandboxConfig(workers=1)
@@ -365,7 +365,8 @@ async def test_cleanup_removes_the_containers_of_an_eval_killed_with_its_farm(
 
 
 def owned_dirs(pid: int) -> list[Path]:
-    """The local farm directories ``pid`` made (``farm.local``: ``farm-local-*/owner.pid``)."""
+    """The local farm directories ``pid`` made (``farm.local.embedded``:
+    ``farm-local-*/owner.pid``)."""
     return [
         owner.parent
         for owner in Path(tempfile.gettempdir()).glob("farm-local-*/owner.pid")
@@ -481,7 +482,7 @@ def test_the_inspect_images_sandboxes_have_room_for_eight_samples_tools() -> Non
 def test_farm_imports_neither_framework() -> None:
     """The integrations are optional: farm's client and CLI import neither framework."""
     code = (
-        "import sys, farm.client, farm.cli, farm.sweep; "
+        "import sys, farm.client, farm.cli.main, farm.sweep; "
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'inspect_ai', 'smolagents'}))"
     )
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

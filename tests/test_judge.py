@@ -16,7 +16,7 @@ import pytest
 from farm.client import Farm
 from farm.judge.languages import DEFAULT_LANGUAGES, OPT_IN
 from farm.judge.languages import LANGUAGES as JUDGE_LANGUAGES
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from farm.models.batch import BatchRecord
 from farm.models.judge import Verdict
 from tests.judge_problems import (

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from farm.judge.scoring import scored
 from farm.kernel.boxes import interaction
-from farm.kernel.boxes.judging import _verdict
+from farm.kernel.boxes.judge_runner import _verdict
 from farm.kernel.boxes.testrun import Limits, Measured
 from farm.kernel.boxes.trees import exiting
 from farm.kernel.judge import protocols

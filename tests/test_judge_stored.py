@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from farm.cli import app
+from farm.cli.main import app
 from farm.client import AsyncFarm, Farm
 from farm.judge import problems
 from farm.judge.packages import read_package

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from farm.kernel.wire.client import KernelClient
+from farm.local.processes import pid_alive
 from farm.models import ExecResult
-from farm.processes import pid_alive
 from farm.sandbox.process import ProcessSandbox
 from tests.conftest import Cells
 from tests.waiting import wait_for

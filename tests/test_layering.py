@@ -72,7 +72,12 @@ FARM = Path(farm.__file__).parent
 # belong to. Any other cycle, or one of these at run time, fails.
 TYPING_CYCLES = [
     {"farm.client.farm", "farm.client.session"},
-    {"farm.worker.worker", "farm.worker.calls", "farm.worker.batch", "farm.worker.opens"},
+    {
+        "farm.worker.worker_state",
+        "farm.worker.session_calls",
+        "farm.worker.batch_runner",
+        "farm.worker.opens",
+    },
 ]
 
 

@@ -171,7 +171,7 @@ def test_a_map_whose_items_name_another_image_needs_no_worker_of_the_default() -
     """Items that all name ``"image": "ds"`` run on a fleet that has only ``ds`` workers (the
     map's own image is checked only for items that run on it: their records say it is not
     served). The client is a fleet's: it starts no workers."""
-    from farm.local import LocalFarm
+    from farm.local.embedded import LocalFarm
 
     local = LocalFarm({"ds": 1}, backend="process").start()
     try:
@@ -255,7 +255,7 @@ def test_the_first_record_does_not_wait_for_the_map_to_be_sent(inproc_farm: Farm
 def test_results_are_popped_on_a_server_without_blmpop(tmp_path: Path) -> None:
     """Redis < 7 has no BLMPOP: the registry falls back to BLPOP and LPOP (a real server whose
     BLMPOP is renamed away answers exactly as an older one does: unknown command)."""
-    from farm.redis_server import RedisServer
+    from farm.local.redis_server import RedisServer
 
     server = RedisServer(tmp_path, extra_config=['rename-command BLMPOP ""']).start()
     registry = Registry(server.url)

@@ -15,8 +15,8 @@ import pytest
 from farm.client import Farm
 from farm.client.mapping import TAKEN_WAIT_S
 from farm.image_name import ImageName
+from farm.local.redis_server import RedisServer
 from farm.models.batch import Chunk
-from farm.redis_server import RedisServer
 from farm.registry import chunks_key, taken_key
 from tests.conftest import consuming, farm_worker
 from tests.waiting import stays, wait_for

@@ -19,9 +19,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from farm.client import Farm
-from farm.local import LocalFarm
-from farm.processes import pid_alive
-from farm.redis_server import RedisServer
+from farm.local.embedded import LocalFarm
+from farm.local.processes import pid_alive
+from farm.local.redis_server import RedisServer
 from tests.waiting import stays, wait_for
 
 
@@ -51,7 +51,7 @@ def redis_of_a_parent(
     script = (
         "import signal, sys, pathlib\n"
         f"{prelude}\n"
-        "from farm.redis_server import RedisServer\n"
+        "from farm.local.redis_server import RedisServer\n"
         f"server = RedisServer(pathlib.Path({str(tmp_path)!r})).start()\n"
         "print(server.proc.pid, flush=True)\n"
         "sys.stdin.read()\n"

@@ -31,9 +31,9 @@ import pytest
 
 from farm.client import Farm
 from farm.errors import FarmError, SessionLost
-from farm.events import ExecStart
+from farm.events.run_events import ExecStart
 from farm.image_name import ImageName
-from farm.local import LocalFarm
+from farm.local.embedded import LocalFarm
 from farm.models.batch import BatchItem, Chunk
 from farm.registry import chunks_key
 from farm.sweep import Sweep, SweepSummary, plan_sweep

@@ -27,7 +27,7 @@ print(json.dumps(sorted(
 def test_the_server_loads_no_worker_sandbox_or_docker_module() -> None:
     assert len(SERVE_MODULES) >= 8
     out = subprocess.run(
-        [sys.executable, "-c", PROBE, *SERVE_MODULES, "farm.serve_commands", "farm.cli"],
+        [sys.executable, "-c", PROBE, *SERVE_MODULES, "farm.cli.serve_commands", "farm.cli.main"],
         capture_output=True,
         text=True,
         timeout=120,

@@ -14,8 +14,8 @@ import pytest
 from farm.client import Farm
 from farm.errors import FarmBusy
 from farm.image_name import ImageName
+from farm.local.redis_server import RedisServer
 from farm.models import OpenRequest
-from farm.redis_server import RedisServer
 from farm.registry import answers_key, opens_key
 from tests.conftest import consuming, farm_worker
 from tests.waiting import stays, wait_for

@@ -16,8 +16,8 @@ import pytest
 
 from farm.client import AsyncSession, Farm
 from farm.errors import StateLost
-from farm.events import Display, Error, ExecEnd, ExecStart, Result, Stream
-from farm.streams import mime_stream, to_html, to_markdown
+from farm.events.run_events import Display, Error, ExecEnd, ExecStart, Result, Stream
+from farm.events.transcripts import mime_stream, to_html, to_markdown
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -96,7 +96,7 @@ def test_the_mime_stream_round_trips_through_json(farm: Farm) -> None:
 
 
 def items_to_events(items: list[dict[str, Any]]) -> list[Any]:
-    from farm.events import parse_event
+    from farm.events.run_events import parse_event
 
     out = []
     for item in items:

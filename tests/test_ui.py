@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from farm.client import Farm
-from farm.redis_server import free_port
+from farm.local.redis_server import free_port
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

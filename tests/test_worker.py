@@ -15,8 +15,8 @@ from farm.celeryconf import TASK_EXEC
 from farm.client import Farm, exec_request
 from farm.client.broker import Watch
 from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
-from farm.events import ExecStart
-from farm.local import LocalFarm
+from farm.events.run_events import ExecStart
+from farm.local.embedded import LocalFarm
 from tests.test_reliability_adversarial import session_on
 from tests.waiting import wait_for
 

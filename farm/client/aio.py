@@ -12,7 +12,7 @@ from typing import Any
 
 from farm.client.farm import Farm
 from farm.client.session import Session
-from farm.events import Event
+from farm.events.run_events import Event
 from farm.judge.problems import Problem
 from farm.models import CommandResult, ExecResult
 from farm.models.batch import BatchRecord

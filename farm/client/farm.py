@@ -16,7 +16,7 @@ from typing import Any
 from farm.backoff import delays
 from farm.celeryconf import TASK_RUN, make_app
 from farm.client.broker import Broker, Watch
-from farm.client.callbacks import Callbacks
+from farm.client.hostcall_handlers import Callbacks
 from farm.client.mapping import MapRun
 from farm.client.opening import Answers, open_once
 from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
@@ -30,9 +30,9 @@ from farm.errors import (
     SessionLost,
     WorkerFailed,
 )
-from farm.events import Event
+from farm.events.journal import Journal
+from farm.events.run_events import Event
 from farm.image_name import ImageName
-from farm.journal import Journal
 from farm.judge import problems
 from farm.judge.front import ProblemRef, judge_one
 from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused
@@ -99,7 +99,7 @@ class Farm:
         ``images={"default": 2, "docs": 1}`` chooses workers per image; a session asking for
         an image no worker serves yet gets a worker started on demand.
         """
-        from farm.local import LocalFarm
+        from farm.local.embedded import LocalFarm
 
         local = LocalFarm(images or workers, backend=backend).start()
         return cls(local.settings(), owned=local)
@@ -188,7 +188,7 @@ class Farm:
         re-running the journal's successful cells (see ``Session``); the default raises
         ``StateLost``. ``callbacks`` are functions of this process the session's code may call
         by name, within ``max_depth`` nested sessions, ``max_calls`` calls per run and
-        ``callback_timeout_s`` per call (``farm.client.callbacks``). ``egress`` names the
+        ``callback_timeout_s`` per call (``farm.client.hostcall_handlers``). ``egress`` names the
         hosts its box may reach through the worker's proxy (``"api.example.com"``,
         ``"*.example.org:443"``), within the farm's ceiling; none by default."""
         name = ImageName.parse(image)

@@ -38,7 +38,7 @@ from farm.registry import BROKER_MARK, PREFIX, cancel_key, chunks_key, results_k
 
 if TYPE_CHECKING:
     from farm.client.broker import Broker
-    from farm.events import Event
+    from farm.events.run_events import Event
     from farm.registry import Registry
 
 MAX_CHUNK = 64
@@ -391,7 +391,7 @@ class MapRun:
         if done.egress:  # what the result depended on, beyond its own box
             record.manifest["egress"] = done.egress
         if self.journal and done.session_id:
-            from farm.streams import mime_stream
+            from farm.events.transcripts import mime_stream
 
             record.journal = self.farm.broker.quietly(
                 lambda: list(mime_stream(self.farm.replay(done.session_id)))

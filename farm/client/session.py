@@ -3,7 +3,8 @@
 Every call goes to the owning worker generation's direct queue (``farm.celeryconf`` names)
 and is watched while it waits (``Farm._wait``); results are ``ExecResult``s, losses are
 exceptions (``SessionLost``, ``StateLost``) unless the session opted in to restoring them
-(``farm.client.restore``). ``stream`` gives the same call as live events (``farm.client.stream``).
+(``farm.client.journal_replay``). ``stream`` gives the same call as live events
+(``farm.client.stream``).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE
 from farm.client.broker import Watch
-from farm.client.callbacks import Callbacks
-from farm.client.calls import Call
-from farm.client.files import SessionFiles
+from farm.client.exec_call import Call
+from farm.client.hostcall_handlers import Callbacks
+from farm.client.session_files import SessionFiles
 from farm.client.stream import EventStream
 from farm.errors import FarmBusy, SessionLost, StateLost
 from farm.models import CommandResult, ErrorKind, ExecResult, Opened, RestoreReport
@@ -78,7 +79,9 @@ class Session:
         self.files = SessionFiles(self)
         self.on_state_lost = on_state_lost
         self.restores: list[RestoreReport] = []  # what each replay restore re-ran
-        self.callbacks = callbacks  # host callbacks its code may call (``farm.client.callbacks``)
+        self.callbacks = (
+            callbacks  # host callbacks its code may call (``farm.client.hostcall_handlers``)
+        )
         # How long opening it waited for room (its worker's and kernel's queues, and asking
         # again while every worker was full): queueing, told apart from slowness.
         self.queue_s = opened.queue_s
@@ -132,13 +135,13 @@ class Session:
         max_output_bytes: int | None = None,
         exec_id: str | None = None,
     ) -> EventStream:
-        """Run ``code`` and yield its events as they happen (``farm.events``); the stream's
-        ``result`` is then what ``run`` would have returned."""
+        """Run ``code`` and yield its events as they happen (``farm.events.run_events``);
+        the stream's ``result`` is then what ``run`` would have returned."""
         return EventStream(
             self, code, timeout_s, max_output_bytes=max_output_bytes, exec_id=exec_id
         )
 
-    # --- the calls' three steps: also used by farm.client.stream and farm.client.restore ---
+    # --- the calls' three steps: also used by farm.client.stream and farm.client.journal_replay ---
 
     def send(
         self,
@@ -179,11 +182,12 @@ class Session:
         self, result: ExecResult, code: str, timeout_s: float | None, **kwargs: Any
     ) -> ExecResult:
         """Turn losses into what the caller gets: ``SessionLost``, ``StateLost`` (default),
-        or, with ``on_state_lost="replay"``, a restored namespace (``farm.client.restore``)."""
+        or, with ``on_state_lost="replay"``, a restored namespace
+        (``farm.client.journal_replay``)."""
         if result.kind == ErrorKind.SANDBOX_LOST:
             raise SessionLost(self.id, self.worker, result.error.evalue if result.error else "")
         if result.state_lost and self.on_state_lost == "replay":
-            from farm.client.restore import restore
+            from farm.client.journal_replay import restore
 
             kwargs.pop("exec_id", None)  # the lost call's id is spent: a rerun gets its own
             return restore(self, result, code, timeout_s, **kwargs)
@@ -238,7 +242,7 @@ class Session:
         return result
 
     def file_operation(self, request: dict[str, Any]) -> dict[str, Any]:
-        """One chunk of a file operation (``farm.client.files`` builds them)."""
+        """One chunk of a file operation (``farm.client.session_files`` builds them)."""
         request = {**request, "session_id": self.id, "generation": self.generation}
         pending, mark = self.farm.broker.send(
             TASK_FILE, self.queue, args=[request], check=self._check_alive

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from farm.client.broker import release
 from farm.errors import BrokerUnavailable
-from farm.events import Event, ExecEnd, ExecStart, HostCall, closing_events
+from farm.events.run_events import Event, ExecEnd, ExecStart, HostCall, closing_events
 from farm.models import CallAnswer, ExecResult
 
 if TYPE_CHECKING:
-    from farm.client.calls import Caller
+    from farm.client.exec_call import Caller
 
 BLOCK_MS = 250
 

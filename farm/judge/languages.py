@@ -3,7 +3,7 @@
 An image built with ``farm image build judge --languages ...`` holds the chosen rows of this
 table (``farm.judge.toolchains``; by default all but ``OPT_IN``, plus a spec's own
 ``[languages.NAME]`` rows) as ``/etc/farm/judge/languages.json``, which the kernel's runner
-reads (``farm.kernel.judge.languages``). ``compile`` may be a syntax check, so that every
+reads (``farm.kernel.judge.language_table``). ``compile`` may be a syntax check, so that every
 language has ``CE``; ``run`` may name ``{memory_mb}``, both ``{file}`` and ``{main}`` (read
 from the source: ``farm.kernel.judge.entries``); an item's ``compile_options`` go at a word
 ``{options}``, else before the source's name. ``judge0``: Judge0 CE's id, for ``/judge0``.

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from farm.errors import ProblemError, ProblemNotFound, ProblemTooLarge
-from farm.models.base import Model
 from farm.models.judge import (
     JudgeLimits,
     JudgeProgram,
@@ -29,6 +28,7 @@ from farm.models.judge import (
     TestGroup,
     check_judge_item,
 )
+from farm.models.model_base import Model
 from farm.registry import PREFIX
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from farm.models.batch import BatchItem, Submission
 from farm.models.judge import JudgeLimits
 
 INPUTS_DIR = ".judge-in"
-BUILD_DIR = ".judge"  # the runner's working directory (farm.kernel.boxes.judging.BUILD_DIR)
+BUILD_DIR = ".judge"  # the runner's working directory (farm.kernel.boxes.judge_runner.BUILD_DIR)
 SLACK_S = 30.0
 
 

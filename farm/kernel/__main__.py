@@ -33,7 +33,7 @@ import typing  # noqa: F401
 from .boxes import namespaces, zygote
 from .boxes.pool import BoxPool, Caps, Isolation, LimitsError
 from .boxes.uids import prctl
-from .repl import repl  # noqa: F401 - imported here: every forked session shares it
+from .repl import cell_exec  # noqa: F401 - imported here: every forked session shares it
 from .supervisor.server import KernelServer, serve_forever
 from .wire import auth
 from .wire.framing import DEFAULT_MAX_FRAME

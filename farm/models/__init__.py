@@ -7,7 +7,7 @@ checks with ``frames``; the models here are what callers get: ``ExecResult`` is 
 ``batch`` (the items and records of ``Farm.map`` and sweeps), ``frames`` (kernel frames).
 """
 
-from farm.models.base import Model
+from farm.models.model_base import Model
 from farm.models.replies import Busy, Opened, OpenRequest, Refused
 from farm.models.results import (
     BoxLimits,

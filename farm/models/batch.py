@@ -9,7 +9,6 @@ from pydantic import Field, field_validator, model_validator
 
 from farm.image_name import ImageName
 from farm.judge.problems import Problem, check_digest
-from farm.models.base import Model
 from farm.models.frames import JudgeStep
 from farm.models.judge import (
     JudgeLimits,
@@ -20,6 +19,7 @@ from farm.models.judge import (
     check_judge_item,
     check_words,
 )
+from farm.models.model_base import Model
 from farm.models.results import BoxLimits, CommandResult, ExecResult
 
 
@@ -203,7 +203,7 @@ class ChunkItem(Model):
     limits: dict[str, int] = Field(default_factory=dict)
     egress: list[str] | None = None
     submission: Submission | None = Field(default=None, description="a submission to judge")
-    # Made by the worker from ``submission`` (farm.worker.judging), never sent:
+    # Made by the worker from ``submission`` (farm.worker.judge_items), never sent:
     judge: JudgeStep | None = Field(default=None, description="the kernel's judge step")
     special_judge: str | None = Field(default=None, description="its checker's Python code")
 

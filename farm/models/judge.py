@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from farm.kernel.judge import checkers
-from farm.models.base import Model
+from farm.models.model_base import Model
 
 
 class Verdict(StrEnum):

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from farm.models.base import Model
+from farm.models.model_base import Model
 
 
 class OpenRequest(Model):

@@ -14,7 +14,7 @@ from pydantic import (
 
 from farm import kernel
 from farm.kernel.wire.protocol import CommandOutcome
-from farm.models.base import Model
+from farm.models.model_base import Model
 
 
 class ErrorKind(StrEnum):

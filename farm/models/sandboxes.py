@@ -8,7 +8,7 @@ from pydantic import (
     Field,
 )
 
-from farm.models.base import Model
+from farm.models.model_base import Model
 
 # --- sandboxes ------------------------------------------------------------------------------
 

@@ -30,9 +30,9 @@ from farm.errors import SandboxStartError
 from farm.image_name import ImageName, ServedImage
 from farm.kernel.wire import auth
 from farm.kernel.wire.client import KernelClient, KernelError
+from farm.local.processes import pid_alive
 from farm.models import SandboxHealth, SandboxInfo, frames
-from farm.processes import pid_alive
-from farm.sandbox.base import Sandbox, box_arguments
+from farm.sandbox.backend import Sandbox, box_arguments
 from farm.sandbox.bundle import MOUNT as BUNDLE
 from farm.sandbox.bundle import kernel_bundle
 from farm.sandbox.served import missing, serve

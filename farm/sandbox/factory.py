@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from farm.errors import InvalidRequest
 from farm.image_name import ImageName, ServedImage
-from farm.sandbox.base import Sandbox
+from farm.sandbox.backend import Sandbox
 from farm.settings import FarmSettings
 
 log = logging.getLogger(__name__)

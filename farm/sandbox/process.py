@@ -19,7 +19,7 @@ import time
 from farm.errors import SandboxStartError
 from farm.kernel.wire import auth
 from farm.models import SandboxInfo
-from farm.sandbox.base import Sandbox, box_arguments
+from farm.sandbox.backend import Sandbox, box_arguments
 from farm.settings import BoxSettings, FarmSettings
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from fastapi.security import HTTPBearer
 
 from farm.errors import SessionLost
 from farm.registry import PREFIX
-from farm.serve.problems import ProblemError
+from farm.serve.problem_documents import ProblemError
 from farm.serve.tokens import Token, TokenStore
 
 if TYPE_CHECKING:

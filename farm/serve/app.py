@@ -22,9 +22,9 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import farm
-from farm.serve import files, judge0, runs, sessions
+from farm.serve import file_routes, judge0, runs, session_routes
 from farm.serve.access import Sessions, Slots, authenticate, bearer
-from farm.serve.problems import ProblemError, install, problem
+from farm.serve.problem_documents import ProblemError, install, problem
 from farm.serve.tokens import TokenStore
 from farm.settings import FarmSettings
 
@@ -78,8 +78,8 @@ def make_app(
         lifespan=lifespan,
     )
     install(app)
-    app.include_router(sessions.router)
-    app.include_router(files.router)
+    app.include_router(session_routes.router)
+    app.include_router(file_routes.router)
     app.include_router(runs.router)
     app.include_router(judge0.router)
 

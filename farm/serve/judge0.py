@@ -31,7 +31,7 @@ from farm.serve.judge0_input import (
 from farm.serve.judge0_runner import CALLBACK_TIMEOUT_S, CALLBACK_TRIES, Runner
 from farm.serve.judge0_store import MAX_PENDING, Judge0Store, now
 from farm.serve.judge0_view import STATUSES, view
-from farm.serve.problems import ProblemError
+from farm.serve.problem_documents import ProblemError
 from farm.serve.tokens import Token
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from farm.judge.languages import LANGUAGES
 from farm.judge.specs import BUILD_DIR
 from farm.models.batch import BatchItem
-from farm.serve.problems import ProblemError
+from farm.serve.problem_documents import ProblemError
 
 LANGUAGE_BY_ID = {lang.judge0: name for name, lang in LANGUAGES.items() if lang.judge0}
 MAX_WORDS_CHARS = 512  # Judge0's bound on compiler_options and command_line_arguments

@@ -24,7 +24,7 @@ from farm.models.batch import BatchRecord
 from farm.serve.judge0_input import item
 from farm.serve.judge0_store import ALIVE_S, MAX_ATTEMPTS, Judge0Store, Started
 from farm.serve.judge0_view import view
-from farm.serve.problems import ProblemError
+from farm.serve.problem_documents import ProblemError
 
 if TYPE_CHECKING:
     from farm.client import Farm

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from farm.models.batch import BatchRecord
 from farm.registry import PREFIX
-from farm.serve.problems import ProblemError
+from farm.serve.problem_documents import ProblemError
 
 if TYPE_CHECKING:
     import redis

@@ -21,7 +21,7 @@ from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ImageContent, TextContent
 
-from farm.events import Display
+from farm.events.run_events import Display
 from farm.models import CommandResult, ExecResult
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from farm.client.mapping import MapRun
 from farm.errors import FarmError
 from farm.models import ExecResult
 from farm.serve.access import Slots, caller, idempotent_id
-from farm.serve.problems import for_farm_error, problem_json
+from farm.serve.problem_documents import for_farm_error, problem_json
 from farm.serve.schemas import ImageInfo, OneShotRequest
-from farm.serve.sessions import PROBLEMS, IdempotencyKey, slots_of
+from farm.serve.session_routes import PROBLEMS, IdempotencyKey, slots_of
 from farm.serve.tokens import Token
 
 router = APIRouter(prefix="/v1", tags=["runs"])

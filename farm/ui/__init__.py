@@ -3,7 +3,7 @@ transcript as it runs.
 
 A Starlette app (served by uvicorn) over the registry and the session journals: the page lists
 workers and sessions (polled), and follows one session's journal through server-sent events,
-each event a ``mime_stream`` dict plus its safe HTML fragment (``farm.streams.fragment``:
+each event a ``mime_stream`` dict plus its safe HTML fragment (``farm.events.transcripts.fragment``:
 escaped text, markdown without raw HTML, PNG images, the code's own HTML in a sandboxed frame).
 The page loads nothing from elsewhere and runs no inline script (a strict CSP says so).
 """
@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from farm.streams import fragment, mime_stream
+from farm.events.transcripts import fragment, mime_stream
 
 if TYPE_CHECKING:
     from farm.client import Farm

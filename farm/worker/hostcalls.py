@@ -16,9 +16,9 @@ from typing import Any
 
 import redis
 
-from farm.events import Event, HostCall
-from farm.journal import answer_key
-from farm.kernel.repl.calls import MAX_ANSWER_BYTES
+from farm.events.journal import answer_key
+from farm.events.run_events import Event, HostCall
+from farm.kernel.repl.hostcall_stubs import MAX_ANSWER_BYTES
 from farm.kernel.wire.protocol import CallEvent
 from farm.models import CallAnswer, SubCall
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from farm.broker_errors import BROKER_DOWN
 from farm.registry import Registry
-from farm.worker.admission import BoxGate
+from farm.worker.box_gate import BoxGate
 
 log = logging.getLogger(__name__)
 

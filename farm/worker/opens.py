@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import Busy, Opened, OpenRequest, Refused
-from farm.worker.admission import KERNEL_WAIT_S, OPEN_WAIT_S, OPEN_WAITERS, Ticket, weight
-from farm.worker.egress import PolicyError
+from farm.worker.box_gate import KERNEL_WAIT_S, OPEN_WAIT_S, OPEN_WAITERS, Ticket, weight
+from farm.worker.worker_egress import PolicyError
 
 if TYPE_CHECKING:
-    from farm.worker.worker import Worker
+    from farm.worker.worker_state import Worker
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,17 @@ import threading
 import time
 from typing import Any
 
-from farm.events import Display, Egress, Event, ExecStart, Result, Stream, clip, closing_events
-from farm.journal import Journal
+from farm.events.journal import Journal
+from farm.events.run_events import (
+    Display,
+    Egress,
+    Event,
+    ExecStart,
+    Result,
+    Stream,
+    clip,
+    closing_events,
+)
 from farm.kernel.wire.protocol import CellEvent
 from farm.models import Value
 from farm.worker.hostcalls import HostCalls

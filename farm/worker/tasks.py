@@ -30,7 +30,7 @@ from farm.celeryconf import (
 from farm.errors import FarmError
 from farm.settings import FarmSettings
 from farm.worker.startup import check_broker
-from farm.worker.worker import Worker
+from farm.worker.worker_state import Worker
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ FARM_MAX_OUTPUT = DEFAULT_MAX_FRAME // 4
 FARM_MAX_OUTPUT_STR = f"{FARM_MAX_OUTPUT // (1024 * 1024)} MiB"
 FARM_MIN_OUTPUT = 1024
 # What farm's kernel writes when execve refuses a program as not executable (EACCES), with exit
-# status 126 (farm/kernel/boxes/keeper.py, exec_in_box); Inspect wants a PermissionError.
+# status 126 (farm/kernel/boxes/command_keeper.py, exec_in_box); Inspect wants a PermissionError.
 EXEC_DENIED = "farm: {}: Permission denied\n"
 
 

@@ -192,13 +192,13 @@ def remove_dead_farms() -> None:
     sandbox containers (those of an embedded farm killed with its eval, or of any dead local
     worker; ``farm.sandbox.docker.remove_orphans`` judges by the ``farm.host`` and ``farm.pid``
     labels, so a live farm's containers stay) and local farms' directories whose owner died
-    (``farm.local.stale_dirs``). Where Docker does not answer there are no containers to
+    (``farm.local.embedded.stale_dirs``). Where Docker does not answer there are no containers to
     remove (a farm of yours elsewhere: its containers are its workers' hosts' business)."""
     import shutil
 
     import docker
 
-    from farm.local import stale_dirs
+    from farm.local.embedded import stale_dirs
     from farm.sandbox.docker import remove_orphans
 
     try:

@@ -31,7 +31,7 @@ from inspect_ai.util import (
 from pydantic import BaseModel
 
 from farm.client import Session
-from farm.client.files import SessionFiles
+from farm.client.session_files import SessionFiles
 from farm.errors import FarmError, FileOperationError, InvalidRequest
 from farm.integrations.inspect import contract
 from farm.integrations.inspect.config import (

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..judge import entries, protocols
-from ..judge.languages import TABLE
+from ..judge.language_table import TABLE
 from ..wire.protocol import CompileOutcome, JudgeOutcome, JudgeProgram, JudgeSpec
 from . import testrun, uids
 from .box_protocol import BoxInfo

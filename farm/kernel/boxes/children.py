@@ -17,8 +17,8 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from ..repl import session
-from . import box_protocol, judging, keeper, leftovers, seccomp, uids
+from ..repl import session_loop
+from . import box_protocol, command_keeper, judge_runner, leftovers, seccomp, uids
 from .uids import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 
 # Above any fd a process here may hold: the hard nofile limit (where close_range is missing or
@@ -49,13 +49,13 @@ def session_child(
         os.dup2(out_w, 1)
         os.dup2(err_w, 2)
         close_other_fds({0, 1, 2, ctl.fileno()})
-        session.prepare_process()  # its own process group, stdio, OOM preference: as root
+        session_loop.prepare_process()  # its own process group, stdio, OOM preference: as root
         box = config.get("box")
         if box is not None:
             _filter(isolation)  # before the box's uid: never a moment without it
             uids.prepare(box, isolation)
             uids.enter(box, isolation)
-        session.serve(ctl, config)
+        session_loop.serve(ctl, config)
     except BaseException as exc:  # a session process never returns into the zygote
         with contextlib.suppress(Exception):
             print(f"farm: the session process could not start: {exc!r}", file=sys.stderr)
@@ -82,10 +82,10 @@ def command_child(
         _filter(isolation)  # before the box's uid: never a moment without it
         if (judge := request.get("judge")) is not None:  # the judge's runner: root in the box
             prctl(PR_SET_CHILD_SUBREAPER, 1)
-            code = judging.serve(judge, request["box"], isolation)
+            code = judge_runner.serve(judge, request["box"], isolation)
         else:
             uids.enter(request["box"], isolation)
-            keeper.exec_in_box(request)  # returns only when the command could not be run
+            command_keeper.exec_in_box(request)  # returns only when the command could not be run
     except BaseException as exc:  # a command never returns into the zygote
         with contextlib.suppress(Exception):
             os.write(2, f"farm: {exc}\n".encode())

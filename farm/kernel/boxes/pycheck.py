@@ -20,7 +20,7 @@ import traceback
 from . import testrun, uids
 from .box_protocol import BoxInfo
 
-# The python3 row's compile command (farm/judge/languages.py), with the source's name after it.
+# The python3 row's compile command (farm/judge/language_table.py), with the source's name after it.
 CHECK_CODE = 'import sys; compile(open(sys.argv[1], "rb").read(), sys.argv[1], "exec")'
 CHECK_ARGV = ["python3", "-I", "-S", "-c", CHECK_CODE]
 

@@ -5,7 +5,7 @@ at the first failing test" needs no round trip. Names: ``exact`` (byte for byte)
 (trailing whitespace of each line and trailing empty lines ignored), ``tokens`` (any
 whitespace between tokens), ``float:ABS[:REL]`` (tokens; numbers within ABS absolutely or REL
 relatively), ``none`` (any output: only how the run ended counts). A special judge (the
-user's Python) never runs here: see ``farm.worker.judging``.
+user's Python) never runs here: see ``farm.worker.judge_items``.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from ..wire.protocol import CellError, CellResult, CommandOutcome, Execute, Kind
 from ..wire.session_frames import CellDone
 
 if TYPE_CHECKING:
-    from .process import SessionProcess
-    from .sessions import Session
+    from .session_process import SessionProcess
+    from .session_state import Session
 
 
 class Cell:

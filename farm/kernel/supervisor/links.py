@@ -33,7 +33,7 @@ from ..boxes.box_protocol import (
     send_request,
 )
 from .commands import CommandRun
-from .process import SessionProcess
+from .session_process import SessionProcess
 
 SPAWN_TIMEOUT_S = 10.0  # a process (or a box) started, a proxy endpoint made
 RESET_TIMEOUT_S = 30.0  # a box's reset waits this long for its processes to die

@@ -42,9 +42,9 @@ from .cell import Cell, kill_notes, over_budget
 from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
-from .process import SessionProcess
 from .requests import CommandCall
-from .sessions import Session, oom_kills, revoke
+from .session_process import SessionProcess
+from .session_state import Session, oom_kills, revoke
 from .spawner import Spawner
 from .streaming import Emit
 

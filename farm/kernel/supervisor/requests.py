@@ -15,7 +15,7 @@ from typing import Any, TypedDict, cast
 from ..judge import checkers
 from ..wire.protocol import DEFAULT_WAIT_S, MAX_WAIT_S, Execute, FileRequest, JudgeSpec
 from .links import RequestError
-from .process import DEFAULT_OUTPUT_BYTES
+from .session_process import DEFAULT_OUTPUT_BYTES
 
 MAX_TIMEOUT_S = 24 * 3600.0
 

@@ -27,7 +27,7 @@ from .box_inits import BoxInits
 from .coalesce import Coalesce
 from .commands import CommandRun
 from .links import SPAWN_TIMEOUT_S, Link, RequestError, request_ids
-from .process import SessionProcess
+from .session_process import SessionProcess
 
 log = logging.getLogger("farm.kernel")
 

@@ -17,7 +17,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .tools import Workspace
+    from .agent_tools import Workspace
 
 DEFAULT_LINES_PER_PAGE = 100
 CACHE_DOCUMENTS = 8

@@ -18,14 +18,14 @@ from collections.abc import Callable
 from typing import Any, Union, cast
 
 from . import auth, protocol
-from .errors import FarmError as FarmError
-from .errors import KernelAuthError as KernelAuthError
-from .errors import KernelConnectionError as KernelConnectionError
-from .errors import KernelError as KernelError
-from .errors import KernelProtocolError as KernelProtocolError
-from .errors import KernelRequestError as KernelRequestError
 from .framing import DEFAULT_MAX_FRAME, FrameError, recv_frame, send_frame
 from .protocol import DEFAULT_WAIT_S, RECOVERABLE_CODES
+from .wire_errors import FarmError as FarmError
+from .wire_errors import KernelAuthError as KernelAuthError
+from .wire_errors import KernelConnectionError as KernelConnectionError
+from .wire_errors import KernelError as KernelError
+from .wire_errors import KernelProtocolError as KernelProtocolError
+from .wire_errors import KernelRequestError as KernelRequestError
 
 DEFAULT_TIMEOUT_S = 30.0
 INTERMEDIATE = {"event"}  # frame types a kernel may send before the final reply

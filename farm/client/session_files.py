@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from farm.errors import FileOperationError
 
 if TYPE_CHECKING:
-    from farm.client.calls import FileChannel
+    from farm.client.exec_call import FileChannel
 
 CHUNK = 4 * 1024 * 1024
 Scope = Literal["workspace", "box"]

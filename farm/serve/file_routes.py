@@ -15,10 +15,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from farm.client.files import CHUNK
+from farm.client.session_files import CHUNK
 from farm.serve.access import caller
 from farm.serve.schemas import FileEntry, FileWritten
-from farm.serve.sessions import PROBLEMS, sessions_of
+from farm.serve.session_routes import PROBLEMS, sessions_of
 from farm.serve.tokens import Token
 
 router = APIRouter(prefix="/v1/sessions/{session_id}/files", tags=["files"])

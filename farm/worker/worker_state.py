@@ -25,25 +25,25 @@ from typing import Any
 import redis
 
 from farm.celeryconf import direct_queue
+from farm.events.journal import Journal
 from farm.image_name import ImageName
-from farm.journal import Journal
 from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
 from farm.models import BoxCapacity, SandboxHealth
 from farm.registry import Registry, chunks_key, opens_key
 from farm.sandbox.factory import sandboxes
-from farm.sandbox.keeper import SandboxKeeper
+from farm.sandbox.sandbox_keeper import SandboxKeeper
 from farm.settings import FarmSettings
 from farm.worker import metrics
-from farm.worker.admission import (
+from farm.worker.batch_runner import BatchRunner
+from farm.worker.box_gate import (
     BoxGate,
     Ticket,
 )
-from farm.worker.batch import BatchRunner
-from farm.worker.calls import SessionCalls
-from farm.worker.egress import WorkerEgress
 from farm.worker.intake import Intake
-from farm.worker.judging import parallel as judge_parallel
+from farm.worker.judge_items import parallel as judge_parallel
 from farm.worker.opens import SessionOpens
+from farm.worker.session_calls import SessionCalls
+from farm.worker.worker_egress import WorkerEgress
 
 log = logging.getLogger(__name__)
 

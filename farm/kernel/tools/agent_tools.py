@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .patching import PatchError, apply_unified_diff
-from .variants import variant_globals
+from .variant_globals import variant_globals
 
 DEFAULT_LIMIT = 3000
 

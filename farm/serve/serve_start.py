@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from farm.redis_server import write_private
+from farm.local.redis_server import write_private
 from farm.serve.tokens import TokenStore
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import time
 
 from ..boxes.pool import Box
 from .memwatch import Watched
-from .process import SessionProcess
+from .session_process import SessionProcess
 
 _OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 

@@ -25,13 +25,13 @@ from typing import Any, cast, overload
 
 from .. import KIND_USER
 from ..tools import fileops
-from ..tools.tools import DEFAULT_LIMIT, Workspace
+from ..tools.agent_tools import DEFAULT_LIMIT, Workspace
 from ..wire.framing import recv_frame, send_frame
 from ..wire.protocol import CellError
 from ..wire.session_frames import Ack, CallAnswer, CallFrame, CellDone, DisplayFrame, Order, Ready
-from . import calls
+from . import hostcall_stubs
+from .cell_exec import Repl
 from .render import bundle, framed
-from .repl import Repl
 
 STDOUT_SPARE = 1001  # copies of the capture pipes, to restore fds 1/2 if user code closes them
 STDERR_SPARE = 1002
@@ -180,7 +180,7 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
             continue
         _restore_stdio()
         if request.get("calls"):
-            calls.install(repl.namespace, channel, request["calls"])
+            hostcall_stubs.install(repl.namespace, channel, request["calls"])
         cpu0, _ = _usage()
         t0 = time.perf_counter()
         channel.open = True

@@ -21,11 +21,11 @@ from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
 from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecError, ExecResult
 from farm.worker import metrics
-from farm.worker.admission import OPEN_WAIT_S
+from farm.worker.box_gate import OPEN_WAIT_S
 from farm.worker.recorder import ExecRecorder
 
 if TYPE_CHECKING:
-    from farm.worker.worker import HeldSession, Worker
+    from farm.worker.worker_state import HeldSession, Worker
 
 log = logging.getLogger(__name__)
 

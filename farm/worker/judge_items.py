@@ -33,7 +33,7 @@ from farm.worker.stored_problems import StoredProblems
 if TYPE_CHECKING:
     import redis
 
-    from farm.sandbox.keeper import SandboxKeeper
+    from farm.sandbox.sandbox_keeper import SandboxKeeper
     from farm.settings import FarmSettings
 
 CACHE_BYTES = 256 << 20

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from farm.events import Event, parse_event
+from farm.events.run_events import Event, parse_event
 from farm.models import CallAnswer
 from farm.settings import FarmSettings
 

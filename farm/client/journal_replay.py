@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import RestoreFailed, SessionLost, StateLost
-from farm.events import Event, ExecEnd, ExecStart
+from farm.events.run_events import Event, ExecEnd, ExecStart
 from farm.models import ErrorKind, ExecResult, ReplayedCell, RestoreReport
 
 if TYPE_CHECKING:
-    from farm.client.calls import Caller
+    from farm.client.exec_call import Caller
 
 log = logging.getLogger(__name__)
 

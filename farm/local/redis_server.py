@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from farm.errors import LocalFarmError
-from farm.processes import popen_tied
+from farm.local.processes import popen_tied
 
 START_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 10.0

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from farm.errors import InvalidRequest
-from farm.events import HostCall
+from farm.events.run_events import HostCall
 from farm.models import CallAnswer
 
 _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("farm_callback_depth", default=0)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from farm.backoff import delays
 from farm.kernel.wire.client import KernelClient
 from farm.models import SandboxHealth, SandboxInfo
-from farm.sandbox.base import Sandbox
+from farm.sandbox.backend import Sandbox
 
 log = logging.getLogger(__name__)
 

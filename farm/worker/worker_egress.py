@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 from farm.egress.policy import Policy, PolicyError, box_policy
 from farm.egress.proxy import EgressProxy, Limits, Record
-from farm.events import Egress
+from farm.events.run_events import Egress
 from farm.kernel.wire.framing import FrameError, recv_frame_fds
 from farm.worker import metrics
 
 if TYPE_CHECKING:
-    from farm.journal import Journal
-    from farm.sandbox.keeper import SandboxKeeper
+    from farm.events.journal import Journal
+    from farm.sandbox.sandbox_keeper import SandboxKeeper
     from farm.settings import EgressSettings
     from farm.worker.recorder import ExecRecorder
 

@@ -53,7 +53,7 @@ def serve(
     ssl_keyfile: str | None = typer.Option(None, help="TLS key (uvicorn's)"),
 ) -> None:
     """Serve the HTTP API (/v1), MCP (/mcp) and the live page; needs a bearer token."""
-    from farm.serve.server import first_token, run, write_state
+    from farm.serve.serve_start import first_token, run, write_state
 
     settings = FarmSettings()
     scheme = "https" if ssl_certfile else "http"
@@ -92,7 +92,7 @@ def mcp(local: int = LOCAL, broker_url: str | None = BROKER) -> None:
 def _store() -> Iterator[TokenStore]:
     """The tokens of the farm ``Farm.default()`` finds, else of the one a running
     ``farm serve --local N`` recorded (its broker lives as long as that server)."""
-    from farm.serve.server import read_state
+    from farm.serve.serve_start import read_state
 
     settings = FarmSettings()
     served = read_state(settings.serve_state_file).get("broker_url")

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from farm.events import Event, parse_event
+from farm.events.run_events import Event, parse_event
 
 # --- portable MIME stream ---------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """One exec in flight (``Call``), and what a session's helpers need of the session sending it.
 
-``farm.client.stream`` and ``farm.client.restore`` drive a session's calls through ``Caller``
-(``Session`` is one), and ``farm.client.files`` its file operations through ``FileChannel``:
+``farm.client.stream`` and ``farm.client.journal_replay`` drive a session's calls through ``Caller``
+(``Session`` is one), and ``farm.client.session_files`` its file operations through ``FileChannel``:
 typed against these, they import nothing of ``farm.client.session``, which imports them.
 """
 
@@ -14,8 +14,8 @@ from farm.client.broker import Watch
 
 if TYPE_CHECKING:
     from farm.client.broker import Broker
-    from farm.client.callbacks import Callbacks
-    from farm.journal import Journal
+    from farm.client.hostcall_handlers import Callbacks
+    from farm.events.journal import Journal
     from farm.models import ExecResult, RestoreReport
 
 

@@ -18,7 +18,7 @@ import signal
 import stat
 from typing import Any
 
-from ..judge import checkers, entries, languages
+from ..judge import checkers, entries, language_table
 from ..wire.protocol import (
     CompileOutcome,
     JudgeOutcome,
@@ -57,7 +57,7 @@ def _named(result: JudgeOutcome, language: tuple[str, str]) -> JudgeOutcome:
 
 def judge(spec: JudgeSpec, box: BoxInfo, isolation: str) -> JudgeOutcome:
     """Judge ``spec`` (``protocol.JudgeSpec``) in ``box``: the outcome to send back."""
-    table = languages.load()
+    table = language_table.load()
     language = table.get(spec["language"])
     if language is None:
         known = ", ".join(sorted(table)) or "none: build a judge image"

@@ -24,8 +24,8 @@ from typing import Any
 
 from farm.errors import LocalFarmError, SandboxUnavailable
 from farm.image_name import ImageName, ServedImage
-from farm.processes import pid_alive, popen_tied
-from farm.redis_server import RedisServer, ServerTLS, write_private
+from farm.local.processes import pid_alive, popen_tied
+from farm.local.redis_server import RedisServer, ServerTLS, write_private
 from farm.registry import Registry
 from farm.settings import FarmSettings
 
@@ -275,7 +275,7 @@ def serve(workers: int, backend: str, state_file: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m farm.local")
+    parser = argparse.ArgumentParser(prog="python -m farm.local.embedded")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--backend", default="docker")
     parser.add_argument("--state-file", type=Path, required=True)
@@ -304,7 +304,7 @@ def start_background(
             [
                 sys.executable,
                 "-m",
-                "farm.local",
+                "farm.local.embedded",
                 "--workers",
                 str(workers),
                 "--backend",

@@ -24,13 +24,13 @@ from farm.models import ErrorKind, ExecResult
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.frames import ItemResults
 from farm.registry import ITEM_CLAIM_S, cancel_key
-from farm.worker.admission import KERNEL_WAIT_S, Ticket, weight
-from farm.worker.egress import PolicyError
-from farm.worker.judging import Judging
+from farm.worker.box_gate import KERNEL_WAIT_S, Ticket, weight
+from farm.worker.judge_items import Judging
 from farm.worker.recorder import ExecRecorder
+from farm.worker.worker_egress import PolicyError
 
 if TYPE_CHECKING:
-    from farm.worker.worker import Worker
+    from farm.worker.worker_state import Worker
 
 log = logging.getLogger(__name__)
 

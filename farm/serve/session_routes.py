@@ -22,7 +22,7 @@ from farm.client import Session
 from farm.errors import FarmError
 from farm.models import CommandResult, ExecResult
 from farm.serve.access import Sessions, Slots, caller, idempotent_id
-from farm.serve.problems import Problem, ProblemError, for_farm_error, problem_json
+from farm.serve.problem_documents import Problem, ProblemError, for_farm_error, problem_json
 from farm.serve.schemas import ExecRequest, RunRequest, SessionCreate, SessionInfo
 from farm.serve.tokens import Token
 
@@ -125,8 +125,8 @@ async def run(
     idempotency_key: IdempotencyKey = None,
 ) -> Any:
     """Run code in the session. ``Accept: text/event-stream`` streams its events (``exec_start``,
-    ``stream``, ``display``, ``result``, ``error``, ``exec_end``: ``farm.events``) and then
-    the ``ExecResult`` as a ``done`` event."""
+    ``stream``, ``display``, ``result``, ``error``, ``exec_end``:
+    ``farm.events.run_events``) and then the ``ExecResult`` as a ``done`` event."""
     session = await sessions_of(request).get(token, session_id)
     exec_id = idempotent_id(token, session_id, idempotency_key)
     if "text/event-stream" in request.headers.get("accept", ""):

@@ -1,12 +1,12 @@
 """The judge's language table, as an image holds it: ``/etc/farm/judge/languages.json``.
 
-Each language: ``file`` (the source's name), ``entry`` (a rule of ``entries`` naming the
-file and the ``{main}`` to run from the source, or none), ``compile`` (argv, or none: the
-source runs as it is), ``run`` (argv; ``{memory_mb}`` is the test's limit), ``version`` (argv
-whose first output line names the toolchain). The table is written by the image build from
-``farm.judge.languages`` (or a spec's own table); ``python3 -m farm.kernel.judge.languages FILE``
-runs in that build and records each ``version`` answer in the file, so that a result can name
-its toolchain without starting one per item.
+Each language: ``file`` (the source's name), ``entry`` (a rule of ``entries`` naming the file
+and the ``{main}`` to run from the source, or none), ``compile`` (argv, or none: the source runs
+as it is), ``run`` (argv; ``{memory_mb}`` is the test's limit), ``version`` (argv whose first
+output line names the toolchain). The table is written by the image build from
+``farm.judge.languages`` (or a spec's own table); ``python3 -m farm.kernel.judge.language_table
+FILE`` runs in that build and records each ``version`` answer in the file, so that a result can
+name its toolchain without starting one per item.
 """
 
 from __future__ import annotations

@@ -13,12 +13,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from farm.cli.serve_commands import BROKER, fail, farm_for
 from farm.client import Farm
 from farm.errors import FarmError
 from farm.judge import JUDGE_IMAGE
 from farm.judge.packages import language_of, open_package
 from farm.models.judge import JudgeResult, Verdict
-from farm.serve_commands import BROKER, fail, farm_for
 
 console = Console()
 STYLES = {Verdict.AC: "green", Verdict.IE: "bold red"}

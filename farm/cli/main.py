@@ -17,12 +17,12 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from farm.cli.image_commands import image_app
+from farm.cli.judge_commands import judge
+from farm.cli.serve_commands import mcp, serve, token_app
 from farm.client import Farm
 from farm.errors import BrokerUnavailable, FarmError, LocalFarmError
-from farm.image_commands import image_app
-from farm.judge_commands import judge
 from farm.models import ExecResult
-from farm.serve_commands import mcp, serve, token_app
 from farm.settings import FarmSettings
 
 app = typer.Typer(
@@ -50,7 +50,7 @@ def up(
     backend: str = typer.Option("docker", help="docker | process (unisolated) | auto"),
 ) -> None:
     """Start a local farm in the background and record it (FARM_STATE_FILE)."""
-    from farm.local import start_background
+    from farm.local.embedded import start_background
 
     settings = FarmSettings()
     try:
@@ -66,7 +66,7 @@ def up(
 @app.command()
 def down() -> None:
     """Stop the local farm `farm up` started, and remove what it made."""
-    from farm.local import stop_background
+    from farm.local.embedded import stop_background
 
     if stop_background(FarmSettings().state_file):
         console.print("farm down: stopped")
@@ -302,7 +302,7 @@ def replay(
     output: Path | None = typer.Option(None, "-o", "--output", help="write to this file"),
 ) -> None:
     """Print or export a session's transcript from its journal."""
-    from farm.streams import to_html, to_json_lines, to_markdown
+    from farm.events.transcripts import to_html, to_json_lines, to_markdown
 
     if fmt not in ("markdown", "json", "html"):
         _fail(f"unknown format {fmt!r}: use markdown, json or html", 2)
@@ -361,7 +361,7 @@ def worker(
 def gc() -> None:
     """Remove sandbox containers whose owner (worker) is gone, queues of dead worker
     generations, and the directories of local farms whose owner was killed."""
-    from farm.local import stale_dirs
+    from farm.local.embedded import stale_dirs
     from farm.sandbox.docker import remove_orphans
 
     live: set[str] | None = None
@@ -390,7 +390,7 @@ def gc() -> None:
 def doctor() -> None:
     """Check Docker, Redis, the image and a kernel round trip; say what to fix. The broker is
     the one `farm run` uses: FARM_BROKER_URL, else the farm `farm up` recorded."""
-    from farm.diagnose import run_checks
+    from farm.cli.diagnose import run_checks
 
     ok = True
     for check in run_checks(Farm.default_settings()):

@@ -1,7 +1,7 @@
-"""Every relative link in README.md and docs/**/*.md names a file that exists, and every
-``#anchor`` names a heading of its target page as GitHub spells it (its slug), so moving a
-section between pages cannot leave a reader at a dead link. Parsed with markdown-it-py, so
-links inside code blocks are not links."""
+"""Every relative link in README.md, docs/**/*.md and the chart's README names a file that
+exists, and every ``#anchor`` names a heading of its target page as GitHub spells it (its
+slug), so moving a section between pages cannot leave a reader at a dead link. Parsed with
+markdown-it-py, so links inside code blocks are not links."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ PARSER = MarkdownIt("commonmark").enable("table")
 
 
 def pages() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    docs = sorted((ROOT / "docs").rglob("*.md"))
+    return [ROOT / "README.md", ROOT / "helm" / "farm" / "README.md", *docs]
 
 
 def tokens(page: Path) -> Iterator[Token]:

@@ -1,6 +1,7 @@
 """The README stays a first screen: it opens with the two-command quick start, shows a short
 Python example near the top, and that example, run against a real local farm, prints what its
-comments say. Everything longer lives in docs/ (tests/test_docs_links.py keeps the links)."""
+comments say; the summary it shows for `make run` is the one the example sweep gives. Everything
+longer lives in docs/ (tests/test_docs_links.py keeps the links)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import Any
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+from farm.sweep import Sweep, plan_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 MAX_LINES = 300
 
 
@@ -45,3 +49,14 @@ def test_the_readmes_python_example_prints_what_its_comments_say(
     printed = capsys.readouterr().out.splitlines()
     squares = [f"{i} ok {i * i}" for i in range(5)]
     assert printed == ["12.566370614359172", "user", *squares]
+
+
+@pytest.mark.slow
+def test_the_make_run_table_is_what_the_example_sweep_gives(farm: Any, tmp_path: Path) -> None:
+    """`make run` is ``farm sweep examples/sweep.jsonl --local 2``: the same sweep, its counts."""
+    rows = re.findall(r"^│ (\w+) +│ ([\w-]+) +│ +(\d+) │$", README.read_text(), flags=re.M)
+    shown = {f"{status}/{kind}": int(count) for status, kind, count in rows}
+    assert sum(shown.values()) == 40, "README.md lacks the make run table"
+    out = tmp_path / "results.jsonl"
+    summary = Sweep(farm).run(plan_sweep(ROOT / "examples" / "sweep.jsonl", out), out)
+    assert summary.by_outcome == shown

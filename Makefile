@@ -68,7 +68,7 @@ load: setup
 run: setup
 	$(VENV)/bin/farm sweep examples/sweep.jsonl -o out/example-results.jsonl --local 2
 
-# Deployment (README "Deployment"): farm-worker, farm-redis and farm-prometheus FROM the
+# Deployment (docs/deployment.md): farm-worker, farm-redis and farm-prometheus FROM the
 # sandbox's base, the worker from wheels made on the host (scripts/build-images).
 images: setup
 	scripts/build-images

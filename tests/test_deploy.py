@@ -353,7 +353,7 @@ def test_scaling_to_two_workers_adds_a_worker_and_a_scrape_target(stack: Stack, 
 
 
 def test_a_pool_profile_serves_another_image_with_its_own_limits(stack: Stack, farm: Any) -> None:
-    """docker-compose.yml's ``pool`` service, as the README documents it: workers of another
+    """docker-compose.yml's ``pool`` service, as docs/deployment.md documents it: workers of another
     farm image (here the default image under a name of its own, as ``farm image build`` would
     tag an environment) take that image's runs, with the pool's limits and the same hardening,
     and Prometheus finds them."""

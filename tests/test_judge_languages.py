@@ -1,6 +1,6 @@
 """The judge's language table without Docker: every language has its verdicts' submissions in
 the judge's tests, Judge0's ids name one language each, the default image leaves out only the
-opt-in rows, the README's table is the one the table prints (it cannot drift), and a Kotlin
+opt-in rows, docs/judge.md's table is the one the table prints (it cannot drift), and a Kotlin
 program runs the class of its ``main``."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from farm.kernel.judge.entries import find
 from farm.sandbox.variants import VARIANTS, judge_variant
 from tests.judge_problems import SUM
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+JUDGE_PAGE = Path(__file__).resolve().parent.parent / "docs" / "judge.md"
 SECTION = re.compile(r"<!-- judge-languages -->\n(.*?)<!-- /judge-languages -->\n", re.S)
 
 
@@ -41,10 +41,10 @@ def test_the_default_judge_image_has_all_but_the_opt_in_languages() -> None:
     assert set(judge_variant(["haskell", "c"]).languages) == {"haskell", "c"}  # opt-in by name
 
 
-def test_the_readme_table_is_the_generated_one_with_a_version_for_each_language() -> None:
+def test_the_judge_page_table_is_the_generated_one_with_a_version_for_each_language() -> None:
     assert set(VERSIONS) == set(LANGUAGES)
-    found = SECTION.search(README.read_text())
-    assert found is not None, "README.md lacks the judge-languages section"
+    found = SECTION.search(JUDGE_PAGE.read_text())
+    assert found is not None, "docs/judge.md lacks the judge-languages section"
     assert found[1] == markdown(VERSIONS), "run: python -m farm.judge.languages --markdown"
     printed = subprocess.run(
         [sys.executable, "-m", "farm.judge.languages", "--markdown"],

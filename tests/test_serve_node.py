@@ -1,6 +1,6 @@
 """A client that is not Python: Node.js's own ``fetch`` against the real ``farm serve`` (over a
 real farm) opens a session, runs two cells that share a variable and reads a run's SSE stream
-(``tests/node/client.mjs``, the README's Node example)."""
+(``tests/node/client.mjs``, the Node example of docs/serve.md)."""
 
 from __future__ import annotations
 

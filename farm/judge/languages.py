@@ -7,7 +7,7 @@ reads (``farm.kernel.judge.language_table``). ``compile`` may be a syntax check,
 language has ``CE``; ``run`` may name ``{memory_mb}``, both ``{file}`` and ``{main}`` (read
 from the source: ``farm.kernel.judge.entries``); an item's ``compile_options`` go at a word
 ``{options}``, else before the source's name. ``judge0``: Judge0 CE's id, for ``/judge0``.
-``python -m farm.judge.languages [--markdown]`` prints the table (the README's is its output).
+``python -m farm.judge.languages [--markdown]`` prints the table (docs/judge.md's is its output).
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ ROWS: dict[str, Language] = {
 OPT_IN = frozenset({"haskell", "ocaml"})
 
 # What a judge image built from Debian bookworm's packages answered to each ``version``
-# (its version_text), for the README's table: a result names its own image's toolchain.
+# (its version_text), for docs/judge.md's table: a result names its own image's toolchain.
 VERSIONS: dict[str, str] = {
     "python3": "Python 3.11.2",
     "pypy3": "Python 3.9.16 (7.3.11+dfsg-2+deb12u3, Dec 30 2024, 22:36:23)",

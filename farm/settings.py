@@ -149,7 +149,7 @@ IMAGE_LIMITS: dict[str, dict[str, Any]] = {
     "docs": {"memory_mb": 1024},
     "judge": {"memory_mb": 3072, "cpus": 2.0},  # compilers and tests of many items at once
     # Inspect AI's samples: each that uses Inspect's injected tools keeps ~32 MiB of them in
-    # /var/tmp and ~33 MiB in their server: room for eight at once (README, Inspect).
+    # /var/tmp and ~33 MiB in their server: room for eight at once (docs/integrations.md).
     "inspect": {"memory_mb": 1024, "tmp_mb": 272},
 }
 IMAGE_BOX_LIMITS: dict[str, dict[str, Any]] = {

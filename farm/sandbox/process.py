@@ -28,7 +28,7 @@ READY_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 5.0
 # What the kernel keeps of farm's variables: its own (it reads FARM_KERNEL_LOG_LEVEL).
 KERNEL_PREFIX = "FARM_KERNEL_"
-# Credentials for the broker that are not farm's variables: redis-cli's password (the README
+# Credentials for the broker that are not farm's variables: redis-cli's password (docs/deployment.md
 # has operators export it).
 OTHER_SECRETS = frozenset({"REDISCLI_AUTH"})
 

@@ -29,6 +29,7 @@ import json
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -40,9 +41,10 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
 from farm.celeryconf import TASK_ECHO
-from farm.client import Farm, Session, exec_request
+from farm.client import Farm, Session
 from farm.client.broker import release
 from farm.image_name import ImageName
+from farm.models import ExecRequest
 
 CODE = "x+1"
 WORKERS = 2
@@ -110,8 +112,14 @@ def farm_call(session: Session) -> Callable[[], None]:
 
 def echo_payload(session: Session) -> dict[str, Any]:
     """A request-shaped payload padded so that two trips of it carry farm's request + reply."""
-    request = exec_request(CODE, session.timeout_s, None)
-    request.update(session_id=session.id, epoch=session.epoch, generation=session.generation)
+    request = ExecRequest(
+        exec_id=uuid.uuid4().hex,
+        code=CODE,
+        timeout_s=session.timeout_s,
+        session_id=session.id,
+        epoch=session.epoch,
+        generation=session.generation,
+    ).model_dump(mode="json")
     reply = session.run(CODE).model_dump(mode="json", exclude_defaults=True)
     target = (len(json.dumps(request)) + len(json.dumps(reply))) // 2
     payload = dict(request, pad="")

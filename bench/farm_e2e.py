@@ -29,7 +29,6 @@ import json
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -44,7 +43,6 @@ from farm.celeryconf import TASK_ECHO
 from farm.client import Farm, Session
 from farm.client.broker import release
 from farm.image_name import ImageName
-from farm.models import ExecRequest
 
 CODE = "x+1"
 WORKERS = 2
@@ -112,14 +110,7 @@ def farm_call(session: Session) -> Callable[[], None]:
 
 def echo_payload(session: Session) -> dict[str, Any]:
     """A request-shaped payload padded so that two trips of it carry farm's request + reply."""
-    request = ExecRequest(
-        exec_id=uuid.uuid4().hex,
-        code=CODE,
-        timeout_s=session.timeout_s,
-        session_id=session.id,
-        epoch=session.epoch,
-        generation=session.generation,
-    ).model_dump(mode="json")
+    request = session.exec_request(CODE).model_dump(mode="json")
     reply = session.run(CODE).model_dump(mode="json", exclude_defaults=True)
     target = (len(json.dumps(request)) + len(json.dumps(reply))) // 2
     payload = dict(request, pad="")

@@ -6,7 +6,6 @@ import re
 import threading
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +17,6 @@ from farm.client.broker import Watch
 from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
 from farm.events.run_events import ExecStart
 from farm.local.embedded import LocalFarm
-from farm.models import ExecRequest
 from tests.test_reliability_adversarial import session_on
 from tests.waiting import wait_for
 
@@ -90,14 +88,7 @@ def test_an_image_no_worker_serves_fails_fast(farm: Farm) -> None:
 def test_a_duplicated_exec_message_runs_the_code_once(farm: Farm) -> None:
     with farm.session() as s:
         s.run("counter = 0")
-        request = ExecRequest(
-            exec_id=uuid.uuid4().hex,
-            code="counter += 1\ncounter",
-            timeout_s=30,
-            session_id=s.id,
-            epoch=s.epoch,
-            generation=s.generation,
-        ).model_dump(mode="json")
+        request = s.exec_request("counter += 1\ncounter").model_dump(mode="json")
         first = farm.app.send_task(TASK_EXEC, args=[request], queue=s.queue)
         second = farm.app.send_task(TASK_EXEC, args=[request], queue=s.queue)
         results = [p.get(timeout=60) for p in (first, second)]
@@ -276,14 +267,7 @@ def test_a_restarted_worker_never_runs_its_predecessors_messages(own_farm: Farm)
     local.workers[old_worker].wait(30)
     assert wait_for(lambda: own_farm.registry.worker(old_worker) is None, 30)  # heartbeat expired
     # a message left for the dead generation, e.g. sent just before it died
-    request = ExecRequest(
-        exec_id=uuid.uuid4().hex,
-        code="open('/workspace/ran', 'w').write('ran')",
-        timeout_s=30,
-        session_id=s.id,
-        epoch=s.epoch,
-        generation=s.generation,
-    ).model_dump(mode="json")
+    request = s.exec_request("open('/workspace/ran', 'w').write('ran')").model_dump(mode="json")
     own_farm.app.send_task(TASK_EXEC, args=[request], queue=old_queue)
     # the same worker id comes back: a new generation with a queue of its own
     new_id = local.add_worker("default", FARM_WORKER_ID=old_worker)

@@ -138,15 +138,7 @@ def send(farm: Farm, task: str, queue: str, argument: Any, watch: Watch) -> Any:
 
 
 def good_cell(s: Session, **change: Any) -> dict[str, Any]:
-    cell = ExecRequest(
-        exec_id=f"cell-{time.monotonic_ns()}",
-        code="6 * 7",
-        timeout_s=30.0,
-        session_id=s.id,
-        epoch=s.epoch,
-        generation=s.generation,
-    )
-    return {**cell.model_dump(mode="json"), **change}
+    return {**s.exec_request("6 * 7").model_dump(mode="json"), **change}
 
 
 @pytest.mark.parametrize(
@@ -159,12 +151,12 @@ def test_a_malformed_cell_is_an_input_refusal_and_the_session_serves_on(
     with inproc_farm.session() as s:
         s.run("kept = 41")
         watch = Watch(worker=(s.worker, s.generation))
-        raw = send(inproc_farm, TASK_EXEC, s.queue, good_cell(s, **change), watch)
-        result = ExecResult.model_validate(raw)
+        malformed = good_cell(s, **change)
+        result = ExecResult.model_validate(send(inproc_farm, TASK_EXEC, s.queue, malformed, watch))
         assert result.kind == "input" and result.error is not None, result
         assert f"{field}: " in result.error.evalue and "ExecRequest" in result.error.evalue
         assert (result.session_id, result.worker) == (s.id, s.worker)
-        assert result.exec_id.startswith("cell-") and not result.state_lost
+        assert result.exec_id == malformed["exec_id"] and not result.state_lost
         again = ExecResult.model_validate(
             send(inproc_farm, TASK_EXEC, s.queue, good_cell(s), watch)
         )

@@ -139,6 +139,31 @@ class Session:
 
     # --- the calls' three steps: also used by farm.client.stream and farm.client.journal_replay ---
 
+    def exec_request(
+        self,
+        code: str,
+        timeout_s: float | None = None,
+        *,
+        max_output_bytes: int | None = None,
+        exec_id: str | None = None,
+        stream: bool = False,
+        replay_of: str | None = None,
+    ) -> ExecRequest:
+        """The one place a cell's request is built (sync and async callers alike): ``stream``
+        publishes its events, ``replay_of`` names the run it replays."""
+        return ExecRequest(
+            exec_id=exec_id or uuid.uuid4().hex,
+            code=code,
+            timeout_s=timeout_s or self.timeout_s,
+            max_output_bytes=max_output_bytes,
+            session_id=self.id,
+            epoch=self.epoch,
+            generation=self.generation,
+            stream=stream,
+            replay_of=replay_of,
+            calls=self.callbacks.names if self.callbacks is not None else None,
+        )
+
     def send(
         self,
         code: str,
@@ -149,20 +174,14 @@ class Session:
         stream: bool = False,
         replay_of: str | None = None,
     ) -> Call:
-        """Send one exec (``stream``: publish its events; ``replay_of``: the run it replays);
-        the one place a cell's request is built (sync and async callers alike)."""
-        timeout = timeout_s or self.timeout_s
-        request = ExecRequest(
-            exec_id=exec_id or uuid.uuid4().hex,
-            code=code,
-            timeout_s=timeout,
+        """Send one exec (its request: ``exec_request``)."""
+        request = self.exec_request(
+            code,
+            timeout_s,
             max_output_bytes=max_output_bytes,
-            session_id=self.id,
-            epoch=self.epoch,
-            generation=self.generation,
+            exec_id=exec_id,
             stream=stream,
             replay_of=replay_of,
-            calls=self.callbacks.names if self.callbacks is not None else None,
         )
         pending, mark = self.farm.broker.send(
             TASK_EXEC, self.queue, args=[request.model_dump(mode="json")], check=self._check_alive
@@ -173,7 +192,8 @@ class Session:
             mark=mark,
             session_id=self.id,
         )
-        return Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
+        deadline = time.monotonic() + request.timeout_s + QUEUE_WAIT_S
+        return Call(pending, request, deadline, watch)
 
     def collect(self, call: Call) -> ExecResult:
         """Wait for ``call``'s result; a loss of state moves the epoch ``restart`` accepts."""

@@ -153,7 +153,7 @@ class SessionCalls:
         return result
 
     def _command(self, request: CommandRequest, held: HeldSession) -> dict[str, Any]:
-        worker, ids = self.worker, request.exec_id
+        worker, ids = self.worker, (request.exec_id, request.session_id)
         held.last_used = time.monotonic()
         try:
             with worker.kernel() as kernel:
@@ -171,11 +171,10 @@ class SessionCalls:
                 )
         except KernelRequestError as exc:
             kind = ErrorKind.INPUT if exc.code in INPUT_CODES else ErrorKind.SANDBOX_LOST
-            return self._command_failure(ids, request.session_id, kind, "BadRequest", str(exc))
+            return self._command_failure(*ids, kind, "BadRequest", str(exc))
         except KernelError as exc:
             held.lost = f"its sandbox failed during a command ({exc})"
-            lost = ErrorKind.SANDBOX_LOST
-            return self._command_failure(ids, request.session_id, lost, "SessionLost", held.lost)
+            return self._command_failure(*ids, ErrorKind.SANDBOX_LOST, "SessionLost", held.lost)
         held.last_used = time.monotonic()
         result = CommandResult.from_kernel(raw, worker.id, request.timeout_s)
         return result.model_dump(mode="json")
@@ -210,7 +209,11 @@ class SessionCalls:
         except Malformed as exc:
             error = ExecError(ename="InvalidRequest", evalue=str(exc), kind=ErrorKind.INPUT)
             session_id = self._refused(raw, exc).session_id
-            return {"session_id": session_id, "closed": False, "error": error.model_dump()}
+            return {
+                "session_id": session_id,
+                "closed": False,
+                "error": error.model_dump(mode="json"),
+            }
         return self.worker.close_session(request.session_id)
 
     def _held(self, session_id: str, generation: int) -> tuple[HeldSession | None, str]:

@@ -40,7 +40,7 @@ from jupyter_client.blocking.client import BlockingKernelClient
 from jupyter_client.manager import KernelManager
 
 from farm.celeryconf import TASK_ECHO
-from farm.client import Farm, Session, exec_request
+from farm.client import Farm, Session
 from farm.client.broker import release
 from farm.image_name import ImageName
 
@@ -110,8 +110,7 @@ def farm_call(session: Session) -> Callable[[], None]:
 
 def echo_payload(session: Session) -> dict[str, Any]:
     """A request-shaped payload padded so that two trips of it carry farm's request + reply."""
-    request = exec_request(CODE, session.timeout_s, None)
-    request.update(session_id=session.id, epoch=session.epoch, generation=session.generation)
+    request = session.exec_request(CODE).model_dump(mode="json")
     reply = session.run(CODE).model_dump(mode="json", exclude_defaults=True)
     target = (len(json.dumps(request)) + len(json.dumps(reply))) // 2
     payload = dict(request, pad="")

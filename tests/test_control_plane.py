@@ -26,10 +26,10 @@ from farm.celeryconf import TASK_RUN
 from farm.cli.diagnose import broker_checks
 from farm.client import Farm
 from farm.client.broker import release
-from farm.client.session import exec_request
 from farm.errors import BrokerAuthFailed, BrokerUnavailable, InvalidRequest
 from farm.local.embedded import LocalFarm
 from farm.local.redis_server import RedisServer, ServerTLS, free_port
+from farm.models import RunRequest
 from farm.registry import Registry
 from farm.settings import FarmSettings
 from farm.worker.startup import EXIT_REFUSED
@@ -511,11 +511,15 @@ def test_a_worker_takes_no_call_for_another_image(tmp_path: Path) -> None:
     image's one-shot runs (and opened its sessions) in its own sandbox."""
     with LocalFarm({"elsewhere": 1}, backend="process") as local, Farm(local.settings()) as farm:
         (worker,) = farm.workers()
-        call = exec_request("6 * 7", 10.0, None)
-        elsewhere, _ = farm.broker.send(TASK_RUN, "farm.elsewhere", args=[call])
+        call = RunRequest(exec_id="elsewhere", code="6 * 7", timeout_s=10.0)
+        elsewhere, _ = farm.broker.send(
+            TASK_RUN, "farm.elsewhere", args=[call.model_dump(mode="json")]
+        )
         assert elsewhere.get(timeout=30)["worker"] == worker["id"]  # its own: answered
         default, _ = farm.broker.send(
-            TASK_RUN, "farm.default", args=[exec_request("1", 10.0, None)]
+            TASK_RUN,
+            "farm.default",
+            args=[RunRequest(exec_id="default", code="1", timeout_s=10.0).model_dump(mode="json")],
         )
         try:
             assert stays(lambda: not default.ready(), 5.0), default.get(timeout=1)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from farm.celeryconf import TASK_EXEC
-from farm.client import Farm, exec_request
+from farm.client import Farm
 from farm.client.broker import Watch
 from farm.errors import FarmBusy, SandboxUnavailable, SessionLost, StateLost
 from farm.events.run_events import ExecStart
@@ -88,8 +88,7 @@ def test_an_image_no_worker_serves_fails_fast(farm: Farm) -> None:
 def test_a_duplicated_exec_message_runs_the_code_once(farm: Farm) -> None:
     with farm.session() as s:
         s.run("counter = 0")
-        request = exec_request("counter += 1\ncounter", 30, None)
-        request.update(session_id=s.id, epoch=s.epoch, generation=s.generation)
+        request = s.exec_request("counter += 1\ncounter").model_dump(mode="json")
         first = farm.app.send_task(TASK_EXEC, args=[request], queue=s.queue)
         second = farm.app.send_task(TASK_EXEC, args=[request], queue=s.queue)
         results = [p.get(timeout=60) for p in (first, second)]
@@ -268,8 +267,7 @@ def test_a_restarted_worker_never_runs_its_predecessors_messages(own_farm: Farm)
     local.workers[old_worker].wait(30)
     assert wait_for(lambda: own_farm.registry.worker(old_worker) is None, 30)  # heartbeat expired
     # a message left for the dead generation, e.g. sent just before it died
-    request = exec_request("open('/workspace/ran', 'w').write('ran')", 30, None)
-    request.update(session_id=s.id, epoch=s.epoch, generation=s.generation)
+    request = s.exec_request("open('/workspace/ran', 'w').write('ran')").model_dump(mode="json")
     own_farm.app.send_task(TASK_EXEC, args=[request], queue=old_queue)
     # the same worker id comes back: a new generation with a queue of its own
     new_id = local.add_worker("default", FARM_WORKER_ID=old_worker)
@@ -294,8 +292,8 @@ def test_a_crashing_task_is_a_typed_error_and_the_worker_serves_on(farm: Farm) -
     from farm.errors import WorkerFailed
 
     with farm.session() as s:
-        pending = farm.app.send_task(TASK_EXEC, args=[{"no": "fields"}], queue=s.queue)
-        with pytest.raises(WorkerFailed, match="KeyError"):
+        pending = farm.app.send_task(TASK_EXEC, args=[], queue=s.queue)  # no request at all
+        with pytest.raises(WorkerFailed, match="TypeError"):
             farm.broker.wait(pending, time.monotonic() + 60, Watch(worker=(s.worker, s.generation)))
         value = s.run("'still serving'").value
         assert value is not None and value.text == "'still serving'"

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from farm.client.broker import Broker
     from farm.client.hostcall_handlers import Callbacks
     from farm.events.journal import Journal
-    from farm.models import ExecResult, RestoreReport
+    from farm.models import ExecRequest, ExecResult, FileOperation, RestoreReport
 
 
 @dataclass
@@ -25,7 +25,7 @@ class Call:
     (``Session.send`` makes it, ``Session.collect`` waits for it)."""
 
     pending: Any
-    request: dict[str, Any]
+    request: ExecRequest
     deadline: float
     watch: Watch
 
@@ -69,7 +69,8 @@ class Caller(Protocol):
         *,
         max_output_bytes: int | None = None,
         exec_id: str | None = None,
-        **extra: Any,
+        stream: bool = False,
+        replay_of: str | None = None,
     ) -> Call: ...
 
     def collect(self, call: Call) -> ExecResult: ...
@@ -84,4 +85,4 @@ class Caller(Protocol):
 class FileChannel(Protocol):
     """A session as its files see it: one chunk of a file operation, sent and answered."""
 
-    def file_operation(self, request: dict[str, Any]) -> dict[str, Any]: ...
+    def file_operation(self, operation: FileOperation) -> dict[str, Any]: ...

@@ -10,6 +10,7 @@ heartbeat, so a dead worker turns into ``SessionLost`` within seconds instead of
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from farm.client.broker import Broker, Watch
 from farm.client.hostcall_handlers import Callbacks
 from farm.client.mapping import MapRun
 from farm.client.opening import Answers, open_once
-from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session, exec_request
+from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session
 from farm.egress.policy import PolicyError, parse_rules
 from farm.errors import (
     BrokerLost,
@@ -35,7 +36,7 @@ from farm.events.run_events import Event
 from farm.image_name import ImageName
 from farm.judge import problems
 from farm.judge.front import ProblemRef, judge_one
-from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused
+from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused, RunRequest
 from farm.models.batch import BatchItem
 from farm.models.judge import JudgeResult
 from farm.registry import Registry, chunks_key
@@ -283,13 +284,14 @@ class Farm:
         """
         name, wanted, hosts = ImageName.parse(image), _limits(limits), _egress(egress)
         for attempt in range(retries + 1):
-            request = exec_request(
-                code, timeout_s, max_output_bytes, exec_id if not attempt else None
+            request = RunRequest(
+                exec_id=(exec_id if not attempt else None) or uuid.uuid4().hex,
+                code=code,
+                timeout_s=timeout_s,
+                max_output_bytes=max_output_bytes,
+                limits=wanted,
+                egress=hosts,
             )
-            if wanted:
-                request["limits"] = wanted
-            if hosts:
-                request["egress"] = hosts
             try:
                 self.require_image(name)
                 raw = self._run_reply(name, request, timeout_s)
@@ -305,40 +307,40 @@ class Farm:
                     ErrorKind.SANDBOX_LOST,
                     "SessionLost",
                     str(exc),
-                    exec_id=request["exec_id"],
+                    exec_id=request.exec_id,
                     worker=exc.worker,
                 )
             except (BrokerLost, BrokerUnavailable) as exc:  # no retry: the broker is gone
                 if isinstance(exc, BrokerUnavailable) and not exc.sent:
                     raise
                 return ExecResult.failure(
-                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
+                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request.exec_id
                 )
             except WorkerFailed as exc:
                 result = ExecResult.failure(
-                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
+                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request.exec_id
                 )
             if result.kind not in RETRYABLE or attempt == retries or self._started(request):
                 return result
         raise AssertionError("unreachable")
 
-    def _run_reply(
-        self, name: ImageName, request: dict[str, Any], timeout_s: float
-    ) -> dict[str, Any]:
+    def _run_reply(self, name: ImageName, request: RunRequest, timeout_s: float) -> dict[str, Any]:
         """A worker's answer to a one-shot run, asked again after a pause while the worker
         that took it had no room for its box (nothing ran), for up to ``open_wait_s``: then
         the last busy reply. A call sent that stays unanswered is ``FarmBusy`` (an ``infra``
         result for the caller: it may have run)."""
         deadline = time.monotonic() + self.settings.open_wait_s
         for backoff in delays(0.05, 1.0):
-            request["wait_s"] = max(deadline - time.monotonic(), 0.0)
-            pending, mark = self.broker.send(TASK_RUN, name.queue, args=[request])
-            watch = Watch(exec_id=request["exec_id"], mark=mark)
+            request.wait_s = max(deadline - time.monotonic(), 0.0)
+            pending, mark = self.broker.send(
+                TASK_RUN, name.queue, args=[request.model_dump(mode="json")]
+            )
+            watch = Watch(exec_id=request.exec_id, mark=mark)
             try:
                 raw = self.broker.wait(pending, time.monotonic() + timeout_s + QUEUE_WAIT_S, watch)
             except FarmBusy as exc:  # sent, never answered: it may have run
                 return ExecResult.failure(
-                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request["exec_id"]
+                    ErrorKind.INFRA, type(exc).__name__, str(exc), exec_id=request.exec_id
                 ).model_dump(mode="json")
             if not raw.get("busy") or time.monotonic() + backoff > deadline:
                 return raw
@@ -405,12 +407,10 @@ class Farm:
             return self.broker.call(lambda: problems.put(redis, problem), sent=False)
         return self.broker.call(lambda: self._uploads.put(redis, problem), sent=False)
 
-    def _started(self, request: dict[str, Any]) -> bool:
+    def _started(self, request: RunRequest) -> bool:
         """Whether a worker claimed ``request`` (may have run it); unknown counts as yes."""
         try:
-            record = self.broker.call(
-                lambda: self.registry.exec_record(request["exec_id"]), sent=True
-            )
+            record = self.broker.call(lambda: self.registry.exec_record(request.exec_id), sent=True)
         except BrokerUnavailable:
             return True
         return record is not None

@@ -23,7 +23,18 @@ from farm.client.hostcall_handlers import Callbacks
 from farm.client.session_files import SessionFiles
 from farm.client.stream import EventStream
 from farm.errors import FarmBusy, SessionLost, StateLost
-from farm.models import CommandResult, ErrorKind, ExecResult, Opened, RestoreReport
+from farm.models import (
+    CloseRequest,
+    CommandRequest,
+    CommandResult,
+    ErrorKind,
+    ExecRequest,
+    ExecResult,
+    FileOperation,
+    FileRequest,
+    Opened,
+    RestoreReport,
+)
 
 if TYPE_CHECKING:
     from farm.client.farm import Farm
@@ -31,22 +42,6 @@ if TYPE_CHECKING:
 QUEUE_WAIT_S = 600.0
 INLINE_STDIN = 16 * 1024 * 1024  # a command's stdin past this is staged in the box first
 OnStateLost = Literal["raise", "replay"]
-
-
-def exec_request(
-    code: str, timeout_s: float, max_output_bytes: int | None, exec_id: str | None = None
-) -> dict[str, Any]:
-    """The one place an exec message is built (sync and async callers alike). A caller's own
-    ``exec_id`` makes a retried call idempotent: the worker's claim runs an id's code once and
-    answers a second delivery with the first one's result."""
-    request: dict[str, Any] = {
-        "code": code,
-        "timeout_s": timeout_s,
-        "exec_id": exec_id or uuid.uuid4().hex,
-    }
-    if max_output_bytes is not None:
-        request["max_output_bytes"] = max_output_bytes
-    return request
 
 
 class Session:
@@ -117,7 +112,8 @@ class Session:
         exec_id: str | None = None,
     ) -> ExecResult:
         """Run ``code``; an ``exec_id`` of the caller's makes a retry of the same call return
-        the first one's result instead of running the code again (``exec_request``)."""
+        the first one's result instead of running the code again (the worker's claim runs an
+        id's code once and answers a second delivery with the first one's result)."""
         if self.callbacks is not None:  # its calls arrive as events: read them to answer
             stream = self.stream(code, timeout_s, max_output_bytes=max_output_bytes)
             for _ in stream:
@@ -143,6 +139,31 @@ class Session:
 
     # --- the calls' three steps: also used by farm.client.stream and farm.client.journal_replay ---
 
+    def exec_request(
+        self,
+        code: str,
+        timeout_s: float | None = None,
+        *,
+        max_output_bytes: int | None = None,
+        exec_id: str | None = None,
+        stream: bool = False,
+        replay_of: str | None = None,
+    ) -> ExecRequest:
+        """The one place a cell's request is built (sync and async callers alike): ``stream``
+        publishes its events, ``replay_of`` names the run it replays."""
+        return ExecRequest(
+            exec_id=exec_id or uuid.uuid4().hex,
+            code=code,
+            timeout_s=timeout_s or self.timeout_s,
+            max_output_bytes=max_output_bytes,
+            session_id=self.id,
+            epoch=self.epoch,
+            generation=self.generation,
+            stream=stream,
+            replay_of=replay_of,
+            calls=self.callbacks.names if self.callbacks is not None else None,
+        )
+
     def send(
         self,
         code: str,
@@ -150,24 +171,29 @@ class Session:
         *,
         max_output_bytes: int | None = None,
         exec_id: str | None = None,
-        **extra: Any,
+        stream: bool = False,
+        replay_of: str | None = None,
     ) -> Call:
-        """Send one exec (``extra``: ``stream``, ``replay_of``); the one place it is built."""
-        timeout = timeout_s or self.timeout_s
-        request = exec_request(code, timeout, max_output_bytes, exec_id)
-        request.update(session_id=self.id, epoch=self.epoch, generation=self.generation, **extra)
-        if self.callbacks is not None:
-            request["calls"] = self.callbacks.names
+        """Send one exec (its request: ``exec_request``)."""
+        request = self.exec_request(
+            code,
+            timeout_s,
+            max_output_bytes=max_output_bytes,
+            exec_id=exec_id,
+            stream=stream,
+            replay_of=replay_of,
+        )
         pending, mark = self.farm.broker.send(
-            TASK_EXEC, self.queue, args=[request], check=self._check_alive
+            TASK_EXEC, self.queue, args=[request.model_dump(mode="json")], check=self._check_alive
         )
         watch = Watch(
             worker=(self.worker, self.generation),
-            exec_id=request["exec_id"],
+            exec_id=request.exec_id,
             mark=mark,
             session_id=self.id,
         )
-        return Call(pending, request, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
+        deadline = time.monotonic() + request.timeout_s + QUEUE_WAIT_S
+        return Call(pending, request, deadline, watch)
 
     def collect(self, call: Call) -> ExecResult:
         """Wait for ``call``'s result; a loss of state moves the epoch ``restart`` accepts."""
@@ -215,24 +241,30 @@ class Session:
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         timeout = timeout_s or self.timeout_s
         exec_id = exec_id or uuid.uuid4().hex
-        request: dict[str, Any] = {
-            "exec_id": exec_id,
-            "session_id": self.id,
-            "generation": self.generation,
-            "argv": argv,
-            "timeout_s": timeout,
-            "cwd": cwd,
-            "env": dict(env or {}),
-            "max_output_bytes": max_output_bytes,
-        }
         data = input.encode() if isinstance(input, str) else input
+        stdin = stdin_path = None
         if data is not None and len(data) <= INLINE_STDIN:
-            request["stdin"] = base64.b64encode(data).decode("ascii")
+            stdin = base64.b64encode(data).decode("ascii")
         elif data is not None:
-            request["stdin_path"] = f".farm-stdin-{exec_id}"
-            self.files.write(request["stdin_path"], data)
+            stdin_path = f".farm-stdin-{exec_id}"
+            self.files.write(stdin_path, data)
+        request = CommandRequest(
+            exec_id=exec_id,
+            session_id=self.id,
+            generation=self.generation,
+            argv=argv,
+            timeout_s=timeout,
+            cwd=cwd,
+            env=dict(env or {}),
+            max_output_bytes=max_output_bytes,
+            stdin=stdin,
+            stdin_path=stdin_path,
+        )
         pending, mark = self.farm.broker.send(
-            TASK_COMMAND, self.queue, args=[request], check=self._check_alive
+            TASK_COMMAND,
+            self.queue,
+            args=[request.model_dump(mode="json")],
+            check=self._check_alive,
         )
         watch = Watch((self.worker, self.generation), exec_id, mark, self.id)
         raw = self.farm.broker.wait(pending, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
@@ -241,11 +273,13 @@ class Session:
             raise SessionLost(self.id, self.worker, result.error.evalue if result.error else "")
         return result
 
-    def file_operation(self, request: dict[str, Any]) -> dict[str, Any]:
+    def file_operation(self, operation: FileOperation) -> dict[str, Any]:
         """One chunk of a file operation (``farm.client.session_files`` builds them)."""
-        request = {**request, "session_id": self.id, "generation": self.generation}
+        request = FileRequest(
+            **operation.model_dump(), session_id=self.id, generation=self.generation
+        )
         pending, mark = self.farm.broker.send(
-            TASK_FILE, self.queue, args=[request], check=self._check_alive
+            TASK_FILE, self.queue, args=[request.model_dump(mode="json")], check=self._check_alive
         )
         watch = Watch((self.worker, self.generation), None, mark, self.id)
         reply: dict[str, Any] = self.farm.broker.wait(
@@ -270,7 +304,10 @@ class Session:
     def _close_on_worker(self) -> None:
         if not self.farm.registry.worker_alive(self.worker, self.generation):
             return  # its sessions went with it
-        pending = self.farm.app.send_task(TASK_CLOSE, args=[self.id], queue=self.queue)
+        request = CloseRequest(session_id=self.id)
+        pending = self.farm.app.send_task(
+            TASK_CLOSE, args=[request.model_dump(mode="json")], queue=self.queue
+        )
         owner = (self.worker, self.generation)
         with contextlib.suppress(SessionLost, FarmBusy):  # the worker died or hangs meanwhile
             watch = Watch(worker=owner, session_id=self.id)

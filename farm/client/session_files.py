@@ -19,28 +19,29 @@ import tarfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from farm.errors import FileOperationError
+from farm.models import FileOperation
+from farm.models.worker_requests import FileScope
 
 if TYPE_CHECKING:
     from farm.client.exec_call import FileChannel
+    from farm.kernel.wire.protocol import FileOp
 
 CHUNK = 4 * 1024 * 1024
-Scope = Literal["workspace", "box"]
 
 
 class SessionFiles:
     """``session.files``: the session's workspace (``/workspace/box-N`` in a docker sandbox)."""
 
-    def __init__(self, session: FileChannel, scope: Scope = "workspace") -> None:
+    def __init__(self, session: FileChannel, scope: FileScope = "workspace") -> None:
         self.session = session
         self.scope = scope
 
-    def _op(self, op: str, path: str, **fields: Any) -> Any:
-        reply = self.session.file_operation(
-            {"op": op, "path": str(path), "scope": self.scope, **fields}
-        )
+    def _op(self, op: FileOp, path: str, **fields: Any) -> Any:
+        operation = FileOperation(op=op, path=str(path), scope=self.scope, **fields)
+        reply = self.session.file_operation(operation)
         error = reply.get("error")
         if error:
             raise FileOperationError(

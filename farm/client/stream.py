@@ -51,7 +51,7 @@ class EventStream:
     def _events(self) -> Iterator[Event]:
         session, farm = self.session, self.session.farm
         call = session.send(self.code, self.timeout_s, stream=True, **self.kwargs)
-        exec_id = call.request["exec_id"]
+        exec_id = call.request.exec_id
         seen_start, seen_end, done, seq, after, calls = False, False, False, 0, "0", 0
         end = call.deadline
 

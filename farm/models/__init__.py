@@ -3,12 +3,13 @@
 The kernel's frames are its own ``TypedDict``s (``farm.kernel.wire.protocol``), which the host
 checks with ``frames``; the models here are what callers get: ``ExecResult`` is what
 ``Session.run`` returns. Modules: ``results`` (runs, kinds, box limits, restores), ``replies``
-(a worker's answers to a session open), ``sandboxes`` (what a sandbox is and how it is doing),
+(a worker's answers to a session open), ``worker_requests`` (what a client asks of a worker,
+checked on arrival), ``sandboxes`` (what a sandbox is and how it is doing),
 ``batch`` (the items and records of ``Farm.map`` and sweeps), ``frames`` (kernel frames).
 """
 
 from farm.models.model_base import Model
-from farm.models.replies import Busy, Opened, OpenRequest, Refused
+from farm.models.replies import Busy, Opened, Refused
 from farm.models.results import (
     BoxLimits,
     CallAnswer,
@@ -22,24 +23,47 @@ from farm.models.results import (
     Value,
 )
 from farm.models.sandboxes import BoxCapacity, SandboxHealth, SandboxInfo
+from farm.models.worker_requests import (
+    CellRequest,
+    CloseRequest,
+    CommandRequest,
+    ExecRequest,
+    FileOperation,
+    FileRequest,
+    Malformed,
+    OpenRequest,
+    RunRequest,
+    WorkerRequest,
+    arrived,
+)
 
 __all__ = [
     "BoxLimits",
     "Busy",
     "CallAnswer",
+    "CellRequest",
+    "CloseRequest",
+    "CommandRequest",
     "CommandResult",
     "ErrorKind",
     "ExecError",
+    "ExecRequest",
     "ExecResult",
+    "FileOperation",
+    "FileRequest",
+    "Malformed",
     "Model",
     "OpenRequest",
     "Opened",
     "Refused",
     "ReplayedCell",
     "RestoreReport",
+    "RunRequest",
     "BoxCapacity",
     "SandboxHealth",
     "SandboxInfo",
     "SubCall",
     "Value",
+    "WorkerRequest",
+    "arrived",
 ]

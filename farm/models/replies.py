@@ -1,29 +1,13 @@
-"""A session open as it waits for a worker (``OpenRequest``), and the worker's answers:
-``Opened``, ``Refused`` (never ask again) or ``Busy`` (ask again, elsewhere). Kernel frames are
-not here: they are the kernel's ``TypedDict``s (``farm.kernel.wire.protocol``), checked by
+"""A worker's answers to a session open (``worker_requests.OpenRequest``): ``Opened``,
+``Refused`` (never ask again) or ``Busy`` (ask again, elsewhere). Kernel frames are not here:
+they are the kernel's ``TypedDict``s (``farm.kernel.wire.protocol``), checked by
 ``farm.models.frames``."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
-
 from farm.models.model_base import Model
-
-
-class OpenRequest(Model):
-    """A session open, queued on its image's list of opens (``registry.opens_key``) until a
-    worker has room for its box; the answer goes to the list ``reply``. The worker that takes
-    it claims ``open_id`` first: an id its client abandoned opens nothing."""
-
-    open_id: str
-    reply: str = Field(description="the Redis list of its client's answers (each names its open)")
-    tools: bool = True
-    limits: dict[str, int] | None = None
-    egress: list[str] | None = None
-    sent_at: float = Field(description="the client's time.time() as it was queued")
-    deadline: float = Field(description="time.time() past which no worker opens it")
 
 
 class Opened(Model):

@@ -20,7 +20,7 @@ from farm.backoff import delays
 from farm.broker_errors import BROKER_DOWN
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.kernel.wire.protocol import INPUT_CODES, CellEvent
-from farm.models import ErrorKind, ExecResult
+from farm.models import ErrorKind, ExecRequest, ExecResult
 from farm.models.batch import Chunk, ChunkItem, ItemDone
 from farm.models.frames import ItemResults
 from farm.registry import ITEM_CLAIM_S, cancel_key
@@ -232,15 +232,19 @@ class BatchRunner:
         worker = self.worker
         session_id = uuid.uuid4().hex
         done = ItemDone(key=item.key, exec_id=item.exec_id, worker=worker.id, session_id=session_id)
-        recorders = {
-            f"{item.exec_id}-{n}": ExecRecorder(
-                worker.journal,
-                {"exec_id": f"{item.exec_id}-{n}", "session_id": session_id, "code": code},
-                worker.id,
+        cells = [  # recorded as a session's cells are, when the map keeps a journal (sweeps)
+            ExecRequest(
+                exec_id=f"{item.exec_id}-{n}",
+                session_id=session_id,
+                code=code,
+                timeout_s=item.timeout_s,
+                epoch=0,
+                generation=worker.generation,
             )
             for n, code in enumerate(item.cells)
-            if chunk.journal  # the item's journal, for sweeps that keep it
-        }
+            if chunk.journal
+        ]
+        recorders = {c.exec_id: ExecRecorder(worker.journal, c, worker.id) for c in cells}
 
         def on_event(exec_id: str, event: CellEvent) -> None:
             recorder = recorders.get(exec_id)

@@ -20,7 +20,7 @@ from farm.events.journal import answer_key
 from farm.events.run_events import Event, HostCall
 from farm.kernel.repl.hostcall_stubs import MAX_ANSWER_BYTES
 from farm.kernel.wire.protocol import CallEvent
-from farm.models import CallAnswer, SubCall
+from farm.models import CallAnswer, ExecRequest, SubCall
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,12 @@ SLACK_S = 2.0  # past the cell's timeout, the kernel has answered the call itsel
 
 
 class HostCalls:
-    def __init__(self, client: redis.Redis, request: dict[str, Any], live: bool) -> None:
+    def __init__(self, client: redis.Redis, request: ExecRequest, live: bool) -> None:
         self.redis = client
         self.request = request
-        self.allowed = set(request.get("calls") or [])
+        self.allowed = set(request.calls or [])
         self.live = live
-        self.deadline = time.monotonic() + float(request.get("timeout_s", 30.0)) + SLACK_S
+        self.deadline = time.monotonic() + request.timeout_s + SLACK_S
         self.records: list[SubCall] = []
 
     def answer(
@@ -76,7 +76,7 @@ class HostCalls:
         return answer.model_dump(include={"ok", "value", "error"}, exclude_none=True)
 
     def _wait(self, call_id: int) -> CallAnswer:
-        key = answer_key(self.request["exec_id"], call_id)
+        key = answer_key(self.request.exec_id, call_id)
         while (left := self.deadline - time.monotonic()) > 0:
             reply = self.redis.blpop([key], timeout=max(1, min(BLOCK_S, int(left))))
             if reply is not None:

@@ -26,18 +26,18 @@ from farm.events.run_events import (
     closing_events,
 )
 from farm.kernel.wire.protocol import CellEvent
-from farm.models import Value
+from farm.models import ExecRequest, Value
 from farm.worker.hostcalls import HostCalls
 
 log = logging.getLogger(__name__)
 
 
 class ExecRecorder:
-    def __init__(self, journal: Journal, request: dict[str, Any], worker_id: str) -> None:
+    def __init__(self, journal: Journal, request: ExecRequest, worker_id: str) -> None:
         self.journal = journal
         self.request = request
         self.worker_id = worker_id
-        self.live = bool(request.get("stream"))
+        self.live = request.stream
         self.seq = 0
         self.started = False  # the kernel said the code started
         self.held: list[Event] = []  # ExecStart, until something else is published
@@ -53,8 +53,8 @@ class ExecRecorder:
 
     def _next(self) -> dict[str, Any]:
         fields = {
-            "exec_id": self.request["exec_id"],
-            "session_id": self.request.get("session_id", ""),
+            "exec_id": self.request.exec_id,
+            "session_id": self.request.session_id,
             "seq": self.seq,
             "ts": time.time(),
         }
@@ -64,10 +64,10 @@ class ExecRecorder:
     def _start(self) -> ExecStart:
         return ExecStart(
             **self._common(),
-            code=self.request["code"],
-            epoch=int(self.request.get("epoch", 0)),
+            code=self.request.code,
+            epoch=self.request.epoch,
             worker=self.worker_id,
-            replay_of=self.request.get("replay_of"),
+            replay_of=self.request.replay_of,
         )
 
     def _slim(self, event: Event) -> Event:
@@ -106,8 +106,8 @@ class ExecRecorder:
         except Exception as exc:
             log.warning(
                 "exec %s of session %s on worker %s: events not published: %s",
-                self.request["exec_id"],
-                self.request.get("session_id"),
+                self.request.exec_id,
+                self.request.session_id,
                 self.worker_id,
                 exc,
             )
@@ -130,7 +130,7 @@ class ExecRecorder:
                 value = Value.model_validate(event["value"])
                 self._publish([Display(**self._common(), value=value)])
         except (KeyError, TypeError, ValueError) as exc:  # a malformed event is dropped
-            log.warning("exec %s: bad kernel event %r: %s", self.request["exec_id"], kind, exc)
+            log.warning("exec %s: bad kernel event %r: %s", self.request.exec_id, kind, exc)
             if kind == "call":  # the cell waits for an answer: never leave it hanging
                 return {"ok": False, "error": {"ename": "CallbackError", "evalue": "bad call"}}
         return None
@@ -148,8 +148,8 @@ class ExecRecorder:
         worker = result.get("worker") or self.worker_id
         closing = closing_events(
             {**result, "worker": worker},
-            exec_id=self.request["exec_id"],
-            session_id=self.request.get("session_id", ""),
+            exec_id=self.request.exec_id,
+            session_id=self.request.session_id,
             seq=self.seq,
             ts=time.time(),
             ran=self.started,

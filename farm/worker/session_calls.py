@@ -1,25 +1,38 @@
 """``SessionCalls``: a worker's calls on its sessions — cells, commands, files, one-shot runs.
 
-Each call is claimed before it runs (its ``exec_id``, in Redis), so a redelivered or duplicated
+Each request is checked against its model on arrival (``farm.models.worker_requests``). Each
+call is claimed before it runs (its ``exec_id``, in Redis), so a redelivered or duplicated
 message returns the first delivery's result instead of running twice; a call whose session is
 gone (closed, expired, its sandbox replaced) gets ``sandbox_lost``, never a run in a fresh one;
-bad input (a cell too large for a frame, limits over the sandbox's caps) gets ``input`` and the
-session lives on. Cells and commands are recorded (``ExecRecorder``: the session's journal and
-live stream); file operations are not (they carry data, not code).
+bad input (a malformed request, a cell too large for a frame, limits over the sandbox's caps)
+gets ``input`` and the worker and session live on. Cells and commands are recorded
+(``ExecRecorder``: the session's journal and live stream); file operations are not.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
+from errno import EINVAL
 from typing import TYPE_CHECKING, Any
 
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
 from farm.kernel.wire.protocol import INPUT_CODES
-from farm.models import CommandResult, ErrorKind, ExecError, ExecResult
+from farm.models import (
+    CloseRequest,
+    CommandRequest,
+    CommandResult,
+    ErrorKind,
+    ExecError,
+    ExecRequest,
+    ExecResult,
+    FileRequest,
+    Malformed,
+    RunRequest,
+    arrived,
+)
 from farm.worker import metrics
 from farm.worker.box_gate import OPEN_WAIT_S
 from farm.worker.recorder import ExecRecorder
@@ -37,13 +50,20 @@ class SessionCalls:
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 
-    def execute(self, request: dict[str, Any]) -> dict[str, Any]:
-        exec_id = request["exec_id"]
-        if request.get("generation", self.worker.generation) != self.worker.generation:
+    def execute(self, raw: object) -> dict[str, Any]:
+        """A cell in a session (``farm.exec``)."""
+        try:
+            request = arrived(ExecRequest, raw)
+        except Malformed as exc:
+            return self._refused(raw, exc).model_dump(mode="json")
+        return self._execute(request)
+
+    def _execute(self, request: ExecRequest) -> dict[str, Any]:
+        exec_id = request.exec_id
+        if request.generation != self.worker.generation:
             return self._lost(request, "the worker generation this call was sent to is gone")
-        timeout_s = float(request.get("timeout_s") or 0)
         claim = self.worker.registry.claim_exec(
-            exec_id, self.worker.id, self.worker.generation, timeout_s
+            exec_id, self.worker.id, self.worker.generation, request.timeout_s
         )
         if claim is not None:
             return self._recorded(exec_id, claim, request)
@@ -53,7 +73,7 @@ class SessionCalls:
         recorder.finish(result)  # the record is complete before anyone sees the result
         refresh = None
         if held is not None:  # the kernel ran it: the session lives on, at this epoch
-            refresh = self.worker.session_entry(request["session_id"], held.epoch)
+            refresh = self.worker.session_entry(request.session_id, held.epoch)
         self.worker.registry.finish_exec(exec_id, result, session=refresh)
         metrics.observe_exec(
             result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0
@@ -61,10 +81,10 @@ class SessionCalls:
         return result
 
     def _execute_claimed(
-        self, request: dict[str, Any], recorder: ExecRecorder
+        self, request: ExecRequest, recorder: ExecRecorder
     ) -> tuple[dict[str, Any], HeldSession | None]:
         """The result, and the session when its kernel ran the call (else ``None``)."""
-        session_id = request["session_id"]
+        session_id = request.session_id
         held = self.worker.sessions.get(session_id)
         if held is None:
             why = f"worker {self.worker.id} holds no session {session_id} (closed or expired)"
@@ -74,7 +94,7 @@ class SessionCalls:
         if held.sandbox_generation != self.worker.keeper.generation:
             return self._lost(request, "its sandbox was replaced"), None
         held.last_used = time.monotonic()
-        refused = _oversized(request["code"])
+        refused = _oversized(request.code)
         if refused is not None:
             return self._failure(request, ErrorKind.INPUT, "InputTooLarge", refused), held
         self.worker.egress.running(session_id, recorder)
@@ -82,14 +102,14 @@ class SessionCalls:
             with self.worker.kernel() as kernel:
                 raw = kernel.execute(
                     session_id,
-                    request["code"],
-                    epoch=request["epoch"],
-                    timeout_s=request["timeout_s"],
-                    exec_id=request["exec_id"],
-                    max_output_bytes=request.get("max_output_bytes"),
+                    request.code,
+                    epoch=request.epoch,
+                    timeout_s=request.timeout_s,
+                    exec_id=request.exec_id,
+                    max_output_bytes=request.max_output_bytes,
                     grace_s=self.worker.settings.limits.grace_s,
                     on_event=recorder.on_kernel_event,
-                    calls=request.get("calls"),
+                    calls=request.calls,
                 )
         except KernelRequestError as exc:
             if exc.code in INPUT_CODES:  # nothing ran; the session and its variables live on
@@ -105,75 +125,101 @@ class SessionCalls:
         held.last_used = time.monotonic()
         return {**raw, "worker": self.worker.id}, held
 
-    def command(self, request: dict[str, Any]) -> dict[str, Any]:
+    def command(self, raw: object) -> dict[str, Any]:
         """Run a command in the session's box (``session.exec``), claimed like a cell."""
         worker = self.worker
-        exec_id = request["exec_id"]
-        timeout_s = float(request.get("timeout_s") or 0)
-        claim = worker.registry.claim_exec(exec_id, worker.id, worker.generation, timeout_s)
+        try:
+            request = arrived(CommandRequest, raw)
+        except Malformed as exc:
+            refused = self._refused(raw, exc)
+            return self._command_failure(
+                refused.exec_id, refused.session_id, ErrorKind.INPUT, "InvalidRequest", str(exc)
+            )
+        exec_id = request.exec_id
+        claim = worker.registry.claim_exec(exec_id, worker.id, worker.generation, request.timeout_s)
         if claim is not None:
             return self._recorded(exec_id, claim, request)
-        held, why = self._held(request)
+        held, why = self._held(request.session_id, request.generation)
         if held is None:
-            result = self._command_failure(request, ErrorKind.SANDBOX_LOST, "SessionLost", why)
+            result = self._command_failure(
+                exec_id, request.session_id, ErrorKind.SANDBOX_LOST, "SessionLost", why
+            )
         else:
             result = self._command(request, held)
         refresh = None
         if held is not None:
-            refresh = worker.session_entry(request["session_id"], held.epoch)
+            refresh = worker.session_entry(request.session_id, held.epoch)
         worker.registry.finish_exec(exec_id, result, session=refresh)
         return result
 
-    def _command(self, request: dict[str, Any], held: HeldSession) -> dict[str, Any]:
-        worker = self.worker
+    def _command(self, request: CommandRequest, held: HeldSession) -> dict[str, Any]:
+        worker, ids = self.worker, (request.exec_id, request.session_id)
         held.last_used = time.monotonic()
         try:
             with worker.kernel() as kernel:
                 raw = kernel.command(
-                    request["session_id"],
-                    list(request["argv"]),
-                    exec_id=request["exec_id"],
-                    timeout_s=float(request["timeout_s"]),
-                    stdin=base64.b64decode(request["stdin"]) if request.get("stdin") else None,
-                    stdin_path=request.get("stdin_path"),
-                    cwd=request.get("cwd"),
-                    env=request.get("env"),
-                    max_output_bytes=request.get("max_output_bytes"),
+                    request.session_id,
+                    request.argv,
+                    exec_id=request.exec_id,
+                    timeout_s=request.timeout_s,
+                    stdin=request.stdin_bytes(),
+                    stdin_path=request.stdin_path,
+                    cwd=request.cwd,
+                    env=request.env,
+                    max_output_bytes=request.max_output_bytes,
                     grace_s=worker.settings.limits.grace_s,
                 )
         except KernelRequestError as exc:
             kind = ErrorKind.INPUT if exc.code in INPUT_CODES else ErrorKind.SANDBOX_LOST
-            return self._command_failure(request, kind, "BadRequest", str(exc))
+            return self._command_failure(*ids, kind, "BadRequest", str(exc))
         except KernelError as exc:
             held.lost = f"its sandbox failed during a command ({exc})"
-            return self._command_failure(request, ErrorKind.SANDBOX_LOST, "SessionLost", held.lost)
+            return self._command_failure(*ids, ErrorKind.SANDBOX_LOST, "SessionLost", held.lost)
         held.last_used = time.monotonic()
-        result = CommandResult.from_kernel(raw, worker.id, float(request["timeout_s"]))
+        result = CommandResult.from_kernel(raw, worker.id, request.timeout_s)
         return result.model_dump(mode="json")
 
-    def file(self, request: dict[str, Any]) -> dict[str, Any]:
+    def file(self, raw: object) -> dict[str, Any]:
         """One chunk of a file operation (``session.files``): not claimed, not journaled; a
         chunk that runs twice writes the same bytes at the same offset."""
-        held, why = self._held(request)
+        try:
+            request = arrived(FileRequest, raw)
+        except Malformed as exc:
+            self._refused(raw, exc)
+            error = {"ename": "InvalidRequest", "evalue": str(exc), "errno": EINVAL, "path": ""}
+            return {"result": None, "error": {**error, "kind": ErrorKind.INPUT.value}}
+        held, why = self._held(request.session_id, request.generation)
         if held is None:
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
-        fields = {
-            k: v for k, v in request.items() if k not in ("session_id", "op", "path", "generation")
-        }
         try:
             with self.worker.kernel() as kernel:
-                reply = kernel.file(request["session_id"], request["op"], request["path"], **fields)
+                reply = kernel.file(
+                    request.session_id, request.op, request.path, **request.kernel_fields()
+                )
         except KernelError as exc:
             why = f"its sandbox failed during a file operation ({exc})"
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
         held.last_used = time.monotonic()
         return {"result": reply["result"], "error": reply["error"]}
 
-    def _held(self, request: dict[str, Any]) -> tuple[HeldSession | None, str]:
+    def close(self, raw: object) -> dict[str, Any]:
+        """Close a session (``farm.close_session``): ``closed`` says whether it was held."""
+        try:
+            request = arrived(CloseRequest, raw)
+        except Malformed as exc:
+            error = ExecError(ename="InvalidRequest", evalue=str(exc), kind=ErrorKind.INPUT)
+            session_id = self._refused(raw, exc).session_id
+            return {
+                "session_id": session_id,
+                "closed": False,
+                "error": error.model_dump(mode="json"),
+            }
+        return self.worker.close_session(request.session_id)
+
+    def _held(self, session_id: str, generation: int) -> tuple[HeldSession | None, str]:
         """The session a call names, if this worker generation still holds it live."""
         worker = self.worker
-        session_id = request["session_id"]
-        if request.get("generation", worker.generation) != worker.generation:
+        if generation != worker.generation:
             return (
                 None,
                 f"session {session_id} on worker {worker.id}: its worker generation is gone",
@@ -188,46 +234,39 @@ class SessionCalls:
         return held, ""
 
     def _command_failure(
-        self, request: dict[str, Any], kind: ErrorKind, ename: str, evalue: str
+        self, exec_id: str, session_id: str, kind: ErrorKind, ename: str, evalue: str
     ) -> dict[str, Any]:
         error = ExecError(ename=ename, evalue=evalue, kind=kind)
         return CommandResult(
-            exec_id=request["exec_id"],
-            session_id=request.get("session_id", ""),
-            worker=self.worker.id,
-            error=error,
+            exec_id=exec_id, session_id=session_id, worker=self.worker.id, error=error
         ).model_dump(mode="json")
 
-    def run_once(self, request: dict[str, Any]) -> dict[str, Any]:
+    def run_once(self, raw: object) -> dict[str, Any]:
         """A one-shot run: a fresh session for this code alone, closed afterwards; the busy
         reply of its open when there was no room in time (nothing ran: the client asks
         again)."""
+        try:
+            request = arrived(RunRequest, raw)
+        except Malformed as exc:
+            return self._refused(raw, exc).model_dump(mode="json")
         opened = self.worker.opens.for_run(
-            request.get("limits"),
-            request.get("egress"),
-            float(request.get("wait_s") or OPEN_WAIT_S),
+            request.limits, request.egress, request.wait_s or OPEN_WAIT_S
         )
         if opened.get("refused"):
             return self._failure(request, ErrorKind.INPUT, "InvalidRequest", opened["reason"])
         if opened.get("busy"):
             return opened
         try:
-            return self.execute(
-                {
-                    **request,
-                    "session_id": opened["session_id"],
-                    "epoch": opened["epoch"],
-                    "generation": self.worker.generation,
-                }
-            )
+            cell = request.in_session(opened["session_id"], opened["epoch"], self.worker.generation)
+            return self._execute(cell)
         finally:
             self.worker.close_session(opened["session_id"])
 
     def _recorded(
-        self, exec_id: str, record: dict[str, Any], request: dict[str, Any]
+        self, exec_id: str, record: dict[str, Any], request: ExecRequest | CommandRequest
     ) -> dict[str, Any]:
         """A duplicate delivery: return the first delivery's result, never run again."""
-        deadline = time.monotonic() + float(request["timeout_s"]) + 60
+        deadline = time.monotonic() + request.timeout_s + 60
         while record.get("state") != "done":
             if time.monotonic() > deadline:
                 return self._failure(
@@ -247,25 +286,46 @@ class SessionCalls:
         return result
 
     def _failure(
-        self, request: dict[str, Any], kind: ErrorKind, ename: str, evalue: str
+        self,
+        request: ExecRequest | RunRequest | CommandRequest,
+        kind: ErrorKind,
+        ename: str,
+        evalue: str,
     ) -> dict[str, Any]:
+        session_id = "" if isinstance(request, RunRequest) else request.session_id
         return ExecResult.failure(
             kind,
             ename,
             evalue,
-            exec_id=request["exec_id"],
-            session_id=request.get("session_id", ""),
-            epoch=request.get("epoch", 0),
+            exec_id=request.exec_id,
+            session_id=session_id,
+            epoch=request.epoch if isinstance(request, ExecRequest) else 0,
             worker=self.worker.id,
             state_lost=kind == ErrorKind.SANDBOX_LOST,
         ).model_dump(mode="json")
 
-    def _lost(self, request: dict[str, Any], why: str) -> dict[str, Any]:
+    def _lost(self, request: ExecRequest | CommandRequest, why: str) -> dict[str, Any]:
         return self._failure(
             request,
             ErrorKind.SANDBOX_LOST,
             "SessionLost",
-            f"session {request.get('session_id')} on worker {self.worker.id}: {why}",
+            f"session {request.session_id} on worker {self.worker.id}: {why}",
+        )
+
+    def _refused(self, raw: object, exc: Malformed) -> ExecResult:
+        """The ``input`` refusal of a malformed request (nothing ran), with the ids it names."""
+        fields = raw if isinstance(raw, dict) else {}
+        ids = {k: v for k in ("exec_id", "session_id") if isinstance(v := fields.get(k), str)}
+        log.warning(
+            "worker %s refused a request (exec %s): %s", self.worker.id, ids.get("exec_id"), exc
+        )
+        return ExecResult.failure(
+            ErrorKind.INPUT,
+            "InvalidRequest",
+            str(exc),
+            worker=self.worker.id,
+            exec_id=ids.get("exec_id", ""),
+            session_id=ids.get("session_id", ""),
         )
 
 

@@ -3,7 +3,8 @@ builds nothing. ``celery -A farm.worker worker`` (through ``farm.worker.app``) a
 both end in ``worker_app()``, which starts the worker's sandbox once Celery is set up and
 consumes the image's shared queue plus this generation's direct queue.
 
-Tasks are thin: they hand their JSON arguments to the ``Worker`` and return its JSON answer.
+Tasks are thin: they hand their JSON argument, unread, to the ``Worker``'s calls, which check it
+against its request model (``farm.models.worker_requests``), and return their JSON answer.
 ``make_worker_app(settings, worker=...)`` binds an already started ``Worker`` instead, which is
 how tests run a real Celery worker in-process (``celery.contrib.testing``).
 """
@@ -89,23 +90,23 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     # shared=False: Celery otherwise lends a decorated task to every app of the process, so a
     # second worker in one process (the in-process tests) would answer with the first's tasks.
     @app.task(name=TASK_EXEC, shared=False)
-    def exec_code(request: dict[str, Any]) -> dict[str, Any]:
+    def exec_code(request: object) -> dict[str, Any]:
         return current().calls.execute(request)
 
     @app.task(name=TASK_CLOSE, shared=False)
-    def close_session(session_id: str) -> dict[str, Any]:
-        return current().close_session(session_id)
+    def close_session(request: object) -> dict[str, Any]:
+        return current().calls.close(request)
 
     @app.task(name=TASK_RUN, shared=False)
-    def run_once(request: dict[str, Any]) -> dict[str, Any]:
+    def run_once(request: object) -> dict[str, Any]:
         return current().calls.run_once(request)
 
     @app.task(name=TASK_COMMAND, shared=False)
-    def run_command(request: dict[str, Any]) -> dict[str, Any]:
+    def run_command(request: object) -> dict[str, Any]:
         return current().calls.command(request)
 
     @app.task(name=TASK_FILE, shared=False)
-    def file_operation(request: dict[str, Any]) -> dict[str, Any]:
+    def file_operation(request: object) -> dict[str, Any]:
         return current().calls.file(request)
 
     @app.task(name=TASK_ECHO, shared=False)

@@ -14,7 +14,7 @@ import base64
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
@@ -22,10 +22,9 @@ from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import CommandResult, ErrorKind, ExecError, ExecResult
 from farm.worker import metrics
 from farm.worker.box_gate import OPEN_WAIT_S
+from farm.worker.opens import SessionOpens
 from farm.worker.recorder import ExecRecorder
-
-if TYPE_CHECKING:
-    from farm.worker.worker_state import HeldSession, Worker
+from farm.worker.worker_host import HeldSession, WorkerHost
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +33,9 @@ DUPLICATE_POLL_S = 0.05
 
 
 class SessionCalls:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerHost, opens: SessionOpens) -> None:
         self.worker = worker
+        self.opens = opens
 
     def execute(self, request: dict[str, Any]) -> dict[str, Any]:
         exec_id = request["exec_id"]
@@ -202,7 +202,7 @@ class SessionCalls:
         """A one-shot run: a fresh session for this code alone, closed afterwards; the busy
         reply of its open when there was no room in time (nothing ran: the client asks
         again)."""
-        opened = self.worker.opens.for_run(
+        opened = self.opens.for_run(
             request.get("limits"),
             request.get("egress"),
             float(request.get("wait_s") or OPEN_WAIT_S),

@@ -1,10 +1,11 @@
 """Names in the docs exist: every dotted ``farm.x.y`` and every ``farm/x/y.py`` path named in
-a module docstring of ``farm/``, in README.md or in docs/**/*.md is a module, a package or an
-attribute of one, or a file. A path written without ``farm/`` (``worker/session_calls.py``)
-counts when it is a file under ``farm/`` or exactly one file there ends with it; a name in
-double backticks from a package of farm (``repl.session_loop``) when a module ends with it;
-``tests/``, ``bench/`` and ``scripts/`` paths are files of the repository. The docs are read
-when the test runs (they change while farm does).
+a module docstring of ``farm/``, in README.md, in docs/**/*.md or in a build file (images/,
+deploy/, helm/) is a module, a package or an attribute of one, or a file. A path without
+``farm/`` (``worker/session_calls.py``) counts when it is a file under ``farm/`` or exactly
+one file there ends with it; a name in double backticks from a package of farm
+(``repl.session_loop``) when a module ends with it; ``tests/``, ``bench/`` and ``scripts/``
+paths are files of the repository. The docs are read when the test runs (they change while
+farm does).
 """
 
 from __future__ import annotations
@@ -44,6 +45,14 @@ def documents() -> dict[str, str]:
         if path.exists():
             texts[str(path.relative_to(ROOT))] = path.read_text()
     return texts
+
+
+def build_files() -> dict[str, str]:
+    """Where farm's modules are run or named outside Python: Dockerfiles, the chart, the
+    AppArmor profile, compose and the Makefile (a stale one there breaks a build)."""
+    found = [*ROOT.glob("images/**/*"), *ROOT.glob("deploy/**/*"), *ROOT.glob("helm/**/*")]
+    found += [ROOT / "docker-compose.yml", ROOT / "Makefile"]
+    return {str(p.relative_to(ROOT)): p.read_text() for p in sorted(found) if p.is_file()}
 
 
 def checked(name: str) -> bool:
@@ -106,6 +115,14 @@ def stale_names(texts: dict[str, str]) -> list[str]:
 def test_every_name_in_the_docstrings_and_docs_exists() -> None:
     texts = {where: text for where, text in documents().items() if where != "README.md"}
     assert len(texts) > 100  # the docstrings and the docs were found
+    assert stale_names(texts) == []
+
+
+def test_every_name_in_the_build_files_exists() -> None:
+    """``python3 -m farm.kernel.judge.languages`` in a Dockerfile broke every environment's
+    build when the module was renamed; so the build files are read too."""
+    texts = build_files()
+    assert any(where.endswith("Dockerfile") for where in texts)
     assert stale_names(texts) == []
 
 

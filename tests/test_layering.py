@@ -5,7 +5,6 @@ farm module imports itself back (read from the source: module level, and for typ
 
 from __future__ import annotations
 
-import ast
 import json
 import pkgutil
 import subprocess
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import farm
 import farm.worker
-from tests.import_graph import cycles, import_graph, module_name
+from tests.import_graph import cycles, import_graph
 
 WORKER_MODULES = sorted(
     f"farm.worker.{m.name}" for m in pkgutil.iter_modules(farm.worker.__path__)
@@ -85,31 +84,24 @@ def test_no_farm_module_imports_itself_back() -> None:
 KERNEL_ORDER = ["supervisor", "boxes", "repl", "tools", "judge", "wire"]
 
 
-def kernel_imports(root: Path, path: Path) -> set[str]:
-    """The kernel packages ``path`` imports from (relative imports, anywhere in the file)."""
-    package = module_name(root, path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = package[: len(package) - node.level + 1]
-            target = [*base, *(node.module.split(".") if node.module else [])]
-            names = [target] if node.module else [[*target, a.name] for a in node.names]
-            found.update(n[2] for n in names if n[:2] == ["farm", "kernel"] and len(n) > 2)
-    return found & set(KERNEL_ORDER)  # names of farm.kernel itself (KIND_*) are the base
+def kernel_package(module: str) -> str | None:
+    """``supervisor`` for ``farm.kernel.supervisor.server``; None above the packages
+    (``farm.kernel`` itself, whose ``KIND_*`` every package may use, and ``__main__``)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["farm", "kernel"] and len(parts) > 2 else None
 
 
 def kernel_layer_violations(root: Path = FARM) -> list[str]:
-    """Imports from a kernel package to one before it, in the ``farm`` package at ``root``."""
+    """Imports (late ones too) from a kernel package to one before it, in the ``farm``
+    package at ``root``."""
     bad = []
-    for path in sorted((root / "kernel").rglob("*.py")):
-        package = path.relative_to(root / "kernel").parts[0]
-        if package not in KERNEL_ORDER:  # __init__, __main__: above every package
+    for name, targets in sorted(import_graph(root, late=True).items()):
+        package = kernel_package(name)
+        if package not in KERNEL_ORDER:
             continue
         below = KERNEL_ORDER[KERNEL_ORDER.index(package) :]
-        name = module_name(root, path)
-        bad += [f"{name} -> {t}" for t in kernel_imports(root, path) if t not in below]
+        used = {kernel_package(t) for t in targets} & set(KERNEL_ORDER)
+        bad += [f"{name} -> {t}" for t in sorted(used) if t not in below]
     return bad
 
 

@@ -1,18 +1,15 @@
 """farm's exceptions: one root, a shallow tree, each carrying what it belongs to.
 
-Error kinds are written once, in the kernel's protocol (``farm.kernel.wire.protocol.Kind``), which
-``farm.models.ErrorKind`` mirrors; they are mapped to exceptions once, here.
-
-The root, ``FarmError``, and the kernel client's errors are defined in
-``farm.kernel.wire.wire_errors`` and re-exported here (imports run from here into the kernel,
-never back; why the root lives there: docs/design/errors.md). ``KernelRequestError.code`` says
-why the kernel refused a request; the other ``Kernel*Error``s that it could not be reached,
-authenticated or understood.
+Error kinds are written once, in the kernel's protocol (``farm.kernel.wire.protocol.Kind``),
+which ``farm.models.ErrorKind`` mirrors, and mapped to exceptions once, beside it in
+``farm.models.results`` (a failed run's exceptions carry its ``ExecResult``, which raises them).
+The root, ``FarmError``, and the kernel client's errors come from ``farm.kernel.wire.wire_errors``;
+both kinds are re-exported here, where users import every error (imports run down, never
+back: docs/design/errors.md). ``KernelRequestError.code`` says why the kernel refused a
+request; the other ``Kernel*Error``s that it could not be reached, authenticated or understood.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from farm.kernel.wire.wire_errors import FarmError as FarmError
 from farm.kernel.wire.wire_errors import KernelAuthError as KernelAuthError
@@ -20,63 +17,17 @@ from farm.kernel.wire.wire_errors import KernelConnectionError as KernelConnecti
 from farm.kernel.wire.wire_errors import KernelError as KernelError
 from farm.kernel.wire.wire_errors import KernelProtocolError as KernelProtocolError
 from farm.kernel.wire.wire_errors import KernelRequestError as KernelRequestError
-
-if TYPE_CHECKING:
-    from farm.models import ExecResult
-
-
-class ExecFailed(FarmError):
-    """A run ended in an error; ``result`` holds everything about it."""
-
-    def __init__(self, result: ExecResult) -> None:
-        error = result.error
-        summary = f"{error.ename}: {error.evalue}" if error else "unknown error"
-        kind = error.kind.value if error else "?"
-        super().__init__(f"run {result.exec_id} failed ({kind}): {summary}")
-        self.result = result
-
-
-class UserCodeError(ExecFailed):
-    """The code raised (kind ``user``)."""
-
-
-class ExecTimeout(ExecFailed):
-    """The code ran past its timeout (kind ``timeout``)."""
-
-
-class OutOfMemory(ExecFailed):
-    """The code ran out of memory (kind ``oom``)."""
-
-
-class OutputLimitExceeded(ExecFailed):
-    """The code printed far more than the output cap (kind ``output_limit``)."""
-
-
-class StateLost(ExecFailed):
-    """The session's variables are gone; re-run its setup in the new epoch or open a new one."""
-
-
-class RestoreFailed(StateLost):
-    """``on_state_lost="replay"`` could not rebuild the namespace (a replayed cell failed, or
-    the journal no longer holds the whole history); ``report`` says what was re-run."""
-
-    def __init__(self, result: ExecResult, why: str, report: object = None) -> None:
-        super().__init__(result)
-        self.args = (f"{self.args[0]}; restore failed: {why}",)
-        self.why = why
-        self.report = report
-
-
-class SessionLost(FarmError):
-    """The session's sandbox or worker is gone (kind ``sandbox_lost``)."""
-
-    def __init__(self, session_id: str | None, worker: str | None, reason: str) -> None:
-        what = f"session {session_id}" if session_id else "the run"
-        where = f" on worker {worker}" if worker else ""
-        super().__init__(f"{what}{where} is lost: {reason}")
-        self.session_id = session_id
-        self.worker = worker
-        self.reason = reason
+from farm.models.results import BadInput as BadInput
+from farm.models.results import ExecFailed as ExecFailed
+from farm.models.results import ExecTimeout as ExecTimeout
+from farm.models.results import InfraError as InfraError
+from farm.models.results import OutOfMemory as OutOfMemory
+from farm.models.results import OutputLimitExceeded as OutputLimitExceeded
+from farm.models.results import RestoreFailed as RestoreFailed
+from farm.models.results import SessionLost as SessionLost
+from farm.models.results import StateLost as StateLost
+from farm.models.results import UserCodeError as UserCodeError
+from farm.models.results import error_for_result as error_for_result
 
 
 class FarmBusy(FarmError):
@@ -197,31 +148,3 @@ class BrokerAuthFailed(FarmError):
         super().__init__(f"the broker at {url} {reason}")
         self.url = url
         self.reason = reason
-
-
-class InfraError(ExecFailed):
-    """The farm failed around the code (kind ``infra``); safe to retry if it never started."""
-
-
-class BadInput(ExecFailed):
-    """The request itself was refused (kind ``input``: too large, malformed); nothing ran and
-    nothing is retried."""
-
-
-def error_for_result(result: ExecResult) -> FarmError:
-    """The exception that ``ExecResult.raise_for_error`` raises for a failed result."""
-    from farm.models import ErrorKind
-
-    assert result.error is not None
-    by_kind: dict[ErrorKind, type[ExecFailed]] = {
-        ErrorKind.USER: UserCodeError,
-        ErrorKind.TIMEOUT: ExecTimeout,
-        ErrorKind.OOM: OutOfMemory,
-        ErrorKind.OUTPUT_LIMIT: OutputLimitExceeded,
-        ErrorKind.STATE_LOST: StateLost,
-        ErrorKind.INFRA: InfraError,
-        ErrorKind.INPUT: BadInput,
-    }
-    if result.error.kind == ErrorKind.SANDBOX_LOST:
-        return SessionLost(result.session_id, result.worker, result.error.evalue)
-    return by_kind[result.error.kind](result)

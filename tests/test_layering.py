@@ -5,7 +5,6 @@ farm module imports itself back (read from the source: module level, and for typ
 
 from __future__ import annotations
 
-import ast
 import json
 import pkgutil
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import farm
 import farm.worker
+from tests.import_graph import cycles, import_graph
 
 WORKER_MODULES = sorted(
     f"farm.worker.{m.name}" for m in pkgutil.iter_modules(farm.worker.__path__)
@@ -67,104 +67,15 @@ def test_the_probe_sees_a_client_import_and_an_app() -> None:
 # --- import cycles -------------------------------------------------------------------------
 
 FARM = Path(farm.__file__).parent
-# Cycles that only type checking sees, and why they stay: a Session holds its Farm (public:
-# ``session.farm``), and a worker's parts (its calls, its batches) act for the Worker they
-# belong to. Any other cycle, or one of these at run time, fails.
-TYPING_CYCLES = [
-    {"farm.client.farm", "farm.client.session"},
-    {
-        "farm.worker.worker_state",
-        "farm.worker.session_calls",
-        "farm.worker.batch_runner",
-        "farm.worker.opens",
-    },
-]
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(FARM.parent).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports(path: Path, typing: bool) -> set[str]:
-    """The farm modules ``path`` imports at module level (and under ``TYPE_CHECKING`` when
-    ``typing``); an import inside a function is a deliberate late one, not a cycle."""
-    names: set[str] = set()
-    body = list(ast.parse(path.read_text()).body)
-    while body:
-        node = body.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            body.extend(node.body if typing else node.orelse)
-        elif isinstance(node, (ast.If, ast.Try)):
-            body.extend(node.body + node.orelse)
-            body.extend(getattr(node, "finalbody", []))
-            for handler in getattr(node, "handlers", []):
-                body.extend(handler.body)
-        elif isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.update(f"{node.module}.{alias.name}" for alias in node.names)
-    return names
-
-
-def import_graph(typing: bool) -> dict[str, set[str]]:
-    modules = {module_name(p): p for p in FARM.rglob("*.py")}
-
-    def resolve(name: str) -> str | None:
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    return {
-        name: {m for m in map(resolve, imports(path, typing)) if m and m != name}
-        for name, path in modules.items()
-    }
-
-
-def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
-    """The strongly connected components of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[set[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = set()
-            while (w := stack.pop()) != v:
-                component.add(w)
-            if component:
-                found.append(component | {v})
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
-
-
-def test_no_farm_module_imports_itself_back_at_run_time() -> None:
-    assert len(import_graph(typing=False)) > 100  # the walk found the package
-    assert cycles(import_graph(typing=False)) == []
-
-
-def test_helpers_are_typed_against_narrow_protocols_not_their_owners() -> None:
-    """``MapRun`` sees its farm as ``MapHost``; a session's files, stream and restore see it
-    as ``FileChannel``/``Caller``: none of them imports ``Farm`` or ``Session``, not even for
-    type checking, so the only typing cycles are the two ``TYPING_CYCLES`` name."""
-    found = cycles(import_graph(typing=True))
-    assert sorted(map(sorted, found)) == sorted(map(sorted, TYPING_CYCLES))
-
-
-def test_the_cycle_check_sees_a_cycle() -> None:
-    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+def test_no_farm_module_imports_itself_back() -> None:
+    """Not at run time, nor for type checking: a part that acts for its owner (a worker's
+    calls, a session) sees it through a protocol (``WorkerHost``, ``SessionFarm``)."""
+    graph = import_graph(FARM)
+    assert len(graph) > 100  # the walk found the package
+    assert {"farm.kernel.tools.workspace"} <= graph["farm.kernel.tools.fileops"]  # relative
+    assert cycles(graph) == []
 
 
 # --- the kernel's packages, by the process that runs their code ----------------------------
@@ -173,29 +84,24 @@ def test_the_cycle_check_sees_a_cycle() -> None:
 KERNEL_ORDER = ["supervisor", "boxes", "repl", "tools", "judge", "wire"]
 
 
-def kernel_imports(path: Path) -> set[str]:
-    """The kernel packages ``path`` imports from (relative imports, anywhere in the file)."""
-    package = module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level:
-            base = package[: len(package) - node.level + 1]
-            target = [*base, *(node.module.split(".") if node.module else [])]
-            names = [target] if node.module else [[*target, a.name] for a in node.names]
-            found.update(n[2] for n in names if n[:2] == ["farm", "kernel"] and len(n) > 2)
-    return found & set(KERNEL_ORDER)  # names of farm.kernel itself (KIND_*) are the base
+def kernel_package(module: str) -> str | None:
+    """``supervisor`` for ``farm.kernel.supervisor.server``; None above the packages
+    (``farm.kernel`` itself, whose ``KIND_*`` every package may use, and ``__main__``)."""
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["farm", "kernel"] and len(parts) > 2 else None
 
 
-def kernel_layer_violations() -> list[str]:
+def kernel_layer_violations(root: Path = FARM) -> list[str]:
+    """Imports (late ones too) from a kernel package to one before it, in the ``farm``
+    package at ``root``."""
     bad = []
-    for path in sorted((FARM / "kernel").rglob("*.py")):
-        package = path.relative_to(FARM / "kernel").parts[0]
-        if package not in KERNEL_ORDER:  # __init__, __main__: above every package
+    for name, targets in sorted(import_graph(root, late=True).items()):
+        package = kernel_package(name)
+        if package not in KERNEL_ORDER:
             continue
         below = KERNEL_ORDER[KERNEL_ORDER.index(package) :]
-        bad += [f"{module_name(path)} -> {t}" for t in kernel_imports(path) if t not in below]
+        used = {kernel_package(t) for t in targets} & set(KERNEL_ORDER)
+        bad += [f"{name} -> {t}" for t in sorted(used) if t not in below]
     return bad
 
 
@@ -205,9 +111,14 @@ def test_kernel_packages_import_only_downwards() -> None:
 
 
 def test_the_kernel_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
-    upward = FARM / "kernel" / "wire" / "_upward_probe.py"
-    upward.write_text("from ..supervisor import server\n")
-    try:
-        assert kernel_layer_violations() == ["farm.kernel.wire._upward_probe -> supervisor"]
-    finally:
-        upward.unlink()
+    """On a made-up ``farm`` package (never by writing into the real one while tests run)."""
+    for package in ("supervisor", "wire"):
+        (tmp_path / "farm" / "kernel" / package).mkdir(parents=True)
+        (tmp_path / "farm" / "kernel" / package / "__init__.py").write_text("")
+    (tmp_path / "farm" / "kernel" / "supervisor" / "server.py").write_text(
+        "from ..wire import framing\n"  # downwards: allowed
+    )
+    (tmp_path / "farm" / "kernel" / "wire" / "framing.py").write_text(
+        "def late():\n    from ..supervisor import server\n"
+    )
+    assert kernel_layer_violations(tmp_path / "farm") == ["farm.kernel.wire.framing -> supervisor"]

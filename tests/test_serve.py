@@ -62,6 +62,7 @@ def problem(response: httpx.Response, status: int, kind: str) -> dict[str, Any]:
     assert response.headers["content-type"] == "application/problem+json"
     body: dict[str, Any] = response.json()
     assert body["status"] == status and body["kind"] == kind and body["title"]
+    assert body["type"] == ("about:blank" if kind == "not_found" else f"/problems/{kind}")
     return body
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from farm.judge.languages import LANGUAGES, Language
-from farm.kernel.tools.agent_tools import Workspace
 from farm.kernel.tools.browser import Browser
 from farm.kernel.tools.documents import DocumentError, paginate
+from farm.kernel.tools.workspace import Workspace
 from farm.sandbox.variants import VARIANTS, judge_rebuilt, judge_variant
 from farm.settings import FarmSettings
 

@@ -14,11 +14,11 @@ import contextlib
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE
 from farm.client.broker import Watch
-from farm.client.exec_call import Call
+from farm.client.exec_call import Call, SessionFarm
 from farm.client.hostcall_handlers import Callbacks
 from farm.client.session_files import SessionFiles
 from farm.client.stream import EventStream
@@ -35,9 +35,6 @@ from farm.models import (
     Opened,
     RestoreReport,
 )
-
-if TYPE_CHECKING:
-    from farm.client.farm import Farm
 
 QUEUE_WAIT_S = 600.0
 INLINE_STDIN = 16 * 1024 * 1024  # a command's stdin past this is staged in the box first
@@ -56,7 +53,7 @@ class Session:
 
     def __init__(
         self,
-        farm: Farm,
+        farm: SessionFarm,
         opened: Opened,
         timeout_s: float,
         on_state_lost: OnStateLost = "raise",

@@ -1,9 +1,9 @@
-"""Subtasks and points: a judge item's ``groups`` scored from its tests' verdicts, on the
-client, after the worker's result (the kernel knows nothing of groups). ``min`` is IOI's all
-or nothing, ``sum`` a share per test passed; a group scores 0 unless each group it depends
-on passed whole (CMS, Polygon). A checker program's partial points count as a share of a
-test: ``min`` takes the lowest share (CMS's GroupMin), ``sum`` their mean. An ``IE`` result
-(farm's failure) is never scored.
+"""Subtasks and points: a judge item's ``groups`` scored from its tests' verdicts, by the
+worker, which holds the item's problem, after the kernel's result (the kernel knows nothing
+of groups). ``min`` is IOI's all or nothing, ``sum`` a share per test passed; a group scores
+0 unless each group it depends on passed whole (CMS, Polygon). A checker program's partial
+points count as a share of a test: ``min`` takes the lowest share (CMS's GroupMin), ``sum``
+their mean. An ``IE`` result (farm's failure) is never scored.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """What a run produces, as the caller holds it: ``ExecResult`` and its parts, the failure kinds,
-a session's box limits, and what a restore re-ran."""
+a session's box limits, what a restore re-ran, and the exceptions a failed run raises (they
+carry the result and the result raises them, so they live together; users import them from
+``farm.errors``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pydantic import (
 
 from farm import kernel
 from farm.kernel.wire.protocol import CommandOutcome
+from farm.kernel.wire.wire_errors import FarmError
 from farm.models.model_base import Model
 
 
@@ -133,8 +136,6 @@ class ExecResult(Model):
     def raise_for_error(self) -> ExecResult:
         """Raise the typed ``farm.errors`` exception for a failed run; return self when ok."""
         if self.error is not None:
-            from farm.errors import error_for_result
-
             raise error_for_result(self)
         return self
 
@@ -227,3 +228,86 @@ class CommandResult(Model):
         if self.error is not None:
             return self.error.kind
         return ErrorKind.USER if self.returncode != 0 else None
+
+
+# --- the exceptions a failed run raises (re-exported by ``farm.errors``) -------------------
+
+
+class ExecFailed(FarmError):
+    """A run ended in an error; ``result`` holds everything about it."""
+
+    def __init__(self, result: ExecResult) -> None:
+        error = result.error
+        summary = f"{error.ename}: {error.evalue}" if error else "unknown error"
+        kind = error.kind.value if error else "?"
+        super().__init__(f"run {result.exec_id} failed ({kind}): {summary}")
+        self.result = result
+
+
+class UserCodeError(ExecFailed):
+    """The code raised (kind ``user``)."""
+
+
+class ExecTimeout(ExecFailed):
+    """The code ran past its timeout (kind ``timeout``)."""
+
+
+class OutOfMemory(ExecFailed):
+    """The code ran out of memory (kind ``oom``)."""
+
+
+class OutputLimitExceeded(ExecFailed):
+    """The code printed far more than the output cap (kind ``output_limit``)."""
+
+
+class StateLost(ExecFailed):
+    """The session's variables are gone; re-run its setup in the new epoch or open a new one."""
+
+
+class InfraError(ExecFailed):
+    """The farm failed around the code (kind ``infra``); safe to retry if it never started."""
+
+
+class BadInput(ExecFailed):
+    """The request itself was refused (kind ``input``: too large, malformed); nothing ran and
+    nothing is retried."""
+
+
+class RestoreFailed(StateLost):
+    """``on_state_lost="replay"`` could not rebuild the namespace (a replayed cell failed, or
+    the journal no longer holds the whole history); ``report`` says what was re-run."""
+
+    def __init__(self, result: ExecResult, why: str, report: object = None) -> None:
+        super().__init__(result)
+        self.args = (f"{self.args[0]}; restore failed: {why}",)
+        self.why = why
+        self.report = report
+
+
+class SessionLost(FarmError):
+    """The session's sandbox or worker is gone (kind ``sandbox_lost``)."""
+
+    def __init__(self, session_id: str | None, worker: str | None, reason: str) -> None:
+        what = f"session {session_id}" if session_id else "the run"
+        where = f" on worker {worker}" if worker else ""
+        super().__init__(f"{what}{where} is lost: {reason}")
+        self.session_id = session_id
+        self.worker = worker
+        self.reason = reason
+
+
+def error_for_result(result: ExecResult) -> FarmError:
+    """The exception that ``ExecResult.raise_for_error`` raises for a failed result."""
+    assert result.error is not None
+    by_kind: dict[ErrorKind, type[ExecFailed]] = {
+        ErrorKind.USER: UserCodeError,
+        ErrorKind.TIMEOUT: ExecTimeout,
+        ErrorKind.OOM: OutOfMemory,
+        ErrorKind.OUTPUT_LIMIT: OutputLimitExceeded,
+        ErrorKind.STATE_LOST: StateLost,
+        ErrorKind.INFRA: InfraError,
+        ErrorKind.INPUT: BadInput,
+    }
+    if result.error.kind == ErrorKind.SANDBOX_LOST:
+        return SessionLost(result.session_id, result.worker, result.error.evalue)
+    return by_kind[result.error.kind](result)

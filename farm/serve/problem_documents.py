@@ -2,8 +2,10 @@
 
 ``farm.errors`` are mapped to HTTP statuses once, here (``STATUS``); the ``kind`` member says
 which farm error it was, so a client of any language branches on it as Python code branches on
-the exception's type. A failure of the *code* is not a problem: it is a 200 whose result holds
-an ``error``, as ``Session.run`` returns it.
+the exception's type. ``type`` is a relative reference, ``/problems/<kind>`` (farm owns no
+domain to name types under), or ``about:blank`` where the status says it all (``GENERIC``).
+A failure of the *code* is not a problem: it is a 200 whose result holds an ``error``, as
+``Session.run`` returns it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from farm import errors
 log = logging.getLogger(__name__)
 
 MEDIA_TYPE = "application/problem+json"
-TYPE_BASE = "https://farm.dev/problems/"
+TYPE_BASE = "/problems/"  # a full path, resolved against the API's URL (RFC 9457, 3.1.1)
+GENERIC = frozenset({"not_found", "method"})  # kinds that only restate their status
 
 # (status, kind) per farm error; the first matching class in this order wins (subclasses first).
 STATUS: list[tuple[type[Exception], int, str]] = [
@@ -46,7 +49,9 @@ class Problem(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: str = Field(description="a URI naming the problem type")
+    type: str = Field(
+        description="the problem type: /problems/<kind> (relative to the API), or about:blank"
+    )
     title: str
     status: int
     detail: str = ""
@@ -67,6 +72,11 @@ class ProblemError(Exception):
         self.headers = headers or {}
 
 
+def problem_type(kind: str) -> str:
+    """``type`` of a problem of ``kind``: ``about:blank`` when the status says it all."""
+    return "about:blank" if kind in GENERIC else TYPE_BASE + kind
+
+
 def problem(
     status: int,
     kind: str,
@@ -84,7 +94,7 @@ def problem(
     except ValueError:
         title = "Error"
     body = Problem(
-        type=TYPE_BASE + kind,
+        type=problem_type(kind),
         title=title,
         status=status,
         detail=detail,

@@ -27,7 +27,7 @@ from farm.client.mapping import MapRun
 from farm.errors import FarmError
 from farm.models import ExecResult
 from farm.serve.access import Slots, caller, idempotent_id
-from farm.serve.problem_documents import for_farm_error, problem_json
+from farm.serve.problem_documents import for_farm_error, problem, problem_json
 from farm.serve.schemas import ImageInfo, OneShotRequest
 from farm.serve.session_routes import PROBLEMS, IdempotencyKey, slots_of
 from farm.serve.tokens import Token
@@ -255,16 +255,8 @@ async def _cancel_when(
 
 
 def _problem_line(exc: BaseException) -> bytes:
-    if isinstance(exc, FarmError):
-        body = problem_json(for_farm_error(exc))
-    else:
-        body = {
-            "type": "about:blank",
-            "title": "Internal error",
-            "status": 500,
-            "kind": "infra",
-            "detail": str(exc),
-        }
+    failed = for_farm_error(exc) if isinstance(exc, FarmError) else problem(500, "infra", str(exc))
+    body = problem_json(failed)
     return json.dumps({"problem": body}).encode() + b"\n"
 
 

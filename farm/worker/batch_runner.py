@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING
 
 from farm.backoff import delays
 from farm.broker_errors import BROKER_DOWN
@@ -28,9 +27,7 @@ from farm.worker.box_gate import KERNEL_WAIT_S, Ticket, weight
 from farm.worker.judge_items import Judging
 from farm.worker.recorder import ExecRecorder
 from farm.worker.worker_egress import PolicyError
-
-if TYPE_CHECKING:
-    from farm.worker.worker_state import Worker
+from farm.worker.worker_host import WorkerHost
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +40,7 @@ RESULTS_TTL_S = 3600
 
 
 class BatchRunner:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerHost) -> None:
         self.worker = worker
         self.gate = worker.gate
         # An item runs on a thread of its own once the gate admits it: the gate bounds them.

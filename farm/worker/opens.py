@@ -14,16 +14,14 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import Busy, Opened, OpenRequest, Refused
 from farm.worker.box_gate import KERNEL_WAIT_S, OPEN_WAIT_S, OPEN_WAITERS, Ticket, weight
 from farm.worker.worker_egress import PolicyError
-
-if TYPE_CHECKING:
-    from farm.worker.worker_state import Worker
+from farm.worker.worker_host import WorkerHost
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +30,7 @@ OPEN_CLAIM_KEEP_S = 600  # an open's claim outlives its client's wait (its deadl
 
 
 class SessionOpens:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerHost) -> None:
         self.worker = worker
         self.pool = ThreadPoolExecutor(OPEN_THREADS, thread_name_prefix="open")
 

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 from errno import EINVAL
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
@@ -35,10 +35,9 @@ from farm.models import (
 )
 from farm.worker import metrics
 from farm.worker.box_gate import OPEN_WAIT_S
+from farm.worker.opens import SessionOpens
 from farm.worker.recorder import ExecRecorder
-
-if TYPE_CHECKING:
-    from farm.worker.worker_state import HeldSession, Worker
+from farm.worker.worker_host import HeldSession, WorkerHost
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +46,9 @@ DUPLICATE_POLL_S = 0.05
 
 
 class SessionCalls:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerHost, opens: SessionOpens) -> None:
         self.worker = worker
+        self.opens = opens
 
     def execute(self, raw: object) -> dict[str, Any]:
         """A cell in a session (``farm.exec``)."""
@@ -249,9 +249,7 @@ class SessionCalls:
             request = arrived(RunRequest, raw)
         except Malformed as exc:
             return self._refused(raw, exc).model_dump(mode="json")
-        opened = self.worker.opens.for_run(
-            request.limits, request.egress, request.wait_s or OPEN_WAIT_S
-        )
+        opened = self.opens.for_run(request.limits, request.egress, request.wait_s or OPEN_WAIT_S)
         if opened.get("refused"):
             return self._failure(request, ErrorKind.INPUT, "InvalidRequest", opened["reason"])
         if opened.get("busy"):

@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -44,19 +43,11 @@ from farm.worker.judge_items import parallel as judge_parallel
 from farm.worker.opens import SessionOpens
 from farm.worker.session_calls import SessionCalls
 from farm.worker.worker_egress import WorkerEgress
+from farm.worker.worker_host import HeldSession
 
 log = logging.getLogger(__name__)
 
 REAP_EVERY_S = 10.0
-
-
-@dataclass
-class HeldSession:
-    sandbox_generation: int
-    epoch: int
-    last_used: float
-    lost: str | None = None
-    ticket: Ticket | None = None  # its room at the gate, until it closes or is lost
 
 
 class Worker:
@@ -94,7 +85,7 @@ class Worker:
             lambda: self.keeper.ready,
             (self.opens.take, self.batch.take),
         )
-        self.calls = SessionCalls(self)
+        self.calls = SessionCalls(self, self.opens)
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
 
     # --- lifecycle ------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from typing import Any, cast, overload
 
 from .. import KIND_USER
 from ..tools import fileops
-from ..tools.agent_tools import DEFAULT_LIMIT, Workspace
+from ..tools.agent_tools import DEFAULT_LIMIT, AgentTools
 from ..wire.framing import recv_frame, send_frame
 from ..wire.protocol import CellError
 from ..wire.session_frames import Ack, CallAnswer, CallFrame, CellDone, DisplayFrame, Order, Ready
@@ -161,7 +161,7 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
     """Answer exec requests until the supervisor closes the control socket; the first frame
     says the process is in its box and ready. ``config``: ``box_protocol.SessionConfig``
     (``boxes`` is above this package, so it is read as a mapping)."""
-    workspace = Workspace(config["box"]["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
+    workspace = AgentTools(config["box"]["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
     extra = workspace.globals() if config.get("tools", True) else {}
     repl = Repl(extra)
     channel = Channel(ctl)

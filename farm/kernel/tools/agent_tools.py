@@ -1,12 +1,8 @@
 """Agent tools, globals in every session unless opted out: ``ls``, ``read``, ``grep``,
-``apply_patch``, ``bash``; and ``Workspace``, the box's directory they and ``session.files``
-(``fileops``) confine every path to.
-
-Every path goes through ``confine``: resolved with ``realpath`` (symlinks included) and then
-required to be ``is_relative_to`` the workspace, so ``../``, absolute paths, symlinks that
-point out and the ``/workspace2`` prefix trick are refused. No user string is ever spliced
-into a shell command (``grep`` gets an argv list); ``bash`` runs in its own process group and
-the whole group is killed on timeout. Outputs are clipped head+tail with a marker.
+``apply_patch``, ``bash``, on a ``Workspace`` (``workspace``), which confines every path they
+take. No user string is ever spliced into a shell command (``grep`` gets an argv list);
+``bash`` runs in its own process group and the whole group is killed on timeout. Outputs are
+clipped head+tail with a marker.
 """
 
 from __future__ import annotations
@@ -14,17 +10,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from pathlib import Path
 from typing import Any
 
 from .patching import PatchError, apply_unified_diff
 from .variant_globals import variant_globals
+from .workspace import Workspace
 
 DEFAULT_LIMIT = 3000
-
-
-class WorkspaceError(PermissionError):
-    """A path outside the workspace, or a file operation over its bounds."""
 
 
 def clip(text: str, limit: int = DEFAULT_LIMIT) -> str:
@@ -35,19 +27,12 @@ def clip(text: str, limit: int = DEFAULT_LIMIT) -> str:
     return f"{text[:head]}\n[... {len(text) - limit} chars cut ...]\n{text[-tail:]}"
 
 
-class Workspace:
-    def __init__(self, root: str | os.PathLike[str], limit: int = DEFAULT_LIMIT) -> None:
-        self.root = Path(os.path.realpath(root))
-        self.limit = limit
+class AgentTools(Workspace):
+    """The tools of a session, on its workspace; outputs clipped to ``limit`` characters."""
 
-    def confine(self, path: str | os.PathLike[str]) -> Path:
-        candidate = Path(path)
-        if not candidate.is_absolute():
-            candidate = self.root / candidate
-        resolved = Path(os.path.realpath(candidate))
-        if not resolved.is_relative_to(self.root):
-            raise WorkspaceError(f"{os.fspath(path)!r} is outside the workspace {self.root}")
-        return resolved
+    def __init__(self, root: str | os.PathLike[str], limit: int = DEFAULT_LIMIT) -> None:
+        super().__init__(root)
+        self.limit = limit
 
     # --- tools (text in, clipped text out) ---------------------------------------------
 

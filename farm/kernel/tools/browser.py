@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
-    from .agent_tools import Workspace
+    from .workspace import Workspace
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [

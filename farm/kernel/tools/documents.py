@@ -17,7 +17,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .agent_tools import Workspace
+    from .workspace import Workspace
 
 DEFAULT_LINES_PER_PAGE = 100
 CACHE_DOCUMENTS = 8

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..wire.protocol import FileError, FileRequest
 from ..wire.session_frames import FileDone
-from .agent_tools import Workspace, WorkspaceError
+from .workspace import Workspace, WorkspaceError
 
 MAX_CHUNK = 8 * 1024 * 1024
 

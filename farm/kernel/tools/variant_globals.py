@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from . import browser, documents
 
 if TYPE_CHECKING:
-    from .agent_tools import Workspace
+    from .workspace import Workspace
 
 
 def variant_globals(workspace: Workspace) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 Invariants: one request at a time per connection (a lock; open several for concurrency); every
 socket operation has a deadline (an execute waits ``timeout_s + grace + slack``); failures
-raise ``KernelError``s (``farm.kernel.errors``, under ``FarmError``). A request is an exchange:
-intermediate frames (a running cell's events, host calls) go to ``on_frame``, the final frame
-is returned. More: docs/design/host-callbacks.md, docs/design/errors.md.
+raise ``KernelError``s (``farm.kernel.wire.wire_errors``, under ``FarmError``). A request is
+an exchange: intermediate frames (a running cell's events, host calls) go to ``on_frame``, the
+final frame is returned. More: docs/design/host-callbacks.md, docs/design/errors.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Health probe: exit 0 when a kernel at ADDRESS greets like a farm kernel.
 
-``python3 -m farm.kernel.probe /run/farm/kernel.sock`` (or ``HOST:PORT``). It needs no token:
-it only checks that the server accepts and sends its ``hello`` frame, which proves the event
-loop is alive. Used by the image's HEALTHCHECK.
+``python3 -m farm.kernel.wire.probe /run/farm/kernel.sock`` (or ``HOST:PORT``). It needs no
+token: it only checks that the server accepts and sends its ``hello`` frame, which proves the
+event loop is alive. Used by the image's HEALTHCHECK.
 """
 
 from __future__ import annotations

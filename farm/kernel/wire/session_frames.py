@@ -2,9 +2,10 @@
 
 On the session's control socket: the session's ``ready``, then ``cell`` in, ``cell_done`` out,
 and on the way ``display`` (acked with ``ack``), ``call`` (answered with ``answer``) and ``file``
-(``file_done``). Both sides type their code with them: the supervisor (``supervisor.process``)
-and the session process (``repl.session``, ``repl.calls``, ``tools.fileops``), which is why they
-live in ``wire``, below both. They never leave the sandbox, so no pydantic model mirrors them.
+(``file_done``). Both sides type their code with them: the supervisor
+(``supervisor.session_process``) and the session process (``repl.session_loop``,
+``repl.hostcall_stubs``, ``tools.fileops``), which is why they live in ``wire``, below both.
+They never leave the sandbox, so no pydantic model mirrors them.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from farm.cli.main import _status_row
 from farm.kernel.boxes import preload
 from farm.sandbox.process import ProcessSandbox
 from tests.conftest import Cells
@@ -124,3 +125,18 @@ def test_the_image_file_names_modules_and_a_broken_one_says_why(tmp_path: Path) 
     broken.write_text('{"modules": "numpy"}')
     names, why = preload.image_modules(str(broken))
     assert names == [] and why is not None and "not a list" in why
+
+
+def test_the_sandbox_reports_what_its_kernel_preloaded(warm: ProcessSandbox) -> None:
+    info = warm.info()
+    assert info.preload is not None and info.preload.modules[0] == "numpy"
+    assert "farm_no_such_module" in info.preload.failed
+
+
+def test_farm_status_shows_the_preloads_and_marks_the_failures() -> None:
+    """A worker's heartbeat carries its sandbox's info (JSON); ``farm status`` renders it."""
+    record = {"modules": ["numpy", "pandas"], "failed": {"torch": "ModuleNotFoundError: x"}}
+    row = _status_row({"id": "w1", "sandbox": {"preload": record}})
+    assert row["preload"] == "numpy pandas [red]!torch[/]"
+    assert _status_row({"id": "w1", "sandbox": {"preload": {}}})["preload"] == "-"
+    assert _status_row({"id": "w1", "sandbox": None})["preload"] == "?"

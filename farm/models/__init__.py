@@ -21,7 +21,7 @@ from farm.models.results import (
     SubCall,
     Value,
 )
-from farm.models.sandboxes import BoxCapacity, SandboxHealth, SandboxInfo
+from farm.models.sandboxes import BoxCapacity, Preloaded, SandboxHealth, SandboxInfo
 
 __all__ = [
     "BoxLimits",
@@ -39,6 +39,7 @@ __all__ = [
     "RestoreReport",
     "BoxCapacity",
     "SandboxHealth",
+    "Preloaded",
     "SandboxInfo",
     "SubCall",
     "Value",

@@ -65,8 +65,8 @@ COPY farm/kernel/ /opt/farm/farm/kernel/
 RUN touch /opt/farm/farm/__init__.py \
     && find /opt/farm -name '__pycache__' -prune -exec rm -rf {} + \
     && python3 -m compileall -q /opt/farm
-# Each judged language's version, asked of the toolchain once, here (farm/kernel/judge/languages.py).
-RUN PYTHONPATH=/opt/farm python3 -m farm.kernel.judge.languages /etc/farm/judge/languages.json
+# Each judged language's version, asked of the toolchain once, here (farm/kernel/judge/language_table.py).
+RUN PYTHONPATH=/opt/farm python3 -m farm.kernel.judge.language_table /etc/farm/judge/languages.json
 # The modules the kernel imports before forking boxes (farm/kernel/boxes/preload.py).
 COPY preload.json /etc/farm/preload.json
 

@@ -140,3 +140,16 @@ def test_farm_status_shows_the_preloads_and_marks_the_failures() -> None:
     assert row["preload"] == "numpy pandas [red]!torch[/]"
     assert _status_row({"id": "w1", "sandbox": {"preload": {}}})["preload"] == "-"
     assert _status_row({"id": "w1", "sandbox": None})["preload"] == "?"
+
+
+def test_a_module_that_prints_as_it_imports_leaves_the_readiness_line_alone(
+    modules_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process backend reads the kernel's stdout for its readiness line (JSON)."""
+    (modules_dir / "farm_test_chatty.py").write_text(
+        "import os\nprint('hello from an import')\nos.write(1, b'and from C\\n')\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{modules_dir}{os.pathsep}{os.environ['PYTHONPATH']}")
+    with _kernel("farm_test_chatty") as sandbox, sandbox.kernel() as client:
+        assert client.ping()["preload"]["modules"] == ["farm_test_chatty"]
+        assert Cells(client).value("print('mine')\n2") == "2"

@@ -9,6 +9,7 @@ boxes would draw the same numbers. Why, and which packages fork safely: docs/des
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import json
@@ -17,6 +18,7 @@ import os
 import struct
 import sys
 import time
+from collections.abc import Iterator
 
 from ..wire.protocol import Preloaded
 
@@ -55,17 +57,14 @@ def run(names: list[str], refused: str | None = None) -> tuple[Preloaded, str | 
         return record, None
     shared_before = _shared_writable()
     started = time.perf_counter()
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except BaseException as exc:  # an image's module must not stop the kernel, even exit()
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            why = f"{type(exc).__name__}: {exc}"
-            record["failed"][name] = why[:MAX_ERROR]
-            log.warning("preload: %s did not import (%s); serving without it", name, why)
-        else:
-            record["modules"].append(name)
+    with _stdout_to_stderr():  # stdout carries the readiness line: nothing else may reach it
+        for name in names:
+            why = _import(name)
+            if why is None:
+                record["modules"].append(name)
+            else:
+                record["failed"][name] = why[:MAX_ERROR]
+                log.warning("preload: %s did not import (%s); serving without it", name, why)
     record["seconds"] = round(time.perf_counter() - started, 3)
     os.register_at_fork(after_in_child=reseed)
     # The supervisor's collector would otherwise write to every page of these objects (copies
@@ -77,6 +76,32 @@ def run(names: list[str], refused: str | None = None) -> tuple[Preloaded, str | 
         return record, (why + ", ".join(leaked[:3]))[:MAX_ERROR]
     log.info("preload: %s in %.2fs", record["modules"] or "nothing", record["seconds"])
     return record, None
+
+
+def _import(name: str) -> str | None:
+    """Import ``name``: ``None``, or why it failed (an image's module must not stop the
+    kernel, not even by ``exit()``)."""
+    try:
+        importlib.import_module(name)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 (and so ``print`` and C code alike) goes to stderr meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def restart_without(argv: list[str], why: str) -> None:

@@ -32,6 +32,13 @@ def modules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture
+def importable(modules_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``modules_dir`` on the path of the kernels the test starts."""
+    monkeypatch.setenv("PYTHONPATH", f"{modules_dir}{os.pathsep}{os.environ['PYTHONPATH']}")
+    return modules_dir
+
+
 def _kernel(*modules: str) -> ProcessSandbox:
     return ProcessSandbox(extra_args=[arg for name in modules for arg in ("--preload", name)])
 
@@ -92,10 +99,8 @@ def test_boxes_draw_their_own_random_numbers(warm: ProcessSandbox) -> None:
     assert len(draws) == 3
 
 
-def test_a_module_that_exits_as_it_imports_does_not_stop_the_kernel(
-    modules_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PYTHONPATH", f"{modules_dir}{os.pathsep}{os.environ['PYTHONPATH']}")
+@pytest.mark.usefixtures("importable")
+def test_a_module_that_exits_as_it_imports_does_not_stop_the_kernel() -> None:
     with _kernel("farm_test_exits", "json.tool") as sandbox, sandbox.kernel() as client:
         record = client.ping()["preload"]
         assert record["modules"] == ["json.tool"]
@@ -103,10 +108,8 @@ def test_a_module_that_exits_as_it_imports_does_not_stop_the_kernel(
         assert Cells(client).value("1 + 1") == "2"
 
 
-def test_shared_memory_left_by_an_import_restarts_the_kernel_without_preloading(
-    modules_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PYTHONPATH", f"{modules_dir}{os.pathsep}{os.environ['PYTHONPATH']}")
+@pytest.mark.usefixtures("importable")
+def test_shared_memory_left_by_an_import_restarts_the_kernel_without_preloading() -> None:
     with _kernel("json.tool", "farm_test_sharing") as sandbox, sandbox.kernel() as client:
         record = client.ping()["preload"]
         assert record["modules"] == []
@@ -143,13 +146,12 @@ def test_farm_status_shows_the_preloads_and_marks_the_failures() -> None:
 
 
 def test_a_module_that_prints_as_it_imports_leaves_the_readiness_line_alone(
-    modules_dir: Path, monkeypatch: pytest.MonkeyPatch
+    importable: Path,
 ) -> None:
     """The process backend reads the kernel's stdout for its readiness line (JSON)."""
-    (modules_dir / "farm_test_chatty.py").write_text(
+    (importable / "farm_test_chatty.py").write_text(
         "import os\nprint('hello from an import')\nos.write(1, b'and from C\\n')\n"
     )
-    monkeypatch.setenv("PYTHONPATH", f"{modules_dir}{os.pathsep}{os.environ['PYTHONPATH']}")
     with _kernel("farm_test_chatty") as sandbox, sandbox.kernel() as client:
         assert client.ping()["preload"]["modules"] == ["farm_test_chatty"]
         assert Cells(client).value("print('mine')\n2") == "2"

@@ -90,6 +90,16 @@ def test_preloaded_numpy_multiplies_matrices_in_a_forked_box(warm: ProcessSandbo
         assert Cells(client).value(code) == "(True, True)"
 
 
+def test_what_a_box_changes_in_a_preloaded_module_stays_in_that_box(warm: ProcessSandbox) -> None:
+    """Each box is a fork: a preloaded module's state is copy-on-write, never shared."""
+    with warm.kernel() as client:
+        first, second = Cells(client), Cells(client)
+        first.value("import numpy\nnumpy.leak = 'box 1'\nnumpy.dot = None")
+        code = "import numpy\nhasattr(numpy, 'leak'), numpy.dot is None"
+        assert second.value(code) == "(False, False)"
+        assert Cells(client).value(code) == "(False, False)"  # a box forked after the change
+
+
 def test_boxes_draw_their_own_random_numbers(warm: ProcessSandbox) -> None:
     """numpy seeds its global generator once, as numpy.random is imported (here, preloaded):
     the kernel reseeds it in each fork."""

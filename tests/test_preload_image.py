@@ -23,7 +23,7 @@ import pytest
 from farm.client import Farm
 from farm.sandbox.environments import CONTEXT_DIR, WHEELS_DIR
 from farm.sandbox.images import default_repo_root
-from tests.conftest import Cells, make_docker_sandbox, remove_image_tags
+from tests.conftest import Cells, make_docker_sandbox, no_mount_limits, remove_image_tags
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -102,6 +102,23 @@ def test_a_forked_box_multiplies_matrices_with_blas_threads(sandbox: Any) -> Non
     correct, threads, cores = value.strip("()").split(", ")
     assert correct == "True"
     assert int(threads) == int(cores)  # the session's thread and OpenBLAS's cores - 1
+
+
+def test_uid_boxes_where_the_host_forbids_namespaces_get_the_preloads_too(
+    docker_env: Any, tmp_path_factory: Any, image: str
+) -> None:
+    """The fallback: the zygote forks session processes itself, with the same modules."""
+    limits = no_mount_limits(tmp_path_factory)
+    tag = f"farm-sandbox:{image}"
+    with (
+        make_docker_sandbox(docker_env, tmp_path_factory, image=tag, limits=limits) as sandbox,
+        sandbox.kernel() as client,
+    ):
+        assert sandbox.info().isolation == "uids"
+        cells = Cells(client)
+        assert cells.value("import sys\n'pandas' in sys.modules") == "True"
+        assert (cells.value(MATMUL) or "").startswith("(True, ")
+        assert cells.value(PANDAS) == "{'a': 4, 'b': 2}"
 
 
 def test_boxes_draw_different_random_numbers(sandbox: Any) -> None:

@@ -29,6 +29,7 @@ from = "python:3.12-slim"
 pip = ["numpy>=1.26", "pandas[performance]"]
 requirements = ["reqs/base.txt"]
 apt = ["nodejs", "g++", "libfoo1=1.2-3"]
+preload = ["numpy", "pandas", "numpy.random"]
 
 [limits]
 memory_mb = 1024
@@ -45,6 +46,7 @@ def test_a_spec_file_round_trips(tmp_path: Path) -> None:
     assert spec.pip == ("numpy>=1.26", "pandas[performance]")
     assert spec.requirements == ("reqs/base.txt",)
     assert spec.apt == ("nodejs", "g++", "libfoo1=1.2-3")
+    assert spec.preload == ("numpy", "pandas", "numpy.random")
     assert spec.limits == EnvLimits(memory_mb=1024, cpus=1.5)
     copy = tmp_path / "copy.toml"
     save_spec(spec, copy)
@@ -88,6 +90,9 @@ def test_requirements_files_are_read_relative_to_the_spec(tmp_path: Path) -> Non
         ('name = "ok"\npip = ["numpy>>1"]', "not a pip requirement"),
         ('name = "ok"\napt = ["nodejs; rm -rf /"]', "not a Debian package name"),
         ('name = "ok"\nimage = "x"', "image"),
+        ('name = "ok"\npreload = ["os; import x"]', "not a module name"),
+        ('name = "ok"\npreload = ["numpy."]', "not a module name"),
+        ('name = "ok"\npreload = ["numpy", "numpy"]', "named twice"),
         ('name = "ok"\n[limits]\nnetwork = "host"', "limits.network"),
         ('name = "ok"\n[limits]\nmemory_mb = 1', "limits.memory_mb"),
         ("name = ", "not valid TOML"),
@@ -130,6 +135,15 @@ def test_an_environments_egress_rules_are_checked_and_keep_old_digests() -> None
     assert "egress" not in plain.canonical()  # specs from before egress: the same digest
     allowed = make_spec(name="net", pip=["numpy"], egress=["pypi.org"])
     assert allowed.digest() != plain.digest() and allowed.egress == ("pypi.org",)
+
+
+def test_preloads_change_the_digest_and_a_spec_without_them_keeps_its_own() -> None:
+    plain = make_spec(name="ds", pip=["numpy"])
+    assert "preload" not in plain.canonical()  # specs from before preload: the same digest
+    warm = make_spec(name="ds", pip=["numpy"], preload=["numpy"])
+    assert warm.digest() != plain.digest()
+    assert warm.summary() == "pip: numpy; preload: numpy"
+    assert spec_from_json(warm.canonical()) == warm
 
 
 def test_the_variants_are_specs_with_their_images_limits() -> None:

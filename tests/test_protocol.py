@@ -44,6 +44,7 @@ PONG = {  # a pong as the protocol has it (``protocol.Pong``)
         "ending": 0,
         "refused": 0,
     },
+    "preload": {"modules": [], "failed": {}, "seconds": 0.0},
 }
 
 

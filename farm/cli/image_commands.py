@@ -51,6 +51,12 @@ def image_build(
         help="a host its boxes may reach, e.g. pypi.org or '*.example.org:443' (repeatable; "
         "within the farm's FARM_EGRESS_ALLOW)",
     ),
+    preload: list[str] = typer.Option(
+        [],
+        "--preload",
+        metavar="MODULE",
+        help="a module its kernel imports once before forking boxes, e.g. numpy (repeatable)",
+    ),
     languages: str = typer.Option(
         "",
         "--languages",
@@ -67,20 +73,22 @@ def image_build(
 
     spec: EnvSpec | None = None
     base_dir = Path.cwd()
+    given = any((pip, requirements, apt, from_image, egress, preload))  # a spec by options
     try:
         image = ImageName(name) if name is not None else ImageName()
         if spec_file is not None:
-            if pip or requirements or apt or from_image or egress:
+            if given:
                 fail("give packages either in the spec file or as options, not both", 2)
             spec = load_spec(spec_file, name=name)
             base_dir = spec_file.resolve().parent
-        elif pip or requirements or apt or from_image or egress:
+        elif given:
             spec = make_spec(
                 name=name or "",
                 pip=pip,
                 requirements=requirements,
                 apt=apt,
                 egress=egress,
+                preload=preload,
                 **({"from": from_image} if from_image else {}),
             )
         if save is not None:

@@ -22,7 +22,7 @@ from farm.cli.judge_commands import judge
 from farm.cli.serve_commands import mcp, serve, token_app
 from farm.client import Farm
 from farm.errors import BrokerUnavailable, FarmError, LocalFarmError
-from farm.models import ExecResult
+from farm.models import ExecResult, Preloaded
 from farm.settings import FarmSettings
 
 app = typer.Typer(
@@ -118,6 +118,7 @@ STATUS_COLUMNS = (
     "restarts",
     "backend",
     "image digest",
+    "preload",
     "metrics",
 )
 STATUS_WANTED = (
@@ -130,6 +131,7 @@ STATUS_WANTED = (
     "restarts",
     "gen",
     "backend",
+    "preload",
     "metrics",
     "image digest",
 )
@@ -153,8 +155,19 @@ def _status_row(w: dict[str, Any]) -> dict[str, str]:
         "restarts": str(w.get("restarts")),
         "backend": str(sandbox.get("backend")),
         "image digest": str(sandbox.get("image_digest"))[:19],
+        "preload": _preload_cell(sandbox.get("preload")),
         "metrics": str(w.get("metrics")),
     }
+
+
+def _preload_cell(record: dict[str, Any] | None) -> str:
+    """``numpy pandas !torch``: what the kernel preloaded, ``!`` (red) for what failed to;
+    ``-`` for nothing, ``?`` before its sandbox has answered."""
+    if record is None:
+        return "?"
+    preloaded = Preloaded.model_validate(record)
+    failed = [f"[red]!{escape(name)}[/]" for name in preloaded.failed]
+    return " ".join([*map(escape, preloaded.modules), *failed]) or "-"
 
 
 def _fitting_columns(rows: list[dict[str, str]], width: int) -> list[str]:

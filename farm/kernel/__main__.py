@@ -30,13 +30,14 @@ import sys
 import traceback  # noqa: F401
 import typing  # noqa: F401
 
-from .boxes import namespaces, zygote
+from .boxes import namespaces, preload, zygote
 from .boxes.pool import BoxPool, Caps, Isolation, LimitsError
 from .boxes.uids import prctl
 from .repl import cell_exec  # noqa: F401 - imported here: every forked session shares it
 from .supervisor.server import KernelServer, serve_forever
 from .wire import auth
 from .wire.framing import DEFAULT_MAX_FRAME
+from .wire.protocol import Preloaded
 
 TOKEN_ENV = "FARM_KERNEL_TOKEN"
 PR_SET_DUMPABLE = 4
@@ -123,6 +124,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--egress-ca",
         help="the CA bundle (a path in the sandbox) that boxes with egress are told to trust",
     )
+    parser.add_argument(
+        "--preload",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help=f"import MODULE before forking boxes (repeatable; also those {preload.IMAGE_FILE} "
+        "names, which an image's build writes)",
+    )
+    parser.add_argument(preload.REFUSED_FLAG, help=argparse.SUPPRESS)
     parser.add_argument("--log-level", default=os.environ.get("FARM_KERNEL_LOG_LEVEL", "INFO"))
     return parser.parse_args(argv)
 
@@ -191,6 +201,19 @@ def choose_isolation(args: argparse.Namespace) -> tuple[Isolation, str | None]:
     return "uids", why
 
 
+def _preload(args: argparse.Namespace, argv: list[str]) -> Preloaded:
+    """The image's warm imports and ``--preload``'s, here: before the zygote is forked (every
+    box inherits them) and before the token is read (none of them ever holds it)."""
+    names, unreadable = preload.image_modules()
+    names = list(dict.fromkeys([*names, *args.preload]))
+    record, restart = preload.run(names, args.preload_refused)
+    if restart is not None:
+        preload.restart_without(argv, restart)
+    if unreadable is not None:
+        record["failed"][preload.IMAGE_FILE] = unreadable
+    return record
+
+
 def _effective_caps() -> int:
     with open("/proc/self/status") as f:
         for line in f:
@@ -256,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     socket_dir = os.path.dirname(os.path.realpath(args.unix)) if args.unix else "/"
     if isolation == "namespaces" and socket_dir not in namespaces.NOT_HIDDEN:
         namespaces.HIDDEN.append(socket_dir)  # boxes see an empty directory there
+    preloaded = _preload(args, argv)
     _, zygote_sock = zygote.start(isolation)
     if isolation == "namespaces":  # only the zygote (and a box's init, briefly) keeps them
         namespaces.drop_capabilities(namespaces.CAP_SYS_ADMIN, namespaces.CAP_NET_ADMIN)
@@ -273,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
         tool_limit=args.tool_output_chars,
         fallback=fallback,
         egress_ca=args.egress_ca,
+        preloaded=preloaded,
     )
 
     def ready(where: str) -> None:

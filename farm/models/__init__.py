@@ -22,7 +22,7 @@ from farm.models.results import (
     SubCall,
     Value,
 )
-from farm.models.sandboxes import BoxCapacity, SandboxHealth, SandboxInfo
+from farm.models.sandboxes import BoxCapacity, Preloaded, SandboxHealth, SandboxInfo
 from farm.models.worker_requests import (
     CellRequest,
     CloseRequest,
@@ -61,6 +61,7 @@ __all__ = [
     "RunRequest",
     "BoxCapacity",
     "SandboxHealth",
+    "Preloaded",
     "SandboxInfo",
     "SubCall",
     "Value",

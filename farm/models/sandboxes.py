@@ -13,6 +13,15 @@ from farm.models.model_base import Model
 # --- sandboxes ------------------------------------------------------------------------------
 
 
+class Preloaded(Model):
+    """What a sandbox's kernel preloaded (``protocol.Preloaded``): modules every box has in
+    ``sys.modules`` already, and those that failed (module -> why)."""
+
+    modules: list[str] = Field(default_factory=list)
+    failed: dict[str, str] = Field(default_factory=dict)
+    seconds: float = 0.0
+
+
 class SandboxInfo(Model):
     """What a sandbox is, for ``farm status``, result manifests and audits."""
 
@@ -33,6 +42,9 @@ class SandboxInfo(Model):
     )
     isolation_fallback: str | None = Field(
         None, description="why boxes have no namespaces although asked to (None: as asked)"
+    )
+    preload: Preloaded | None = Field(
+        None, description="what its kernel preloaded (None: not asked yet or no kernel)"
     )
     started_at: float | None = None
     restarts: int = 0

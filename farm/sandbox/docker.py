@@ -31,7 +31,7 @@ from farm.image_name import ImageName, ServedImage
 from farm.kernel.wire import auth
 from farm.kernel.wire.client import KernelClient, KernelError
 from farm.local.processes import pid_alive
-from farm.models import SandboxHealth, SandboxInfo, frames
+from farm.models import Preloaded, SandboxHealth, SandboxInfo, frames
 from farm.sandbox.backend import Sandbox, box_arguments
 from farm.sandbox.bundle import MOUNT as BUNDLE
 from farm.sandbox.bundle import kernel_bundle
@@ -90,6 +90,7 @@ class DockerSandbox(Sandbox):
         self.kernel_version: str | None = None
         self.isolation: str | None = None  # the kernel's word, at its first answer
         self.isolation_fallback: str | None = None
+        self.preload: Preloaded | None = None  # what its kernel preloaded (its first pong)
 
     @property
     def token(self) -> str:
@@ -266,6 +267,7 @@ class DockerSandbox(Sandbox):
                     self.kernel_version = pong["version"]
                     self.isolation = pong.get("isolation")
                     self.isolation_fallback = pong.get("isolation_fallback")
+                    self.preload = Preloaded.model_validate(pong["preload"])
                     return
                 except KernelError as exc:
                     last = str(exc)
@@ -329,6 +331,7 @@ class DockerSandbox(Sandbox):
             kernel_version=self.kernel_version,
             isolation=self.isolation,
             isolation_fallback=self.isolation_fallback,
+            preload=self.preload,
             started_at=self.started_at,
         )
 

@@ -219,8 +219,9 @@ def _download_wheels(
 
 def _build_context(spec: EnvSpec, wheels: Path, root: Path) -> Path:
     """build/sandbox-context/NAME: env.Dockerfile (at its repository path, which the kernel
-    hash names), the kernel, ``wheels/``, ``judge/languages.json`` (the judge's table) and,
-    for a judge image, ``judge/include/`` (testlib.h),
+    hash names), the kernel, ``wheels/``, ``judge/languages.json`` (the judge's table),
+    ``preload.json`` (the modules its kernel preloads) and, for a judge image,
+    ``judge/include/`` (testlib.h),
     so the repository's own build context (the default image's, the worker's) never carries
     an environment's wheels."""
     context = root / CONTEXT_DIR / spec.name
@@ -233,6 +234,7 @@ def _build_context(spec: EnvSpec, wheels: Path, root: Path) -> Path:
     table = {name: language.for_image() for name, language in spec.languages.items()}
     (context / "judge").mkdir()
     (context / "judge" / "languages.json").write_text(json.dumps(table, indent=1, sort_keys=True))
+    (context / "preload.json").write_text(json.dumps({"modules": list(spec.preload)}))
     if spec.languages:  # testlib.h, for the problems' checkers and interactors
         shutil.copytree(root / JUDGE_INCLUDE, context / "judge" / "include")
     shutil.copytree(

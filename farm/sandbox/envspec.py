@@ -1,11 +1,11 @@
 """An environment's spec: what ``farm image build`` adds to the sandbox base, and its file.
 
 A spec names the image (``farm-sandbox:NAME``) and lists pip requirements, Debian packages,
-an optional base image (``from``) and the limits its work needs; ``farm-env.toml`` holds one
-in a user's project, and the built-in variants are specs too. Invariant: everything is
-validated before anything is built (apt names reach a shell, so they must be names and nothing
-else); an image records its resolved spec in a label. File format and reasons:
-docs/design/images.md.
+an optional base image (``from``), modules to preload and the limits its work needs;
+``farm-env.toml`` holds one in a user's project, and the built-in variants are specs too.
+Invariant: everything is validated before anything is built (apt names reach a shell, so they
+must be names and nothing else); an image records its resolved spec in a label. File format
+and reasons: docs/design/images.md.
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ SPEC_FILE = "farm-env.toml"
 # A Docker tag without "/" or ":" (those name other images), lower case, not too long: the
 # name is also a queue (farm.NAME), a directory and a label.
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_.-]{0,62}$"
+# A module to preload: a dotted Python name, nothing else (it reaches importlib in the kernel).
+MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # Debian package names (policy 5.6.1), optionally pinned: nodejs, g++, libfoo1=1.2-3.
 APT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?$")
 
@@ -77,6 +79,9 @@ class EnvSpec(BaseModel):
     languages: dict[str, Language] = Field(
         default_factory=dict, description="the judge's languages (farm.judge.languages)"
     )
+    preload: tuple[str, ...] = Field(
+        (), description="modules the kernel imports before forking boxes (docs/design/preload.md)"
+    )
 
     @property
     def tag(self) -> str:
@@ -116,6 +121,16 @@ class EnvSpec(BaseModel):
                 raise ValueError(f"not a Debian package name: {name!r}")
         return apt
 
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, preload: tuple[str, ...]) -> tuple[str, ...]:
+        for name in preload:
+            if not MODULE_PATTERN.match(name):
+                raise ValueError(f"not a module name: {name!r}")
+        if len(set(preload)) != len(preload):
+            raise ValueError("a module is named twice")
+        return preload
+
     @field_validator("languages")
     @classmethod
     def _language_names(cls, languages: dict[str, Language]) -> dict[str, Language]:
@@ -135,8 +150,9 @@ class EnvSpec(BaseModel):
     def canonical(self) -> str:
         """One JSON text per spec: what the image's label holds and its hash covers."""
         data = self.model_dump(mode="json", by_alias=True)
-        if not data["egress"]:  # specs from before egress keep their digest (and images)
-            del data["egress"]
+        for added in ("egress", "preload"):  # specs from before them keep their digest (and images)
+            if not data[added]:
+                del data[added]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     def digest(self) -> str:
@@ -148,6 +164,7 @@ class EnvSpec(BaseModel):
         parts += [f"pip: {', '.join(self.pip)}"] if self.pip else []
         parts += [f"requirements: {', '.join(self.requirements)}"] if self.requirements else []
         parts += [f"apt: {', '.join(self.apt)}"] if self.apt else []
+        parts += [f"preload: {', '.join(self.preload)}"] if self.preload else []
         limits = self.limits.model_dump(exclude_none=True)
         if limits:
             parts.append("limits: " + " ".join(f"{k}={v}" for k, v in limits.items()))

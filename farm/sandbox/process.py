@@ -18,7 +18,8 @@ import time
 
 from farm.errors import SandboxStartError
 from farm.kernel.wire import auth
-from farm.models import SandboxInfo
+from farm.kernel.wire.client import KernelError
+from farm.models import Preloaded, SandboxInfo
 from farm.sandbox.backend import Sandbox, box_arguments
 from farm.settings import BoxSettings, FarmSettings
 
@@ -69,6 +70,7 @@ class ProcessSandbox(Sandbox):
         self.kernel_pid: int | None = None
         self.restarts = 0
         self.workspace: str | None = None
+        self.preload: Preloaded | None = None
 
     @property
     def token(self) -> str:
@@ -107,11 +109,16 @@ class ProcessSandbox(Sandbox):
         )
         try:
             ready = self._wait_ready(self.proc)
+            self.address = str(ready["listen"])
+            self.kernel_pid = int(str(ready["pid"]))
+            with self.kernel() as client:  # what it preloaded (--preload in extra_args)
+                self.preload = Preloaded.model_validate(client.ping()["preload"])
+        except KernelError as exc:
+            self.stop()
+            raise SandboxStartError(f"the kernel process did not answer at start: {exc}") from exc
         except BaseException:
             self.stop()
             raise
-        self.address = str(ready["listen"])
-        self.kernel_pid = int(str(ready["pid"]))
         self.started_at = time.time()
 
     @staticmethod
@@ -161,6 +168,7 @@ class ProcessSandbox(Sandbox):
             limits={},
             kernel_version=None,
             isolation="dirs",
+            preload=self.preload,
             started_at=self.started_at,
             restarts=self.restarts,
         )

@@ -4,7 +4,7 @@
 # Built by farm/sandbox/environments.py, which picks BASE, puts the wheels the host downloaded
 # in the build context (a build here cannot be trusted to reach PyPI) and labels the image with
 # farm.kernel_hash and farm.env_hash. Build context: build/sandbox-context/NAME/, holding this
-# file, farm/kernel/ and wheels/.
+# file, farm/kernel/, wheels/, judge/ and preload.json.
 #
 # The heavy layers (apt, wheels) come first: a kernel change rebuilds only the last layers.
 # Containers run like the default image's: read-only root, no network, a uid per session.
@@ -68,6 +68,8 @@ RUN touch /opt/farm/farm/__init__.py \
 # Each judged language's version, asked of the toolchain once, here
 # (farm/kernel/judge/language_table.py).
 RUN PYTHONPATH=/opt/farm python3 -m farm.kernel.judge.language_table /etc/farm/judge/languages.json
+# The modules the kernel imports before forking boxes (farm/kernel/boxes/preload.py).
+COPY preload.json /etc/farm/preload.json
 
 # HOME, TMPDIR and the XDG caches are each session's own (set by the kernel per box).
 ENV PYTHONPATH=/opt/farm PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

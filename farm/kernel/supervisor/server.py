@@ -23,7 +23,15 @@ from .. import KERNEL_VERSION
 from ..boxes.pool import BoxPool, Caps
 from ..wire import auth
 from ..wire.framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
-from ..wire.protocol import RECOVERABLE_CODES, CellEvent, EventFrame, ExecReply, ItemReply, Pong
+from ..wire.protocol import (
+    RECOVERABLE_CODES,
+    CellEvent,
+    EventFrame,
+    ExecReply,
+    ItemReply,
+    Pong,
+    Preloaded,
+)
 from .cell import fit
 from .items import run_item
 from .links import RequestError
@@ -57,8 +65,10 @@ class KernelServer:
         tool_limit: int = 3000,
         fallback: str | None = None,
         egress_ca: str | None = None,
+        preloaded: Preloaded | None = None,
     ) -> None:
         self._token = token
+        self.preloaded: Preloaded = preloaded or {"modules": [], "failed": {}, "seconds": 0.0}
         self.egress_ca = egress_ca
         self.egress = ProxyChannel()
         self.fallback = fallback  # why boxes have no namespaces although asked to
@@ -283,6 +293,7 @@ class KernelServer:
             "spares": len(self.manager.spawner.spares),
             "quarantined": len(self.pool.quarantined),
             "capacity": self.manager.spawner.capacity(),
+            "preload": self.preloaded,
         }
 
 

@@ -170,6 +170,15 @@ class Capacity(TypedDict):
     refused: int
 
 
+class Preloaded(TypedDict):
+    """The image's warm imports (``boxes.preload``): in every box's ``sys.modules`` already;
+    ``failed``: module -> why not (the kernel serves without it); ``seconds`` they took."""
+
+    modules: list[str]
+    failed: dict[str, str]
+    seconds: float
+
+
 class Pong(TypedDict):
     type: Literal["pong"]
     version: str
@@ -188,6 +197,7 @@ class Pong(TypedDict):
     spares: int  # such processes ready now
     quarantined: int  # boxes out of use until a reset of them succeeds
     capacity: Capacity
+    preload: Preloaded
 
 
 class _OpenSessionRequired(TypedDict):

@@ -24,6 +24,7 @@ from farm.client.session_files import SessionFiles
 from farm.client.stream import EventStream
 from farm.errors import FarmBusy, SessionLost, StateLost
 from farm.models import CommandResult, ErrorKind, ExecResult, Opened, RestoreReport
+from farm.models.branches import Checkpoint
 
 if TYPE_CHECKING:
     from farm.client.farm import Farm
@@ -254,6 +255,25 @@ class Session:
         if (reply.get("error") or {}).get("ename") == "SessionLost":
             raise SessionLost(self.id, self.worker, reply["error"]["evalue"])
         return reply
+
+    # --- branching (``farm.client.branching``; docs/design/fork.md) ---
+
+    def checkpoint(self) -> Checkpoint:
+        """Keep the session as it is now (variables, modules, files) to ``rollback`` to."""
+        from farm.client import branching
+
+        return branching.checkpoint(self)
+
+    def rollback(self, cp: Checkpoint | str) -> None:
+        """Return to ``cp`` exactly; the session's processes since then are ended."""
+        from farm.client import branching
+
+        branching.rollback(self, cp)
+
+    def drop_checkpoint(self, cp: Checkpoint | str) -> None:
+        from farm.client import branching
+
+        branching.drop(self, cp)
 
     def restart(self) -> None:
         """Accept the loss of state: continue in the fresh namespace of the current epoch."""

@@ -19,6 +19,7 @@ from celery.concurrency import get_implementation
 from celery.signals import celeryd_after_setup, worker_shutdown
 
 from farm.celeryconf import (
+    TASK_BRANCH,
     TASK_CLOSE,
     TASK_COMMAND,
     TASK_ECHO,
@@ -29,6 +30,7 @@ from farm.celeryconf import (
 )
 from farm.errors import FarmError
 from farm.settings import FarmSettings
+from farm.worker.session_branches import branch
 from farm.worker.startup import check_broker
 from farm.worker.worker_state import Worker
 
@@ -107,6 +109,10 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     @app.task(name=TASK_FILE, shared=False)
     def file_operation(request: dict[str, Any]) -> dict[str, Any]:
         return current().calls.file(request)
+
+    @app.task(name=TASK_BRANCH, shared=False)
+    def branch_session(request: dict[str, Any]) -> dict[str, Any]:
+        return branch(current(), request)
 
     @app.task(name=TASK_ECHO, shared=False)
     def echo(payload: Any) -> Any:

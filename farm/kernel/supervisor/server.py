@@ -25,6 +25,7 @@ from ..wire import auth
 from ..wire.framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
 from ..wire.protocol import RECOVERABLE_CODES, CellEvent, EventFrame, ExecReply, ItemReply, Pong
 from .cell import fit
+from .checkpoints import branch
 from .items import run_item
 from .links import RequestError
 from .manager import SessionManager
@@ -262,6 +263,8 @@ class KernelServer:
             outcome = await run_item(self.manager, item, emit_for, gone)  # fitted there
             done: ItemReply = {"type": "item_result", "result": outcome}
             return done
+        if kind == "branch":  # checkpoint, rollback, drop, fork
+            return await branch(self.manager, message)
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
 
     def info(self) -> Pong:

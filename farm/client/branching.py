@@ -1,0 +1,64 @@
+"""Sessions that branch, as the caller holds them: checkpoint, rollback, drop, fork.
+
+One request path for all four (``TASK_BRANCH`` to the session's worker), built here alone;
+``Session`` and ``AsyncSession`` have thin methods over these functions. A refusal raises its
+typed error (``farm.errors.error_for_branch``: too many checkpoints, unknown checkpoint,
+budget exceeded) and leaves the session as it was. Design: docs/design/fork.md.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from farm.celeryconf import TASK_BRANCH
+from farm.client.broker import Watch
+from farm.errors import error_for_branch
+from farm.models.branches import Checkpoint
+
+if TYPE_CHECKING:
+    from farm.client.session import Session
+
+BRANCH_WAIT_S = 600.0  # queueing at the worker, then the kernel's own deadline (two minutes)
+
+
+def request(session: Session, op: str, **fields: Any) -> dict[str, Any]:
+    """Send one branch op to the session's worker and wait for its reply; raise its error."""
+    message = {"op": op, "session_id": session.id, "generation": session.generation, **fields}
+    pending, mark = session.farm.broker.send(
+        TASK_BRANCH, session.queue, args=[message], check=session._check_alive
+    )
+    watch = Watch((session.worker, session.generation), None, mark, session.id)
+    reply: dict[str, Any] = session.farm.broker.wait(
+        pending, time.monotonic() + BRANCH_WAIT_S, watch
+    )
+    error = reply.get("error")
+    if error:
+        raise error_for_branch(session.id, str(error["code"]), str(error["message"]))
+    return reply
+
+
+def checkpoint(session: Session) -> Checkpoint:
+    reply = request(session, "checkpoint")
+    return Checkpoint(
+        id=reply["checkpoint_id"],
+        session_id=session.id,
+        epoch=reply["epoch"],
+        files=reply.get("files", 0),
+        bytes=reply.get("bytes", 0),
+    )
+
+
+def _id(cp: Checkpoint | str) -> str:
+    return cp.id if isinstance(cp, Checkpoint) else cp
+
+
+def rollback(session: Session, cp: Checkpoint | str) -> None:
+    """Back to ``cp``; the session moves to a new epoch (a call sent before, at the old one,
+    is refused as ``state_lost`` rather than run in the restored namespace)."""
+    reply = request(session, "rollback", checkpoint_id=_id(cp))
+    session.epoch = session._kernel_epoch = int(reply["epoch"])
+
+
+def drop(session: Session, cp: Checkpoint | str) -> None:
+    request(session, "drop", checkpoint_id=_id(cp))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from farm.celeryconf import TASK_BRANCH
 from farm.client.broker import Watch
 from farm.errors import error_for_branch
+from farm.models import Opened
 from farm.models.branches import Checkpoint
 
 if TYPE_CHECKING:
@@ -62,3 +63,35 @@ def rollback(session: Session, cp: Checkpoint | str) -> None:
 
 def drop(session: Session, cp: Checkpoint | str) -> None:
     request(session, "drop", checkpoint_id=_id(cp))
+
+
+class Forks(list["Session"]):
+    """The sessions a fork made (in order), and what of the parent none of them holds:
+    ``not_carried``, ``"name: why"`` each (docs/design/fork.md)."""
+
+    def __init__(self, sessions: list[Session], not_carried: list[str]) -> None:
+        super().__init__(sessions)
+        self.not_carried = not_carried
+
+
+def fork(session: Session, n: int = 1) -> Forks:
+    """``n`` new sessions, each a box of its own, holding the session's files and variables
+    as they are now (by value); closing them is the caller's, like any session's."""
+    from farm.client.session import Session
+
+    reply = request(session, "fork", n=n)
+    sessions = []
+    for forked in reply["forks"]:
+        opened = Opened(
+            session_id=forked["session_id"],
+            epoch=forked["epoch"],
+            worker=reply["worker"],
+            generation=reply["generation"],
+            queue=reply["queue"],
+        )
+        sessions.append(
+            Session(
+                session.farm, opened, session.timeout_s, session.on_state_lost, session.callbacks
+            )
+        )
+    return Forks(sessions, list(reply.get("not_carried", [])))

@@ -27,6 +27,7 @@ from farm.models import CommandResult, ErrorKind, ExecResult, Opened, RestoreRep
 from farm.models.branches import Checkpoint
 
 if TYPE_CHECKING:
+    from farm.client.branching import Forks
     from farm.client.farm import Farm
 
 QUEUE_WAIT_S = 600.0
@@ -274,6 +275,13 @@ class Session:
         from farm.client import branching
 
         branching.drop(self, cp)
+
+    def fork(self, n: int = 1) -> Forks:
+        """``n`` new sessions, each a box of its own, starting from this one's files and
+        variables (by value: ``Forks.not_carried`` says what did not cross)."""
+        from farm.client import branching
+
+        return branching.fork(self, n)
 
     def restart(self) -> None:
         """Accept the loss of state: continue in the fresh namespace of the current epoch."""

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from farm.kernel.wire.branch_frames import Branch
+from farm.kernel.wire.branch_frames import Branch, Branched
 from farm.kernel.wire.client import KernelError, KernelRequestError
+from farm.worker.box_gate import KERNEL_WAIT_S, Ticket, weight
 
 if TYPE_CHECKING:
     from farm.worker.worker_state import Worker
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BRANCH_TIMEOUT_S = 120.0  # a checkpoint copies the box's files; a fork opens boxes
+FORK_ROOM_WAIT_S = 2.0  # how long a fork's boxes wait for room at the worker's gate
 
 
 def branch_request(request: dict[str, Any]) -> Branch:
@@ -28,6 +30,9 @@ def branch_request(request: dict[str, Any]) -> Branch:
     message: Branch = {"type": "branch", "op": request["op"], "session_id": request["session_id"]}
     if request.get("checkpoint_id") is not None:
         message["checkpoint_id"] = str(request["checkpoint_id"])
+    if request["op"] == "fork":
+        message["n"] = int(request.get("n", 1))
+        message["wait_s"] = KERNEL_WAIT_S
     return message
 
 
@@ -41,15 +46,48 @@ def branch(worker: Worker, request: dict[str, Any]) -> dict[str, Any]:
     if held is None:
         return refusal("session_lost", why)
     session_id = request["session_id"]
+    tickets = _room(worker, int(request.get("n", 1))) if request["op"] == "fork" else []
+    if tickets is None:
+        return refusal("budget_exceeded", f"worker {worker.id} has no room for the forks")
     try:
         with worker.kernel() as kernel:
             reply = kernel.branch(branch_request(request), BRANCH_TIMEOUT_S)
-    except KernelRequestError as exc:
-        return refusal(exc.code, str(exc))
     except KernelError as exc:
+        for ticket in tickets:
+            worker.gate.release(ticket)
+        if isinstance(exc, KernelRequestError):
+            return refusal(exc.code, str(exc))
         held.lost = f"its sandbox failed during a {request['op']} ({exc})"
         return refusal("session_lost", held.lost)
+    if request["op"] == "fork":
+        return _forked(worker, reply, tickets)
     held.epoch = reply["epoch"]
     worker.registry.put_session(*worker.session_entry(session_id, held.epoch))
     log.info("session %s: %s on worker %s", session_id, request["op"], worker.id)
     return dict(reply)
+
+
+def _room(worker: Worker, n: int) -> list[Ticket] | None:
+    """Room at the worker's gate for ``n`` boxes of the defaults (a fork's box has its
+    parent's limits; the kernel's own admission counts them exactly), or ``None``."""
+    tickets: list[Ticket] = []
+    box_weight = weight(None, worker.box_defaults())
+    for _ in range(n):
+        ticket = worker.gate.open(box_weight, FORK_ROOM_WAIT_S)
+        if ticket is None:
+            for taken in tickets:
+                worker.gate.release(taken)
+            return None
+        tickets.append(ticket)
+    return tickets
+
+
+def _forked(worker: Worker, reply: Branched, tickets: list[Ticket]) -> dict[str, Any]:
+    """Hold the forks here like opened sessions (each with its room), and say where they are."""
+    forks = reply.get("forks", [])
+    for forked, ticket in zip(forks, tickets, strict=False):
+        worker.hold(forked["session_id"], forked["epoch"], ticket)
+    for ticket in tickets[len(forks) :]:
+        worker.gate.release(ticket)
+    where = {"worker": worker.id, "generation": worker.generation, "queue": worker.queue}
+    return {**reply, **where}

@@ -181,7 +181,9 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
             send_frame(ctl, fileops.handle(workspace, request))
             continue
         if request["type"] in held_copies.ORDERS:  # returns here in a new process after a
-            held_copies.handle(ctl, request, roots)  # rollback: the session's, from then on
+            held_copies.handle(
+                ctl, request, roots, repl.namespace
+            )  # rollback: the session's, from then on
             me = channel.pid = os.getpid()
             continue
         _restore_stdio()

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..boxes import procs
 from ..wire.branch_frames import Branched, BranchOp
-from ..wire.framing import FrameError, read_frame
+from ..wire.framing import FrameError, encode, read_frame
 from .links import RequestError
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class Checkpoints:
             proc = session.proc
             if proc.exit is not None:
                 raise RequestError("unavailable", "the session process is gone: run a cell first")
-            reply = await self._ask(proc, {"type": "checkpoint", "waker": os.getpid()})
+            reply = await ask(proc, {"type": "checkpoint", "waker": os.getpid()})
             if reply.get("type") != "checkpointed" or "error" in reply:
                 why = str(reply.get("error", "no answer"))
                 code = "budget_exceeded" if reply.get("budget") else "unavailable"
@@ -107,7 +107,7 @@ class Checkpoints:
             await _reattach(proc, self.loop)
             session.epoch += 1  # a call of the line left behind must not run in this one
             signal.pidfd_send_signal(cp.pidfd, signal.SIGUSR2)
-            reply = await self._ask(proc, None)
+            reply = await ask(proc, None)
             pid = child_pid(cp.pid, int(reply.get("pid", 0))) if "pid" in reply else None
             if pid is None:  # the copy is still held; the next call gets a fresh process
                 proc.exit = proc.exit or {"op": "exited", "pid": proc.pid, "code": None}
@@ -210,19 +210,6 @@ class Checkpoints:
             self.loop.remove_reader(pidfd)
             os.close(pidfd)
 
-    async def _ask(self, proc: SessionProcess, order: dict[str, Any] | None) -> dict[str, Any]:
-        """Send ``order`` (if any) and read the one frame that answers it."""
-        if order is not None:
-            from ..wire.framing import encode
-
-            proc.writer.write(encode(order))
-            await proc.writer.drain()
-        try:
-            reply = await asyncio.wait_for(read_frame(proc.reader), HOLD_TIMEOUT_S)
-        except (asyncio.TimeoutError, FrameError, ConnectionError, OSError) as exc:
-            return {"error": f"no answer ({type(exc).__name__})"}
-        return reply if isinstance(reply, dict) else {"error": "the socket closed"}
-
     def _reply(self, session: Session, op: BranchOp, **fields: Any) -> Branched:
         reply: Branched = {
             "type": "branched",
@@ -233,6 +220,21 @@ class Checkpoints:
         }
         reply.update(fields)  # type: ignore[typeddict-item]
         return reply
+
+
+async def ask(
+    proc: SessionProcess, order: dict[str, Any] | None, timeout_s: float = HOLD_TIMEOUT_S
+) -> dict[str, Any]:
+    """Send ``order`` (if any) to a session process between cells and read the one frame
+    that answers it (``{"error": ...}`` when none came)."""
+    if order is not None:
+        proc.writer.write(encode(order))
+        await proc.writer.drain()
+    try:
+        reply = await asyncio.wait_for(read_frame(proc.reader), timeout_s)
+    except (asyncio.TimeoutError, FrameError, ConnectionError, OSError) as exc:
+        return {"error": f"no answer ({type(exc).__name__})"}
+    return reply if isinstance(reply, dict) else {"error": "the socket closed"}
 
 
 def _end(cp: Held) -> None:
@@ -294,20 +296,3 @@ def _innermost(pid: int) -> int | None:
     except (OSError, ValueError):
         return None
     return None
-
-
-async def branch(manager: SessionManager, message: dict[str, Any]) -> Branched:
-    """A ``branch`` request, checked, then done (``fork``: ``session_forks``)."""
-    op, session_id = message.get("op"), message.get("session_id")
-    if not isinstance(session_id, str):
-        raise RequestError("bad_request", "field 'session_id' must be a string")
-    checkpoint_id = message.get("checkpoint_id")
-    if op in ("rollback", "drop") and not isinstance(checkpoint_id, str):
-        raise RequestError("bad_request", "field 'checkpoint_id' must be a string")
-    if op == "checkpoint":
-        return await manager.checkpoints.take(session_id)
-    if op == "rollback":
-        return await manager.checkpoints.rollback(session_id, str(checkpoint_id))
-    if op == "drop":
-        return manager.checkpoints.drop(session_id, str(checkpoint_id))
-    raise RequestError("bad_request", f"unknown branch op {op!r}")

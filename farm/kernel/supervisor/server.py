@@ -24,8 +24,8 @@ from ..boxes.pool import BoxPool, Caps
 from ..wire import auth
 from ..wire.framing import DEFAULT_MAX_FRAME, FrameError, FrameTooLarge, discard, encode, read_frame
 from ..wire.protocol import RECOVERABLE_CODES, CellEvent, EventFrame, ExecReply, ItemReply, Pong
+from .branch_requests import branch
 from .cell import fit
-from .checkpoints import branch
 from .items import run_item
 from .links import RequestError
 from .manager import SessionManager

@@ -106,3 +106,24 @@ def test_the_boxs_own_code_cannot_wake_a_checkpoint(session: Session) -> None:
     assert value(session, "x") == "changed"  # the session is still this process
     session.rollback(cp)
     assert value(session, "x") == "kept"
+
+
+def test_the_journal_says_which_cells_a_rollback_undid(one_worker: Farm) -> None:
+    """Branches are journaled, so a replay after a loss of state runs the cells the session
+    held: those before the checkpoint, and after the rollback, never the undone ones."""
+    from farm.client.journal_replay import live_cells
+    from farm.events.run_events import Branch
+
+    with one_worker.session() as s:
+        for code in ("log = []", "log.append('a')"):
+            s.run(code)
+        cp = s.checkpoint()
+        s.run("log.append('b')")
+        s.rollback(cp)
+        s.run("log.append('c')")
+        events = list(one_worker.journal.events(s.id))
+        ops = [(e.op, e.checkpoint_id) for e in events if isinstance(e, Branch)]
+        assert ops == [("checkpoint", cp.id), ("rollback", cp.id)]
+        cells = [start.code for start in live_cells(events, "none")]
+        assert cells == ["log = []", "log.append('a')", "log.append('c')"]
+        assert value(s, "log") == ["a", "c"]

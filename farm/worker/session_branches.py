@@ -10,8 +10,11 @@ answer, so that a call of the line left behind is refused as ``state_lost``. A r
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
+from farm.events import run_events
 from farm.kernel.wire.branch_frames import Branch, Branched
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.worker.box_gate import KERNEL_WAIT_S, Ticket, weight
@@ -60,9 +63,11 @@ def branch(worker: Worker, request: dict[str, Any]) -> dict[str, Any]:
         held.lost = f"its sandbox failed during a {request['op']} ({exc})"
         return refusal("session_lost", held.lost)
     if request["op"] == "fork":
+        _journal(worker, reply)
         return _forked(worker, reply, tickets)
     held.epoch = reply["epoch"]
     worker.registry.put_session(*worker.session_entry(session_id, held.epoch))
+    _journal(worker, reply)
     log.info("session %s: %s on worker %s", session_id, request["op"], worker.id)
     return dict(reply)
 
@@ -91,3 +96,19 @@ def _forked(worker: Worker, reply: Branched, tickets: list[Ticket]) -> dict[str,
         worker.gate.release(ticket)
     where = {"worker": worker.id, "generation": worker.generation, "queue": worker.queue}
     return {**reply, **where}
+
+
+def _journal(worker: Worker, reply: Branched) -> None:
+    """The op in the session's journal: a replay after a loss of state then knows which cells
+    a rollback undid (``journal_replay.live_cells``)."""
+    event = run_events.Branch(
+        exec_id=uuid.uuid4().hex,
+        session_id=reply["session_id"],
+        seq=0,
+        ts=time.time(),
+        op=reply["op"],
+        epoch=reply["epoch"],
+        checkpoint_id=reply.get("checkpoint_id"),
+        forks=[forked["session_id"] for forked in reply.get("forks", [])],
+    )
+    worker.journal.append([event])

@@ -83,11 +83,16 @@ class Checkpoints:
                 why = str(reply.get("error", "no answer"))
                 code = "budget_exceeded" if reply.get("budget") else "unavailable"
                 raise RequestError(code, f"no checkpoint of session {session.id}: {why}")
-            pid = child_pid(proc.pid, int(reply["pid"]))
+            pid = child_pid(proc.pid, _number(reply.get("pid")))
             if pid is None:
                 raise RequestError("unavailable", "the checkpoint ended as soon as it was made")
             cp = Held(
-                uuid.uuid4().hex[:16], pid, os.pidfd_open(pid), reply["files"], reply["bytes"], proc
+                uuid.uuid4().hex[:16],
+                pid,
+                os.pidfd_open(pid),
+                _number(reply.get("files")),
+                _number(reply.get("bytes")),
+                proc,
             )
             held[cp.id] = cp
             session.last_used = time.monotonic()
@@ -108,7 +113,7 @@ class Checkpoints:
             session.epoch += 1  # a call of the line left behind must not run in this one
             signal.pidfd_send_signal(cp.pidfd, signal.SIGUSR2)
             reply = await ask(proc, None)
-            pid = child_pid(cp.pid, int(reply.get("pid", 0))) if "pid" in reply else None
+            pid = child_pid(cp.pid, _number(reply.get("pid")))
             if pid is None:  # the copy is still held; the next call gets a fresh process
                 proc.exit = proc.exit or {"op": "exited", "pid": proc.pid, "code": None}
                 why = reply.get("error", "the held copy did not take over")
@@ -235,6 +240,12 @@ async def ask(
     except (asyncio.TimeoutError, FrameError, ConnectionError, OSError) as exc:
         return {"error": f"no answer ({type(exc).__name__})"}
     return reply if isinstance(reply, dict) else {"error": "the socket closed"}
+
+
+def _number(field: Any) -> int:
+    """A count or pid from a session process's frame: its code may have written the frame,
+    so anything but a plain non-negative int is 0 (never a reply the host would refuse)."""
+    return field if isinstance(field, int) and not isinstance(field, bool) and field > 0 else 0
 
 
 def _end(cp: Held) -> None:

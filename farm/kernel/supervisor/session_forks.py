@@ -35,7 +35,7 @@ async def fork(manager: SessionManager, session_id: str, n: int, wait_s: float) 
         if parent.proc.exit is not None:
             raise RequestError("unavailable", "the session process is gone: run a cell first")
         exported = await ask(parent.proc, {"type": "export"})
-    if "state" not in exported:
+    if not isinstance(exported.get("state"), str):
         code = "budget_exceeded" if exported.get("budget") else "unavailable"
         raise RequestError(
             code, f"the session's state could not be exported: {exported.get('error')}"
@@ -55,7 +55,7 @@ async def fork(manager: SessionManager, session_id: str, n: int, wait_s: float) 
         if isinstance(error, RequestError) and error.code in ROOM_CODES:
             raise RequestError("budget_exceeded", f"no room for {n} forks: {error}")
         raise error
-    lost = list(exported.get("not_carried", []))
+    lost = _names(exported.get("not_carried"))
     for _, missing in forks:
         lost += [name for name in missing if name not in lost]
     return {
@@ -83,4 +83,9 @@ async def _one(
             manager.close(child.id)
         raise RequestError("unavailable", f"a fork could not load the state: {loaded.get('error')}")
     forked: Forked = {"session_id": child.id, "epoch": child.epoch}
-    return forked, [str(name) for name in loaded.get("not_carried", [])]
+    return forked, _names(loaded.get("not_carried"))
+
+
+def _names(field: Any) -> list[str]:
+    """What a session process said was not carried (its code may have written the frame)."""
+    return [str(name)[:500] for name in field[:1000]] if isinstance(field, list) else []

@@ -15,7 +15,7 @@ from farm.client import Farm, Session
 from farm.errors import BudgetExceeded, StateLost, TooManyCheckpoints, UnknownCheckpoint
 from tests.test_cotenancy import value
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
 
 
 @pytest.fixture

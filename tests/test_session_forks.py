@@ -9,14 +9,16 @@ docs/design/fork.md.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from farm.client import Farm, Session
 from farm.errors import BudgetExceeded
 from tests.test_cotenancy import value
+from tests.test_reliability_adversarial import record
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
 
 STATE = """
 import os, json
@@ -54,7 +56,7 @@ def test_a_fork_starts_from_its_parents_state(parent: Session) -> None:
             f.close()
 
 
-def test_forks_are_boxes_of_their_own(parent: Session) -> None:
+def test_forks_are_boxes_of_their_own(parent: Session, record_property: Any) -> None:
     """A fork has its own uid and disk: the parent's files, processes and loopback are out
     of its reach, and so are its sibling's."""
     parent.run(
@@ -74,6 +76,12 @@ def test_forks_are_boxes_of_their_own(parent: Session) -> None:
             "(os.getuid(), owners, reach, sorted(os.listdir('/workspace')))"
         )
         facts = [value(f, probe) for f in forks]
+        record(
+            record_property,
+            "each fork: its own uid, no process of another in sight, its own loopback",
+            f"parent uid {parent_uid}; forks (uid, owners seen, connect): "
+            + "; ".join(f"{u}, {o}, {r}" for u, o, r, _ in facts),
+        )
         uids = {uid for uid, _, _, _ in facts}
         assert len(uids | {parent_uid}) == 3
         for uid, owners, reach, files in facts:
@@ -87,12 +95,19 @@ def test_forks_are_boxes_of_their_own(parent: Session) -> None:
             f.close()
 
 
-def test_a_fork_bomb_of_forks_is_refused_by_the_budget(parent: Session) -> None:
+def test_a_fork_bomb_of_forks_is_refused_by_the_budget(
+    parent: Session, record_property: Any
+) -> None:
     forks: list[Session] = []
     try:
-        with pytest.raises(BudgetExceeded):
+        with pytest.raises(BudgetExceeded) as refused:
             for _ in range(64):
                 forks += (forks[-1] if forks else parent).fork(4)
+        record(
+            record_property,
+            "forks of forks refused by the budget (BudgetExceeded), the parent lives on",
+            f"{len(forks)} forks made, then: {refused.value}",
+        )
         assert forks, "some forks fit before the budget said no"
         assert value(parent, "p.x") == 21  # the parent lives on
     finally:

@@ -9,21 +9,41 @@ budget exceeded) and leaves the session as it was. Design: docs/design/fork.md.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from farm.celeryconf import TASK_BRANCH
 from farm.client.broker import Watch
+from farm.client.exec_call import CallerFarm
 from farm.errors import error_for_branch
 from farm.models import Opened
 from farm.models.branches import Checkpoint
 
-if TYPE_CHECKING:
-    from farm.client.session import Session
-
 BRANCH_WAIT_S = 600.0  # queueing at the worker, then the kernel's own deadline (two minutes)
+S = TypeVar("S")
 
 
-def request(session: Session, op: str, **fields: Any) -> dict[str, Any]:
+class Branching(Protocol):
+    """A session as its branching sees it: where it lives, and its liveness check."""
+
+    @property
+    def farm(self) -> CallerFarm: ...
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def worker(self) -> str: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    def _check_alive(self) -> str: ...
+
+
+def request(session: Branching, op: str, **fields: Any) -> dict[str, Any]:
     """Send one branch op to the session's worker and wait for its reply; raise its error."""
     message = {"op": op, "session_id": session.id, "generation": session.generation, **fields}
     pending, mark = session.farm.broker.send(
@@ -39,7 +59,7 @@ def request(session: Session, op: str, **fields: Any) -> dict[str, Any]:
     return reply
 
 
-def checkpoint(session: Session) -> Checkpoint:
+def checkpoint(session: Branching) -> Checkpoint:
     reply = request(session, "checkpoint")
     return Checkpoint(
         id=reply["checkpoint_id"],
@@ -54,44 +74,38 @@ def _id(cp: Checkpoint | str) -> str:
     return cp.id if isinstance(cp, Checkpoint) else cp
 
 
-def rollback(session: Session, cp: Checkpoint | str) -> None:
-    """Back to ``cp``; the session moves to a new epoch (a call sent before, at the old one,
-    is refused as ``state_lost`` rather than run in the restored namespace)."""
+def rollback(session: Branching, cp: Checkpoint | str) -> int:
+    """Back to ``cp``; the session's new epoch (a call sent before, at the old one, is refused
+    as ``state_lost`` rather than run in the restored namespace)."""
     reply = request(session, "rollback", checkpoint_id=_id(cp))
-    session.epoch = session._kernel_epoch = int(reply["epoch"])
+    return int(reply["epoch"])
 
 
-def drop(session: Session, cp: Checkpoint | str) -> None:
+def drop(session: Branching, cp: Checkpoint | str) -> None:
     request(session, "drop", checkpoint_id=_id(cp))
 
 
-class Forks(list["Session"]):
+class Forks(list[S]):
     """The sessions a fork made (in order), and what of the parent none of them holds:
     ``not_carried``, ``"name: why"`` each (docs/design/fork.md)."""
 
-    def __init__(self, sessions: list[Session], not_carried: list[str]) -> None:
+    def __init__(self, sessions: list[S], not_carried: list[str]) -> None:
         super().__init__(sessions)
         self.not_carried = not_carried
 
 
-def fork(session: Session, n: int = 1) -> Forks:
-    """``n`` new sessions, each a box of its own, holding the session's files and variables
-    as they are now (by value); closing them is the caller's, like any session's."""
-    from farm.client.session import Session
-
+def fork(session: Branching, n: int = 1) -> tuple[list[Opened], list[str]]:
+    """Where the ``n`` new sessions are (each a box of its own, holding the session's files
+    and variables as they are now, by value), and what they lack."""
     reply = request(session, "fork", n=n)
-    sessions = []
-    for forked in reply["forks"]:
-        opened = Opened(
+    opened = [
+        Opened(
             session_id=forked["session_id"],
             epoch=forked["epoch"],
             worker=reply["worker"],
             generation=reply["generation"],
             queue=reply["queue"],
         )
-        sessions.append(
-            Session(
-                session.farm, opened, session.timeout_s, session.on_state_lost, session.callbacks
-            )
-        )
-    return Forks(sessions, list(reply.get("not_carried", [])))
+        for forked in reply["forks"]
+    ]
+    return opened, [str(name) for name in reply.get("not_carried", [])]

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE
+from farm.client import branching
 from farm.client.broker import Watch
 from farm.client.exec_call import Call
 from farm.client.hostcall_handlers import Callbacks
@@ -27,7 +28,6 @@ from farm.models import CommandResult, ErrorKind, ExecResult, Opened, RestoreRep
 from farm.models.branches import Checkpoint
 
 if TYPE_CHECKING:
-    from farm.client.branching import Forks
     from farm.client.farm import Farm
 
 QUEUE_WAIT_S = 600.0
@@ -261,27 +261,21 @@ class Session:
 
     def checkpoint(self) -> Checkpoint:
         """Keep the session as it is now (variables, modules, files) to ``rollback`` to."""
-        from farm.client import branching
-
         return branching.checkpoint(self)
 
     def rollback(self, cp: Checkpoint | str) -> None:
         """Return to ``cp`` exactly; the session's processes since then are ended."""
-        from farm.client import branching
-
-        branching.rollback(self, cp)
+        self.epoch = self._kernel_epoch = branching.rollback(self, cp)
 
     def drop_checkpoint(self, cp: Checkpoint | str) -> None:
-        from farm.client import branching
-
         branching.drop(self, cp)
 
-    def fork(self, n: int = 1) -> Forks:
+    def fork(self, n: int = 1) -> branching.Forks[Session]:
         """``n`` new sessions, each a box of its own, starting from this one's files and
         variables (by value: ``Forks.not_carried`` says what did not cross)."""
-        from farm.client import branching
-
-        return branching.fork(self, n)
+        opened, not_carried = branching.fork(self, n)
+        same = (self.timeout_s, self.on_state_lost, self.callbacks)
+        return branching.Forks([Session(self.farm, o, *same) for o in opened], not_carried)
 
     def restart(self) -> None:
         """Accept the loss of state: continue in the fresh namespace of the current epoch."""

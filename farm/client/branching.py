@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 from farm.celeryconf import TASK_BRANCH
 from farm.client.broker import Watch
-from farm.client.exec_call import CallerFarm
+from farm.client.exec_call import Placed
 from farm.errors import error_for_branch
 from farm.models import Opened
 from farm.models.branches import Checkpoint
@@ -22,17 +22,8 @@ BRANCH_WAIT_S = 600.0  # queueing at the worker, then the kernel's own deadline 
 S = TypeVar("S")
 
 
-class Branching(Protocol):
+class Branching(Placed, Protocol):
     """A session as its branching sees it: where it lives, and its liveness check."""
-
-    @property
-    def farm(self) -> CallerFarm: ...
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def worker(self) -> str: ...
 
     @property
     def generation(self) -> int: ...

@@ -40,9 +40,8 @@ class CallerFarm(Protocol):
     def journal(self) -> Journal: ...
 
 
-class Caller(Protocol):
-    """A session as its stream and its restore see it: the three steps of a call (send,
-    collect, settle), the epoch it accepts, and where its events and callbacks are."""
+class Placed(Protocol):
+    """A session as its helpers find it: its farm, its id, its worker."""
 
     @property
     def farm(self) -> CallerFarm: ...
@@ -52,6 +51,11 @@ class Caller(Protocol):
 
     @property
     def worker(self) -> str: ...
+
+
+class Caller(Placed, Protocol):
+    """A session as its stream and its restore see it: the three steps of a call (send,
+    collect, settle), the epoch it accepts, and where its events and callbacks are."""
 
     @property
     def epoch(self) -> int: ...

@@ -127,3 +127,26 @@ def test_the_journal_says_which_cells_a_rollback_undid(one_worker: Farm) -> None
         cells = [start.code for start in live_cells(events, "none")]
         assert cells == ["log = []", "log.append('a')", "log.append('c')"]
         assert value(s, "log") == ["a", "c"]
+
+
+def test_checkpoints_count_in_the_boxs_memory_budget(one_worker: Farm) -> None:
+    """A checkpoint's pages become its own as the session writes its copy: once the box is
+    over its memory budget, the memory watch ends the checkpoint, never the session."""
+    with one_worker.session(limits={"memory_mb": 256}) as s:
+        s.run("big = bytearray(150 * 1024 * 1024)\nfor i in range(0, len(big), 4096): big[i] = 1")
+        cp = s.checkpoint()
+        rewrite = (
+            "import os, time\nfor i in range(0, len(big), 4096): big[i] = 7\n"
+            "def others():\n"
+            "    me = os.getuid()\n"
+            "    return [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()"
+            " and os.stat(f'/proc/{p}').st_uid == me"
+            " and 'State:\\tZ' not in open(f'/proc/{p}/status').read()]\n"
+            "deadline = time.monotonic() + 20\n"
+            "while others() and time.monotonic() < deadline: time.sleep(0.05)\n"
+            "others()"
+        )
+        assert value(s, rewrite) == []  # the checkpoint was the one to go
+        with pytest.raises(UnknownCheckpoint):
+            s.rollback(cp)
+        assert value(s, "big[0]") == 7

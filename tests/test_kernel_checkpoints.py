@@ -1,0 +1,53 @@
+"""Checkpoints at the kernel, over the process backend (``dirs`` isolation: every box one uid,
+so a held copy is woken only by the supervisor's pid): fast, no Docker. The full farm's cases
+are in tests/test_checkpoints.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from farm.kernel.wire.client import KernelRequestError
+from tests.conftest import Cells
+
+
+def branch(cells: Cells, op: str, **fields: object) -> dict[str, object]:
+    reply = cells.client.branch(
+        {"type": "branch", "op": op, "session_id": cells.id, **fields}  # type: ignore[typeddict-item]
+    )
+    cells.epoch = int(reply["epoch"])
+    return dict(reply)
+
+
+def test_a_rollback_returns_to_the_checkpoint(cells: Cells) -> None:
+    cells.run("x = 1\nopen('f.txt', 'w').write('one')")
+    cp = branch(cells, "checkpoint")["checkpoint_id"]
+    cells.run("x = 2\nopen('f.txt', 'w').write('two')\nopen('g.txt', 'w').write('g')")
+    before = cells.epoch
+    branch(cells, "rollback", checkpoint_id=cp)
+    assert cells.epoch == before + 1
+    assert cells.value("import os; (x, open('f.txt').read(), sorted(os.listdir('.')))") == (
+        "(1, 'one', ['f.txt'])"
+    )
+
+
+def test_a_signal_from_the_box_does_not_wake_a_checkpoint(cells: Cells) -> None:
+    """Every box shares one uid here: only the supervisor's pid may wake a held copy."""
+    cells.run("x = 'kept'")
+    cp = branch(cells, "checkpoint")["checkpoint_id"]
+    poke = (
+        "import os, signal\nkids = [int(p) for p in open(f'/proc/{os.getpid()}/task/"
+        "{os.getpid()}/children').read().split()]\n"
+        "for k in kids: os.kill(k, signal.SIGUSR2)\nx = 'changed'\nlen(kids)"
+    )
+    assert cells.value(poke) == "1"
+    assert cells.value("x") == "'changed'"
+    branch(cells, "rollback", checkpoint_id=cp)
+    assert cells.value("x") == "'kept'"
+
+
+def test_an_unknown_checkpoint_is_refused_and_the_session_lives_on(cells: Cells) -> None:
+    cells.run("x = 3")
+    with pytest.raises(KernelRequestError) as refused:
+        branch(cells, "rollback", checkpoint_id="nope")
+    assert refused.value.code == "no_such_checkpoint"
+    assert cells.value("x") == "3"

@@ -4,10 +4,13 @@ are in tests/test_checkpoints.py."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from farm.kernel.wire.client import KernelRequestError
+from farm.kernel.wire.client import KernelClient, KernelRequestError
 from tests.conftest import Cells
+from tests.waiting import wait_for
 
 
 def branch(cells: Cells, op: str, **fields: object) -> dict[str, object]:
@@ -51,3 +54,14 @@ def test_an_unknown_checkpoint_is_refused_and_the_session_lives_on(cells: Cells)
         branch(cells, "rollback", checkpoint_id="nope")
     assert refused.value.code == "no_such_checkpoint"
     assert cells.value("x") == "3"
+
+
+def test_closing_the_session_ends_its_checkpoints(client: KernelClient) -> None:
+    cells = Cells(client)
+    for _ in range(3):
+        branch(cells, "checkpoint")
+    kids = "import os\nopen(f'/proc/{os.getpid()}/task/{os.getpid()}/children').read().split()"
+    held = [int(pid) for pid in eval(cells.value(kids) or "[]")]
+    assert len(held) == 3
+    client.close_session(cells.id)
+    assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in held), 10)

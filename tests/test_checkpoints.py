@@ -37,6 +37,11 @@ def test_rollback_restores_variables_modules_and_files(session: Session) -> None
     session.run("x = 'again'")
     session.rollback(cp)  # a checkpoint outlives a rollback to it
     assert value(session, "x") == [1, 2]
+    session.run("x = 'once more'")
+    session.rollback(cp, keep=False)  # unless it is spent
+    assert value(session, "x") == [1, 2]
+    with pytest.raises(UnknownCheckpoint):
+        session.rollback(cp)
 
 
 def test_a_rollback_ends_processes_started_since_and_keeps_sockets(session: Session) -> None:

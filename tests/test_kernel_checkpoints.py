@@ -65,3 +65,15 @@ def test_closing_the_session_ends_its_checkpoints(client: KernelClient) -> None:
     assert len(held) == 3
     client.close_session(cells.id)
     assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in held), 10)
+
+
+def test_a_rollback_may_spend_its_checkpoint(cells: Cells) -> None:
+    cells.run("x = 1")
+    cp = branch(cells, "checkpoint")["checkpoint_id"]
+    cells.run("x = 2")
+    assert branch(cells, "rollback", checkpoint_id=cp, keep=False)["checkpoints"] == 0
+    assert cells.value("x") == "1"
+    with pytest.raises(KernelRequestError):
+        branch(cells, "rollback", checkpoint_id=cp)
+    cells.run("x = 5")
+    assert cells.value("x") == "5"

@@ -108,8 +108,8 @@ class AsyncSession:
     async def checkpoint(self) -> Checkpoint:
         return await asyncio.to_thread(self.sync.checkpoint)
 
-    async def rollback(self, cp: Checkpoint | str) -> None:
-        await asyncio.to_thread(self.sync.rollback, cp)
+    async def rollback(self, cp: Checkpoint | str, *, keep: bool = True) -> None:
+        await asyncio.to_thread(lambda: self.sync.rollback(cp, keep=keep))
 
     async def drop_checkpoint(self, cp: Checkpoint | str) -> None:
         await asyncio.to_thread(self.sync.drop_checkpoint, cp)

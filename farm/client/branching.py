@@ -65,10 +65,11 @@ def _id(cp: Checkpoint | str) -> str:
     return cp.id if isinstance(cp, Checkpoint) else cp
 
 
-def rollback(session: Branching, cp: Checkpoint | str) -> int:
+def rollback(session: Branching, cp: Checkpoint | str, keep: bool = True) -> int:
     """Back to ``cp``; the session's new epoch (a call sent before, at the old one, is refused
-    as ``state_lost`` rather than run in the restored namespace)."""
-    reply = request(session, "rollback", checkpoint_id=_id(cp))
+    as ``state_lost`` rather than run in the restored namespace). ``keep=False`` spends the
+    checkpoint (one fork less: the held copy itself goes on as the session)."""
+    reply = request(session, "rollback", checkpoint_id=_id(cp), keep=keep)
     return int(reply["epoch"])
 
 

@@ -263,9 +263,10 @@ class Session:
         """Keep the session as it is now (variables, modules, files) to ``rollback`` to."""
         return branching.checkpoint(self)
 
-    def rollback(self, cp: Checkpoint | str) -> None:
-        """Return to ``cp`` exactly; the session's processes since then are ended."""
-        self.epoch = self._kernel_epoch = branching.rollback(self, cp)
+    def rollback(self, cp: Checkpoint | str, *, keep: bool = True) -> None:
+        """Return to ``cp`` exactly; the session's processes since then are ended. ``cp``
+        stays, to return to again, unless ``keep=False`` (then it costs one fork less)."""
+        self.epoch = self._kernel_epoch = branching.rollback(self, cp, keep)
 
     def drop_checkpoint(self, cp: Checkpoint | str) -> None:
         branching.drop(self, cp)

@@ -23,6 +23,7 @@ router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
 
 class RollbackRequest(Model):
     checkpoint_id: str
+    keep: bool = Field(True, description="keep the checkpoint to return to again")
 
 
 class ForkRequest(Model):
@@ -50,7 +51,7 @@ async def rollback(
     """Return to a checkpoint exactly; the session moves to a new epoch."""
     session = await sessions_of(request).get(token, session_id)
     async with slots_of(request).hold(token):
-        await asyncio.to_thread(session.rollback, body.checkpoint_id)
+        await asyncio.to_thread(lambda: session.rollback(body.checkpoint_id, keep=body.keep))
     return info(session)
 
 

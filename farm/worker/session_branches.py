@@ -33,6 +33,8 @@ def branch_request(request: dict[str, Any]) -> Branch:
     message: Branch = {"type": "branch", "op": request["op"], "session_id": request["session_id"]}
     if request.get("checkpoint_id") is not None:
         message["checkpoint_id"] = str(request["checkpoint_id"])
+    if request["op"] == "rollback" and request.get("keep") is False:
+        message["keep"] = False
     if request["op"] == "fork":
         message["n"] = int(request.get("n", 1))
         message["wait_s"] = KERNEL_WAIT_S

@@ -77,12 +77,13 @@ def handle(
 
 
 def _hold(ctl: socket.socket, files: dict[str, list[Entry]], waker: int) -> None:
-    """Wait for the supervisor's SIGUSR2; then files back, the control socket drained, and a
-    child that returns to the loop as the session. A failure is said on the socket and the
+    """Wait for the supervisor's signal; then files back, the control socket drained, and the
+    session goes on: in a child (``KEEP``: the copy holds on, for a later rollback) or in
+    this process (``TAKE``: the checkpoint is spent). A failure is said on the socket and the
     copy keeps holding (the supervisor then gives the session a fresh process)."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     while True:
-        _woken(waker)
+        keep = _woken(waker) == KEEP
         reap()
         try:
             for root, entries in files.items():
@@ -90,27 +91,31 @@ def _hold(ctl: socket.socket, files: dict[str, list[Entry]], waker: int) -> None
             _drain(ctl)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
+                pid = os.fork() if keep else 0
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 send_frame(ctl, {"type": "restored", "error": f"{type(exc).__name__}: {exc}"})
             continue
         if pid == 0:
-            children.clear()
-            os.setsid()
+            if keep:
+                children.clear()
+                os.setsid()
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
             send_frame(ctl, {"type": "restored", "pid": os.getpid()})
             return
         children.add(pid)
 
 
-def _woken(waker: int) -> None:
-    """Until a SIGUSR2 from the supervisor: sent by another uid (root: the box's own uid can
+KEEP, TAKE = signal.SIGUSR2, signal.SIGUSR1  # a rollback that keeps the checkpoint, or spends it
+
+
+def _woken(waker: int) -> int:
+    """The supervisor's wake-up signal: sent by another uid (root: the box's own uid can
     signal this process too) or, where all share one uid, by the supervisor's pid."""
     while True:
-        info = signal.sigwaitinfo({signal.SIGUSR2})
+        info = signal.sigwaitinfo({KEEP, TAKE})
         if info.si_code == SI_USER and (info.si_uid != os.getuid() or info.si_pid == waker):
-            return
+            return info.si_signo
 
 
 def _drain(ctl: socket.socket) -> None:

@@ -25,8 +25,11 @@ async def branch(manager: SessionManager, message: dict[str, Any]) -> Branched:
         raise RequestError("bad_request", "field 'checkpoint_id' must be a string")
     if op == "checkpoint":
         return await manager.checkpoints.take(session_id)
+    keep = message.get("keep", True)
+    if not isinstance(keep, bool):
+        raise RequestError("bad_request", "field 'keep' must be a boolean")
     if op == "rollback":
-        return await manager.checkpoints.rollback(session_id, str(checkpoint_id))
+        return await manager.checkpoints.rollback(session_id, str(checkpoint_id), keep)
     if op == "drop":
         return manager.checkpoints.drop(session_id, str(checkpoint_id))
     if op == "fork":

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..boxes import procs
+from ..repl.held_copies import KEEP, TAKE
 from ..wire.branch_frames import Branched, BranchOp
 from ..wire.framing import FrameError, encode, read_frame
 from .links import RequestError
@@ -99,7 +100,9 @@ class Checkpoints:
             return self._reply(session, "checkpoint", checkpoint_id=cp.id, files=cp.files,
                                bytes=cp.bytes)  # fmt: skip
 
-    async def rollback(self, session_id: str, checkpoint_id: str) -> Branched:
+    async def rollback(self, session_id: str, checkpoint_id: str, keep: bool = True) -> Branched:
+        """Back to the checkpoint; with ``keep`` it stays held (its copy forks the process
+        that goes on), else it is spent (the copy itself goes on: one fork less)."""
         session = self.manager.session(session_id)
         async with session.lock:
             cp = self._find(session, checkpoint_id)
@@ -111,13 +114,20 @@ class Checkpoints:
                 session.proc = proc
             await _reattach(proc, self.loop)
             session.epoch += 1  # a call of the line left behind must not run in this one
-            signal.pidfd_send_signal(cp.pidfd, signal.SIGUSR2)
+            signal.pidfd_send_signal(cp.pidfd, KEEP if keep else TAKE)
             reply = await ask(proc, None)
-            pid = child_pid(cp.pid, _number(reply.get("pid")))
+            inner = _number(reply.get("pid"))
+            if keep:
+                pid = child_pid(cp.pid, inner)
+            else:
+                pid = cp.pid if inner and _innermost(cp.pid) == inner else None
             if pid is None:  # the copy is still held; the next call gets a fresh process
                 proc.exit = proc.exit or {"op": "exited", "pid": proc.pid, "code": None}
                 why = reply.get("error", "the held copy did not take over")
                 raise RequestError("unavailable", f"rollback failed: {why}")
+            if not keep:  # the process is the session's now: no longer a checkpoint
+                del self.held[session.id][cp.id]
+                os.close(cp.pidfd)
             self._adopt(session, proc, pid)
             session.last_used = time.monotonic()
             return self._reply(session, "rollback", checkpoint_id=cp.id)

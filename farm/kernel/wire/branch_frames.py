@@ -22,6 +22,7 @@ class _BranchRequired(TypedDict):
 
 class Branch(_BranchRequired, total=False):
     checkpoint_id: str  # rollback, drop
+    keep: bool  # rollback: the checkpoint stays held (the default), else it is spent
     n: int  # fork: how many
     wait_s: float  # fork: how long the new boxes may wait for room
 

@@ -7,7 +7,9 @@ box and counts in its budgets; the box's own code cannot wake one. Design: docs/
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -155,3 +157,24 @@ def test_checkpoints_count_in_the_boxs_memory_budget(one_worker: Farm) -> None:
         with pytest.raises(UnknownCheckpoint):
             s.rollback(cp)
         assert value(s, "big[0]") == 7
+
+
+def test_the_async_twins(session: Session) -> None:
+    from farm.client.aio import AsyncSession
+
+    async def main() -> tuple[Any, Any]:
+        twin = AsyncSession(session)
+        await twin.arun("x = 1")
+        cp = await twin.checkpoint()
+        await twin.arun("x = 2")
+        await twin.rollback(cp)
+        forks = await twin.fork(1)
+        try:
+            got = (await forks[0].arun("x")).value
+        finally:
+            await forks[0].aclose()
+        await twin.drop_checkpoint(cp)
+        return (await twin.arun("x")).value, got
+
+    mine, forked = asyncio.run(main())
+    assert mine is not None and forked is not None and mine.text == forked.text == "1"

@@ -5,6 +5,7 @@ are in tests/test_checkpoints.py."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 
@@ -13,7 +14,7 @@ from tests.conftest import Cells
 from tests.waiting import wait_for
 
 
-def branch(cells: Cells, op: str, **fields: object) -> dict[str, object]:
+def branch(cells: Cells, op: str, **fields: object) -> dict[str, Any]:
     reply = cells.client.branch(
         {"type": "branch", "op": op, "session_id": cells.id, **fields}  # type: ignore[typeddict-item]
     )
@@ -77,3 +78,23 @@ def test_a_rollback_may_spend_its_checkpoint(cells: Cells) -> None:
         branch(cells, "rollback", checkpoint_id=cp)
     cells.run("x = 5")
     assert cells.value("x") == "5"
+
+
+def test_branch_frames_validate_on_the_host(client: KernelClient) -> None:
+    """What a real kernel answers to each op passes the host's check of the protocol."""
+    from farm.models import frames
+
+    cells = Cells(client)
+    cells.run("def f(n): return n * 2\ny = f(21)")
+    replies = [frames.validate(branch(cells, "checkpoint"))]
+    cp = str(replies[0]["checkpoint_id"])
+    for fields in ({"op": "rollback", "checkpoint_id": cp}, {"op": "fork", "n": 2}):
+        frames.validate({"type": "branch", "session_id": cells.id, **fields})
+        replies.append(frames.validate(branch(cells, **fields)))
+    forks = replies[-1]["forks"]
+    assert len(forks) == 2
+    for forked in forks:
+        got = client.execute(forked["session_id"], "f(y)", epoch=forked["epoch"], timeout_s=10)
+        assert got["value"] is not None and got["value"]["text"] == "84"
+        client.close_session(forked["session_id"])
+    client.close_session(cells.id)

@@ -18,6 +18,7 @@ TASK_CLOSE = "farm.close_session"
 TASK_RUN = "farm.run"
 TASK_COMMAND = "farm.command"  # a command in a session's box (session.exec)
 TASK_FILE = "farm.file"  # one chunk of a file operation of a session (session.files)
+TASK_BRANCH = "farm.branch"  # a session's checkpoint, rollback, drop or fork
 TASK_ECHO = "farm.echo"  # the bare round trip benchmarks compare against
 
 

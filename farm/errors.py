@@ -148,3 +148,37 @@ class BrokerAuthFailed(FarmError):
         super().__init__(f"the broker at {url} {reason}")
         self.url = url
         self.reason = reason
+
+
+class BranchRefused(FarmError):
+    """A checkpoint, rollback or fork was refused; nothing changed and the session lives on.
+    ``code`` is the kernel's reason (docs/design/fork.md)."""
+
+    def __init__(self, session_id: str, code: str, message: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.code = code
+
+
+class TooManyCheckpoints(BranchRefused):
+    """The session holds its limit of checkpoints: drop one first."""
+
+
+class UnknownCheckpoint(BranchRefused):
+    """No such checkpoint: never taken here, dropped, or lost (its process ended)."""
+
+
+class BudgetExceeded(BranchRefused):
+    """The box's budgets (processes, memory) or the worker's room do not allow it."""
+
+
+def error_for_branch(session_id: str, code: str, message: str) -> FarmError:
+    """The exception for a refused branch (``code``: the kernel's, or the worker's)."""
+    if code == "session_lost":
+        return SessionLost(session_id, None, message)
+    by_code: dict[str, type[BranchRefused]] = {
+        "too_many_checkpoints": TooManyCheckpoints,
+        "no_such_checkpoint": UnknownCheckpoint,
+        "budget_exceeded": BudgetExceeded,
+    }
+    return by_code.get(code, BranchRefused)(session_id, code, message)

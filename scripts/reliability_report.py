@@ -37,6 +37,8 @@ MODULES = {
     "tests/test_reliability_chaos.py": "chaos",
     "tests/test_cotenancy.py": "co-tenancy",
     "tests/test_box_machines.py": "co-tenancy",
+    "tests/test_session_forks.py": "co-tenancy",
+    "tests/test_checkpoints.py": "checkpoints",
     "tests/test_egress.py": "egress",
     "tests/test_reliability_load.py": "load",
 }

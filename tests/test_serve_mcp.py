@@ -61,8 +61,13 @@ async def converse(session: ClientSession) -> None:
         "write_file",
         "list_files",
         "reset_session",
+        "checkpoint",
+        "rollback",
     }
     await session.call_tool("run_python", {"code": "x = 20"})
+    kept = text(await session.call_tool("checkpoint", {}))
+    await session.call_tool("run_python", {"code": "x = 99"})
+    assert text(await session.call_tool("rollback", {"checkpoint_id": kept})).startswith("rolled")
     assert text(await session.call_tool("run_python", {"code": "print('hi')\nx + 22"})) == "hi\n42"
     failed = await session.call_tool("run_python", {"code": "1/0"})
     assert "ZeroDivisionError" in text(failed) and "[error: user]" in text(failed)

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
-from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE, TASK_RUN
+from farm.celeryconf import TASK_BRANCH, TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE, TASK_RUN
 from farm.client import Farm, Session
 from farm.client.broker import Watch
 from farm.image_name import ImageName
 from farm.models import (
+    BranchRequest,
     CloseRequest,
     CommandRequest,
     CommandResult,
@@ -62,6 +63,8 @@ EXAMPLES: list[WorkerRequest] = [
     ),
     FileRequest(op="read", path="a.txt", offset=0, length=10, session_id="s1", generation=1),
     CloseRequest(session_id="s1"),
+    BranchRequest(session_id="s1", generation=1, op="rollback", checkpoint_id="c1", keep=False),
+    BranchRequest(session_id="s1", generation=1, op="fork", n=4),
     OpenRequest(open_id="o1", reply="farm:answers:x", sent_at=1.0, deadline=2.0, limits=None),
 ]
 
@@ -196,6 +199,12 @@ def test_malformed_commands_files_closes_and_runs_are_input_refusals(inproc_farm
         assert reply["error"]["kind"] == "input" and "op: " in reply["error"]["evalue"], reply
         s.files.write("f", b"hi")
         assert s.files.read("f") == b"hi"
+
+        fork = BranchRequest(session_id=s.id, generation=s.generation, op="fork", n=2)
+        bad = {**fork.model_dump(mode="json"), "n": 0}
+        reply = send(inproc_farm, TASK_BRANCH, s.queue, bad, watch)
+        assert reply["error"]["code"] == "input" and "n: " in reply["error"]["message"], reply
+        assert s.checkpoint().session_id == s.id
 
         reply = send(inproc_farm, TASK_CLOSE, s.queue, s.id, watch)  # a bare id: no longer
         assert reply["closed"] is False and reply["error"]["kind"] == "input", reply

@@ -16,6 +16,7 @@ from farm.events.run_events import Event
 from farm.judge.problems import Problem
 from farm.models import CommandResult, ExecResult
 from farm.models.batch import BatchRecord
+from farm.models.branches import Checkpoint
 from farm.models.judge import JudgeResult
 
 
@@ -103,6 +104,19 @@ class AsyncSession:
         done: Any = object()
         while (event := await asyncio.to_thread(next, events, done)) is not done:
             yield event
+
+    async def checkpoint(self) -> Checkpoint:
+        return await asyncio.to_thread(self.sync.checkpoint)
+
+    async def rollback(self, cp: Checkpoint | str, *, keep: bool = True) -> None:
+        await asyncio.to_thread(lambda: self.sync.rollback(cp, keep=keep))
+
+    async def drop_checkpoint(self, cp: Checkpoint | str) -> None:
+        await asyncio.to_thread(self.sync.drop_checkpoint, cp)
+
+    async def fork(self, n: int = 1) -> list[AsyncSession]:
+        """The forks as ``AsyncSession``s (``Forks.not_carried``: ``self.sync.fork``)."""
+        return [AsyncSession(s) for s in await asyncio.to_thread(self.sync.fork, n)]
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.sync.close)

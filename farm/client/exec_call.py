@@ -55,9 +55,8 @@ class SessionFarm(CallerFarm, Protocol):
     def app(self) -> Celery: ...
 
 
-class Caller(Protocol):
-    """A session as its stream and its restore see it: the three steps of a call (send,
-    collect, settle), the epoch it accepts, and where its events and callbacks are."""
+class Placed(Protocol):
+    """A session as its helpers find it: its farm, its id, its worker."""
 
     @property
     def farm(self) -> CallerFarm: ...
@@ -67,6 +66,11 @@ class Caller(Protocol):
 
     @property
     def worker(self) -> str: ...
+
+
+class Caller(Placed, Protocol):
+    """A session as its stream and its restore see it: the three steps of a call (send,
+    collect, settle), the epoch it accepts, and where its events and callbacks are."""
 
     @property
     def epoch(self) -> int: ...

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import RestoreFailed, SessionLost, StateLost
-from farm.events.run_events import Event, ExecEnd, ExecStart
+from farm.events.run_events import Branch, Event, ExecEnd, ExecStart
 from farm.models import ErrorKind, ExecResult, ReplayedCell, RestoreReport
 
 if TYPE_CHECKING:
@@ -27,8 +27,14 @@ def live_cells(events: Iterable[Event], lost_exec_id: str) -> list[ExecStart]:
     """The cells whose effects the namespace held when run ``lost_exec_id`` lost it."""
     starts: dict[str, ExecStart] = {}
     live: list[ExecStart] = []
+    kept: dict[str, list[ExecStart]] = {}  # checkpoint id -> the cells it holds
     for event in events:
-        if isinstance(event, ExecStart):
+        if isinstance(event, Branch) and event.checkpoint_id is not None:
+            if event.op == "checkpoint":
+                kept[event.checkpoint_id] = list(live)
+            elif event.op == "rollback":
+                live = list(kept.get(event.checkpoint_id, live))
+        elif isinstance(event, ExecStart):
             starts[event.exec_id] = event
         elif isinstance(event, ExecEnd):
             if event.exec_id == lost_exec_id:

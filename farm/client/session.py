@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE
+from farm.client import branching
 from farm.client.broker import Watch
 from farm.client.exec_call import Call, SessionFarm
 from farm.client.hostcall_handlers import Callbacks
@@ -35,6 +36,7 @@ from farm.models import (
     Opened,
     RestoreReport,
 )
+from farm.models.branches import Checkpoint
 
 QUEUE_WAIT_S = 600.0
 INLINE_STDIN = 16 * 1024 * 1024  # a command's stdin past this is staged in the box first
@@ -285,6 +287,27 @@ class Session:
         if (reply.get("error") or {}).get("ename") == "SessionLost":
             raise SessionLost(self.id, self.worker, reply["error"]["evalue"])
         return reply
+
+    # --- branching (``farm.client.branching``; docs/design/fork.md) ---
+
+    def checkpoint(self) -> Checkpoint:
+        """Keep the session as it is now (variables, modules, files) to ``rollback`` to."""
+        return branching.checkpoint(self)
+
+    def rollback(self, cp: Checkpoint | str, *, keep: bool = True) -> None:
+        """Return to ``cp`` exactly; the session's processes since then are ended. ``cp``
+        stays, to return to again, unless ``keep=False`` (then it costs one fork less)."""
+        self.epoch = self._kernel_epoch = branching.rollback(self, cp, keep)
+
+    def drop_checkpoint(self, cp: Checkpoint | str) -> None:
+        branching.drop(self, cp)
+
+    def fork(self, n: int = 1) -> branching.Forks[Session]:
+        """``n`` new sessions, each a box of its own, starting from this one's files and
+        variables (by value: ``Forks.not_carried`` says what did not cross)."""
+        opened, not_carried = branching.fork(self, n)
+        same = (self.timeout_s, self.on_state_lost, self.callbacks)
+        return branching.Forks([Session(self.farm, o, *same) for o in opened], not_carried)
 
     def restart(self) -> None:
         """Accept the loss of state: continue in the fresh namespace of the current epoch."""

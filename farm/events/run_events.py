@@ -237,12 +237,28 @@ def closing_events(
     return out
 
 
+class Branch(_Event):
+    """A checkpoint, rollback, drop or fork of the session (docs/design/fork.md), as its
+    worker did it; ``exec_id`` is the op's own id. A rollback moves the session's ``epoch``."""
+
+    type: Literal["branch"] = "branch"
+    op: Literal["checkpoint", "rollback", "drop", "fork"]
+    epoch: int
+    checkpoint_id: str | None = None
+    forks: list[str] = Field(default_factory=list, description="a fork's new sessions")
+
+    def _repr_markdown_(self) -> str:
+        what = f" `{self.checkpoint_id}`" if self.checkpoint_id else ""
+        made = f": {', '.join(f'`{f[:8]}`' for f in self.forks)}" if self.forks else ""
+        return f"⑂ {self.op}{what} (epoch {self.epoch}){made}"
+
+
 Event = Annotated[
-    ExecStart | Stream | Display | HostCall | Egress | Result | Error | ExecEnd,
+    ExecStart | Stream | Display | HostCall | Egress | Result | Error | ExecEnd | Branch,
     Field(discriminator="type"),
 ]
 EVENT = TypeAdapter(Event)
-EVENT_TYPES = (ExecStart, Stream, Display, HostCall, Egress, Result, Error, ExecEnd)
+EVENT_TYPES = (ExecStart, Stream, Display, HostCall, Egress, Result, Error, ExecEnd, Branch)
 
 
 def parse_event(raw: str | bytes | dict[str, Any]) -> Event:

@@ -24,6 +24,7 @@ from farm.models.results import (
 )
 from farm.models.sandboxes import BoxCapacity, Preloaded, SandboxHealth, SandboxInfo
 from farm.models.worker_requests import (
+    BranchRequest,
     CellRequest,
     CloseRequest,
     CommandRequest,
@@ -38,6 +39,7 @@ from farm.models.worker_requests import (
 )
 
 __all__ = [
+    "BranchRequest",
     "BoxLimits",
     "Busy",
     "CallAnswer",

@@ -122,6 +122,18 @@ class CloseRequest(WorkerRequest):
     session_id: str
 
 
+class BranchRequest(WorkerRequest):
+    """A checkpoint, rollback, drop or fork of an open session (``farm.branch``), sent to its
+    worker generation's queue; ``checkpoint_id`` names the checkpoint of a rollback or drop."""
+
+    session_id: str
+    generation: int = Field(description="the worker generation it was sent to")
+    op: Literal["checkpoint", "rollback", "drop", "fork"]
+    checkpoint_id: str | None = None
+    keep: bool = Field(default=True, description="a rollback keeps its checkpoint for later")
+    n: int = Field(default=1, ge=1, description="how many forks")
+
+
 class OpenRequest(WorkerRequest):
     """A session open, queued on its image's list of opens (``registry.opens_key``) until a
     worker has room for its box; the answer goes to the list ``reply``. The worker that takes

@@ -23,6 +23,7 @@ from mcp.types import ImageContent, TextContent
 
 from farm.events.run_events import Display
 from farm.models import CommandResult, ExecResult
+from farm.serve import mcp_branching
 
 if TYPE_CHECKING:
     from farm.client import Farm, Session
@@ -87,6 +88,11 @@ def build(farm: Farm, *, host: str = "127.0.0.1") -> FastMCP[Workspace]:
     def workspace(ctx: Context[Any, Workspace, Any]) -> Workspace:
         found: Workspace = ctx.request_context.lifespan_context
         return found
+
+    async def session_of(ctx: Context[Any, Workspace, Any]) -> Session:
+        return await workspace(ctx).get()
+
+    mcp_branching.add_tools(server, session_of)
 
     @server.tool(structured_output=False)
     async def run_python(

@@ -41,6 +41,10 @@ STATUS: list[tuple[type[Exception], int, str]] = [
     (errors.WorkerFailed, 502, "infra"),
     (errors.InvalidRequest, 422, "input"),
     (errors.FileOperationError, 400, "file"),
+    (errors.TooManyCheckpoints, 409, "too_many_checkpoints"),
+    (errors.UnknownCheckpoint, 404, "unknown_checkpoint"),
+    (errors.BudgetExceeded, 409, "budget_exceeded"),
+    (errors.BranchRefused, 409, "branch_refused"),
 ]
 
 

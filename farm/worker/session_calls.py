@@ -139,7 +139,7 @@ class SessionCalls:
         claim = worker.registry.claim_exec(exec_id, worker.id, worker.generation, request.timeout_s)
         if claim is not None:
             return self._recorded(exec_id, claim, request)
-        held, why = self._held(request.session_id, request.generation)
+        held, why = self.held(request.session_id, request.generation)
         if held is None:
             result = self._command_failure(
                 exec_id, request.session_id, ErrorKind.SANDBOX_LOST, "SessionLost", why
@@ -188,7 +188,7 @@ class SessionCalls:
             self._refused(raw, exc)
             error = {"ename": "InvalidRequest", "evalue": str(exc), "errno": EINVAL, "path": ""}
             return {"result": None, "error": {**error, "kind": ErrorKind.INPUT.value}}
-        held, why = self._held(request.session_id, request.generation)
+        held, why = self.held(request.session_id, request.generation)
         if held is None:
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
         try:
@@ -216,7 +216,7 @@ class SessionCalls:
             }
         return self.worker.close_session(request.session_id)
 
-    def _held(self, session_id: str, generation: int) -> tuple[HeldSession | None, str]:
+    def held(self, session_id: str, generation: int) -> tuple[HeldSession | None, str]:
         """The session a call names, if this worker generation still holds it live."""
         worker = self.worker
         if generation != worker.generation:

@@ -20,6 +20,7 @@ from celery.concurrency import get_implementation
 from celery.signals import celeryd_after_setup, worker_shutdown
 
 from farm.celeryconf import (
+    TASK_BRANCH,
     TASK_CLOSE,
     TASK_COMMAND,
     TASK_ECHO,
@@ -30,6 +31,7 @@ from farm.celeryconf import (
 )
 from farm.errors import FarmError
 from farm.settings import FarmSettings
+from farm.worker.session_branches import branch
 from farm.worker.startup import check_broker
 from farm.worker.worker_state import Worker
 
@@ -108,6 +110,11 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     @app.task(name=TASK_FILE, shared=False)
     def file_operation(request: object) -> dict[str, Any]:
         return current().calls.file(request)
+
+    @app.task(name=TASK_BRANCH, shared=False)
+    def branch_session(request: object) -> dict[str, Any]:
+        worker = current()
+        return branch(worker, worker.calls, request)
 
     @app.task(name=TASK_ECHO, shared=False)
     def echo(payload: Any) -> Any:

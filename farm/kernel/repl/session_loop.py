@@ -29,7 +29,7 @@ from ..tools.agent_tools import DEFAULT_LIMIT, AgentTools
 from ..wire.framing import recv_frame, send_frame
 from ..wire.protocol import CellError
 from ..wire.session_frames import Ack, CallAnswer, CallFrame, CellDone, DisplayFrame, Order, Ready
-from . import hostcall_stubs
+from . import held_copies, hostcall_stubs
 from .cell_exec import Repl
 from .render import bundle, framed
 
@@ -169,14 +169,22 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
     interrupts = _Interrupts()
     signal.signal(signal.SIGINT, interrupts.handler)
     me = os.getpid()
+    roots = [config["box"]["workspace"], config["box"]["tmp"]]  # the box's files
     ready: Ready = {"type": "ready"}
     send_frame(ctl, ready)
     while True:
         request = cast("Order | None", recv_frame(ctl))  # the supervisor's, its only peer
         if request is None:
             return
+        held_copies.reap()  # dropped checkpoints: their pids are the box's again
         if request["type"] == "file":  # between cells, as the box's uid
             send_frame(ctl, fileops.handle(workspace, request))
+            continue
+        if request["type"] in held_copies.ORDERS:  # returns here in a new process after a
+            held_copies.handle(
+                ctl, request, roots, repl.namespace
+            )  # rollback: the session's, from then on
+            me = channel.pid = os.getpid()
             continue
         _restore_stdio()
         if request.get("calls"):

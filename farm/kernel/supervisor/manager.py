@@ -39,6 +39,7 @@ from ..wire.protocol import (
 from ..wire.session_frames import CellDone, CellFrame
 from .admission import host_left
 from .cell import Cell, kill_notes, over_budget
+from .checkpoints import Checkpoints
 from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
@@ -82,6 +83,7 @@ class SessionManager:
         self.opens = 0
         self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
         self.loop = asyncio.get_running_loop()
+        self.checkpoints = Checkpoints(self)
 
     async def open(
         self,
@@ -202,6 +204,7 @@ class SessionManager:
             raise RequestError("no_such_session", f"no session {session_id!r} in this kernel")
         session.closed = True
         revoke(session)
+        self.checkpoints.forget(session_id)
         # Killed before its socket is closed: closing first would wake it to read the end of
         # its input and exit by itself, which costs more than the kill its box gets anyway.
         session.proc.signal(signal.SIGKILL, group=True)
@@ -231,11 +234,14 @@ class SessionManager:
         gone: nothing the lost namespace started survives into the new epoch. None for a
         session closed meanwhile (its end resets the box; a process started now could outlive
         it) or a one-shot item's (closed next)."""
-        session.proc.close(self.loop)
+        self.checkpoints.retire(session)  # its socket stays while a checkpoint shares it
         session.epoch += 1
         if session.closed or session.one_shot:
             return
-        await self.spawner.reset(session.box, session.proc, remove=False)
+        if self.checkpoints.count(session.id):  # they are spared: a rollback may follow
+            await self.checkpoints.empty_box(session, session.proc)
+        else:
+            await self.spawner.reset(session.box, session.proc, remove=False)
         if session.closed:
             return
         proc = await self.spawner.spawn(session.box, session.tools)
@@ -378,15 +384,19 @@ class SessionManager:
         """Wait for the cell's reply (it was sent), interrupting and killing as the rules say."""
         reply_task = asyncio.ensure_future(proc.cell_reply())
         flood_task = asyncio.ensure_future(proc.flood.wait())
+        # A checkpoint shares the control socket: its end is no sign of the process's end
+        exit_task = asyncio.ensure_future(proc.exited.wait())
         reason: Kind | None = None
         killed = False
         try:
             done, _ = await asyncio.wait(
-                {reply_task, flood_task},
+                {reply_task, flood_task, exit_task},
                 timeout=request["timeout_s"],
                 return_when=asyncio.FIRST_COMPLETED,
             )
-            if reply_task not in done:
+            if exit_task in done and reply_task not in done:
+                done, _ = await asyncio.wait({reply_task}, timeout=0.05)  # its last frame
+            if reply_task not in done and not exit_task.done():
                 reason = KIND_OUTPUT_LIMIT if flood_task in done else KIND_TIMEOUT
                 proc.abandon_call()
                 proc.signal(signal.SIGINT, group=False)
@@ -397,6 +407,7 @@ class SessionManager:
                     await asyncio.wait({reply_task}, timeout=5.0)
         finally:
             flood_task.cancel()
+            exit_task.cancel()
         if not reply_task.done():
             reply_task.cancel()
             return None, reason, killed

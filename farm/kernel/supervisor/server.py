@@ -32,6 +32,7 @@ from ..wire.protocol import (
     Pong,
     Preloaded,
 )
+from .branch_requests import branch
 from .cell import fit
 from .items import run_item
 from .links import RequestError
@@ -272,6 +273,8 @@ class KernelServer:
             outcome = await run_item(self.manager, item, emit_for, gone)  # fitted there
             done: ItemReply = {"type": "item_result", "result": outcome}
             return done
+        if kind == "branch":  # checkpoint, rollback, drop, fork
+            return await branch(self.manager, message)
         raise RequestError("unknown_type", f"unknown message type {kind!r}")
 
     def info(self) -> Pong:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Union, cast
 
 from . import auth, protocol
+from .branch_frames import Branch, Branched
 from .framing import DEFAULT_MAX_FRAME, FrameError, recv_frame, send_frame
 from .protocol import DEFAULT_WAIT_S, RECOVERABLE_CODES
 from .wire_errors import FarmError as FarmError
@@ -41,6 +42,7 @@ Request = Union[  # what a host sends (an ``answer`` goes back through ``on_fram
     protocol.Command,
     protocol.FileRequest,
     protocol.Item,
+    Branch,
 ]
 Check = Callable[[dict[str, Any]], object]  # raises ValueError on a frame it refuses
 
@@ -409,6 +411,11 @@ class KernelClient:
             self.request(message, budget, on_frame), "item_result", "item"
         )
         return done["result"]
+
+    def branch(self, message: Branch, timeout_s: float = DEFAULT_TIMEOUT_S) -> Branched:
+        """A ``branch`` request (``branch_frames``): checkpoint, rollback, drop or fork."""
+        reply: Branched = self._reply(self.request(message, timeout_s), "branched", "branch")
+        return reply
 
     def close_session(self, session_id: str) -> None:
         reply = self.request({"type": "close_session", "session_id": session_id})

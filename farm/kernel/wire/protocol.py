@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict, Union, get_args
 
+from .branch_frames import BRANCH_CODES, Branch, Branched
+
 # Why a run failed: the one place the kinds are written (``farm.models.ErrorKind`` mirrors them).
 Kind = Literal[
     "user", "timeout", "oom", "output_limit", "state_lost", "sandbox_lost", "infra", "input"
@@ -18,7 +20,9 @@ KINDS: tuple[Kind, ...] = get_args(Kind)
 
 # Codes of ``error`` frames after which the kernel keeps the connection; after any other, the
 # kernel closes it (the request was malformed or hostile).
-RECOVERABLE_CODES = frozenset({"no_such_session", "too_many_sessions", "unavailable", "bad_limits"})
+RECOVERABLE_CODES = frozenset(
+    {"no_such_session", "too_many_sessions", "unavailable", "bad_limits", *BRANCH_CODES}
+)
 # Codes that say the request itself was bad (too large, malformed, limits past the caps):
 # nothing ran, and the session lives on; the host reports kind ``input``, never retries.
 INPUT_CODES = frozenset({"too_large", "bad_request", "bad_limits"})
@@ -519,4 +523,6 @@ HOST_FRAMES: dict[str, type] = {
     "file_result": FileReply,
     "item": Item,
     "item_result": ItemReply,
+    "branch": Branch,
+    "branched": Branched,
 }

@@ -1,0 +1,170 @@
+"""Branching benchmark: checkpoints, rollbacks and forks of a session, on a real farm.
+
+Run with the project venv: ``.venv/bin/python bench/fork.py [--quick] [--json]``.
+
+One ``Farm.local(workers=1)`` (a redis-server and a Celery worker owning a Docker sandbox).
+Measured, each against a baseline taken in the same run:
+
+- ``checkpoint`` and ``rollback`` of a session holding 100 MB (a touched ``bytearray``), p50,
+  against a bare cell (``1``) of the same session: goal <= 10 ms each;
+- ``fork(1)`` p50 and ``fork(16)`` in all, against opening a fresh session: goals <= 50 ms and
+  <= 300 ms;
+- "setup once, fork per item": items that each need a heavy setup (stdlib: many modules
+  imported and a table of 300,000 hashes built; the default image has no pandas), done as
+  one setup and a fork per item, against a fresh session per item that does the setup itself:
+  goal >= 10x.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from benchlib import Latency, emit, machine, parse_args
+
+from farm.client import Farm
+
+HOLD = "big = bytearray(100 * 1024 * 1024)\nfor i in range(0, len(big), 4096): big[i] = 1"
+SETUP = (
+    "import hashlib, json, csv, decimal, fractions, statistics, email.parser, http.client\n"
+    "import xml.etree.ElementTree, sqlite3, asyncio, difflib, unittest, argparse, logging\n"
+    "table = {i: hashlib.sha256(str(i).encode()).hexdigest()[:8] for i in range(300_000)}\n"
+)
+FLOOR = (  # a bare fork of the same process and the child's exit: what a checkpoint cannot beat
+    "import os, time\nt0 = time.perf_counter()\npid = os.fork()\nif pid == 0: os._exit(0)\n"
+    "os.waitpid(pid, 0)\ntime.perf_counter() - t0"
+)
+ITEM = "sum(int(table[i], 16) % 7 for i in range({k}, 300_000, 1000))"
+
+
+@dataclass(frozen=True)
+class Plan:
+    rounds: int  # checkpoint/rollback pairs, fork(1)s, fresh opens
+    items: int  # items of the setup-once comparison
+
+
+FULL = Plan(rounds=20, items=8)
+QUICK = Plan(rounds=5, items=4)
+
+
+def timed(samples: Latency, fn: Any, *args: Any) -> Any:
+    t0 = time.perf_counter_ns()
+    out = fn(*args)
+    samples.samples_ns.append(time.perf_counter_ns() - t0)
+    return out
+
+
+def checkpoints(farm: Farm, plan: Plan) -> dict[str, Latency]:
+    cell, take, back = Latency("cell 1"), Latency("checkpoint"), Latency("rollback")
+    spend = Latency("rollback, keep=False")
+    floor = Latency("bare fork")
+    with farm.session(timeout_s=120) as s:
+        assert s.run(HOLD).ok
+        for _ in range(plan.rounds):
+            timed(cell, s.run, "1")
+            bare = s.run(FLOOR).value
+            assert bare is not None
+            floor.samples_ns.append(int(float(bare.text) * 1e9))
+            cp = timed(take, s.checkpoint)
+            s.run("big[0] = 2")
+            timed(back, s.rollback, cp)
+            s.run("big[0] = 3")
+            t0 = time.perf_counter_ns()
+            s.rollback(cp, keep=False)  # spent: the held copy goes on, one fork less
+            spend.samples_ns.append(time.perf_counter_ns() - t0)
+        assert s.run("big[0]").value is not None
+    return {"cell": cell, "checkpoint": take, "rollback": back, "spend": spend, "floor": floor}
+
+
+def forks(farm: Farm, plan: Plan) -> dict[str, Any]:
+    opens, one = Latency("open"), Latency("fork(1)")
+    with farm.session(timeout_s=120) as s:
+        s.run("x = list(range(1000))")
+        for _ in range(plan.rounds):
+            timed(opens, farm.session).close()
+            for f in timed(one, s.fork, 1):
+                f.close()
+        t0 = time.perf_counter()
+        many = s.fork(16)
+        sixteen_s = time.perf_counter() - t0
+        for f in many:
+            f.close()
+    return {"open": opens, "fork1": one, "fork16_s": sixteen_s}
+
+
+def setup_once(farm: Farm, plan: Plan) -> dict[str, float]:
+    t0 = time.perf_counter()
+    for k in range(plan.items):  # the baseline: every item sets up for itself
+        with farm.session(timeout_s=300) as s:
+            assert s.run(SETUP).ok and s.run(ITEM.format(k=k)).ok
+    per_item_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with farm.session(timeout_s=300) as parent:
+        assert parent.run(SETUP).ok
+        items = parent.fork(plan.items)
+        for k, f in enumerate(items):
+            with f:
+                assert f.run(ITEM.format(k=k)).ok
+    forked_s = time.perf_counter() - t0
+    return {"per_item_s": per_item_s, "forked_s": forked_s}
+
+
+def ms(latency: Latency) -> float:
+    return latency.p(50) / 1e6
+
+
+def main() -> int:
+    args = parse_args(__doc__ or "")
+    plan = QUICK if args.quick else FULL
+    with Farm.local(workers=1) as farm:
+        farm.session().close()  # the sandbox is up and warm
+        cps = checkpoints(farm, plan)
+        fk = forks(farm, plan)
+        once = setup_once(farm, plan)
+    data = {
+        "machine": machine(),
+        "plan": plan.__dict__,
+        "cell_ms": ms(cps["cell"]),
+        "bare_fork_ms": ms(cps["floor"]),
+        "checkpoint_ms": ms(cps["checkpoint"]),
+        "rollback_ms": ms(cps["rollback"]),
+        "rollback_spent_ms": ms(cps["spend"]),
+        "open_ms": ms(fk["open"]),
+        "fork1_ms": ms(fk["fork1"]),
+        "fork16_ms": fk["fork16_s"] * 1000,
+        "setup_per_item_s": once["per_item_s"],
+        "setup_once_fork_s": once["forked_s"],
+        "setup_ratio": once["per_item_s"] / once["forked_s"],
+    }
+    spread = statistics.pstdev([s / 1e6 for s in cps["rollback"].samples_ns])
+    lines = [
+        f"# bench/fork.py  {data['machine']['date']}  {data['machine']['cpu']}  "
+        f"{data['machine']['cores']} cores",
+        f"checkpoint (100 MB) p50  {data['checkpoint_ms']:7.1f} ms  "
+        f"({data['checkpoint_ms'] / data['cell_ms']:.1f}x a bare cell, {data['cell_ms']:.1f} ms)"
+        "  goal <= 10 ms",
+        f"rollback   (100 MB) p50  {data['rollback_ms']:7.1f} ms  "
+        f"({data['rollback_ms'] / data['cell_ms']:.1f}x a bare cell; sd {spread:.1f} ms)"
+        "  goal <= 10 ms",
+        f"rollback, keep=False p50 {data['rollback_spent_ms']:7.1f} ms  "
+        f"({data['rollback_spent_ms'] / data['cell_ms']:.1f}x a bare cell)  goal <= 10 ms",
+        f"  floor: a bare fork+exit of that process in its box, p50 {data['bare_fork_ms']:.1f} ms"
+        f" (checkpoint {data['checkpoint_ms'] / data['bare_fork_ms']:.1f}x, rollback "
+        f"{data['rollback_ms'] / data['bare_fork_ms']:.1f}x)",
+        f"fork(1) p50              {data['fork1_ms']:7.1f} ms  "
+        f"({data['fork1_ms'] / data['open_ms']:.1f}x an open, {data['open_ms']:.1f} ms)"
+        "  goal <= 50 ms",
+        f"fork(16) in all          {data['fork16_ms']:7.1f} ms  "
+        f"({data['fork16_ms'] / data['open_ms']:.1f}x one open)  goal <= 300 ms",
+        f"setup once + fork/item   {data['setup_ratio']:7.1f}x  faster than setup per item "
+        f"({once['per_item_s']:.2f} s vs {once['forked_s']:.2f} s, {plan.items} items)"
+        "  goal >= 10x",
+    ]
+    return emit("\n".join(lines), data, as_json=args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

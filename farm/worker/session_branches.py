@@ -1,0 +1,120 @@
+"""A worker's checkpoints, rollbacks and forks of the sessions it holds (``TASK_BRANCH``).
+
+A ``BranchRequest`` is checked on arrival (malformed: an ``input`` refusal). A rollback moves the
+session's epoch, written to the registry before the answer, so that a call of the line left
+behind is refused as ``state_lost``. A refusal is ``{"error": {"code", "message"}}`` and the
+session lives on; the client raises its typed error (``farm.errors.error_for_branch``). Design:
+docs/design/fork.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from farm.events import run_events
+from farm.kernel.wire.branch_frames import Branch, Branched
+from farm.kernel.wire.client import KernelError, KernelRequestError
+from farm.models import BranchRequest, Malformed, arrived
+from farm.worker.box_gate import KERNEL_WAIT_S, Ticket, weight
+from farm.worker.session_calls import SessionCalls
+from farm.worker.worker_host import WorkerHost
+
+log = logging.getLogger(__name__)
+
+BRANCH_TIMEOUT_S = 120.0  # a checkpoint copies the box's files; a fork opens boxes
+FORK_ROOM_WAIT_S = 2.0  # how long a fork's boxes wait for room at the worker's gate
+
+
+def branch_request(request: BranchRequest) -> Branch:
+    """The kernel's ``branch`` frame for a client's request."""
+    message: Branch = {"type": "branch", "op": request.op, "session_id": request.session_id}
+    if request.checkpoint_id is not None:
+        message["checkpoint_id"] = request.checkpoint_id
+    if request.op == "rollback" and not request.keep:
+        message["keep"] = False
+    if request.op == "fork":
+        message["n"] = request.n
+        message["wait_s"] = KERNEL_WAIT_S
+    return message
+
+
+def refusal(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def branch(worker: WorkerHost, calls: SessionCalls, raw: object) -> dict[str, Any]:
+    """Do one branch op on a session held here: the kernel's ``branched`` reply, or why not."""
+    try:
+        request = arrived(BranchRequest, raw)
+    except Malformed as exc:
+        return refusal("input", str(exc))
+    held, why = calls.held(request.session_id, request.generation)
+    if held is None:
+        return refusal("session_lost", why)
+    session_id = request.session_id
+    tickets = _room(worker, request.n) if request.op == "fork" else []
+    if tickets is None:
+        return refusal("budget_exceeded", f"worker {worker.id} has no room for the forks")
+    try:
+        with worker.kernel() as kernel:
+            reply = kernel.branch(branch_request(request), BRANCH_TIMEOUT_S)
+    except KernelError as exc:
+        for ticket in tickets:
+            worker.gate.release(ticket)
+        if isinstance(exc, KernelRequestError):
+            return refusal(exc.code, str(exc))
+        held.lost = f"its sandbox failed during a {request.op} ({exc})"
+        return refusal("session_lost", held.lost)
+    if request.op == "fork":
+        _journal(worker, reply)
+        return _forked(worker, reply, tickets)
+    held.epoch = reply["epoch"]
+    worker.registry.put_session(*worker.session_entry(session_id, held.epoch))
+    _journal(worker, reply)
+    log.info("session %s: %s on worker %s", session_id, request.op, worker.id)
+    return dict(reply)
+
+
+def _room(worker: WorkerHost, n: int) -> list[Ticket] | None:
+    """Room at the worker's gate for ``n`` boxes of the defaults (a fork's box has its
+    parent's limits; the kernel's own admission counts them exactly), or ``None``."""
+    tickets: list[Ticket] = []
+    box_weight = weight(None, worker.box_defaults())
+    for _ in range(n):
+        ticket = worker.gate.open(box_weight, FORK_ROOM_WAIT_S)
+        if ticket is None:
+            for taken in tickets:
+                worker.gate.release(taken)
+            return None
+        tickets.append(ticket)
+    return tickets
+
+
+def _forked(worker: WorkerHost, reply: Branched, tickets: list[Ticket]) -> dict[str, Any]:
+    """Hold the forks here like opened sessions (each with its room), and say where they are."""
+    forks = reply.get("forks", [])
+    for forked, ticket in zip(forks, tickets, strict=False):
+        worker.hold(forked["session_id"], forked["epoch"], ticket)
+    for ticket in tickets[len(forks) :]:
+        worker.gate.release(ticket)
+    where = {"worker": worker.id, "generation": worker.generation, "queue": worker.queue}
+    return {**reply, **where}
+
+
+def _journal(worker: WorkerHost, reply: Branched) -> None:
+    """The op in the session's journal: a replay after a loss of state then knows which cells
+    a rollback undid (``journal_replay.live_cells``)."""
+    event = run_events.Branch(
+        exec_id=uuid.uuid4().hex,
+        session_id=reply["session_id"],
+        seq=0,
+        ts=time.time(),
+        op=reply["op"],
+        epoch=reply["epoch"],
+        checkpoint_id=reply.get("checkpoint_id"),
+        forks=[forked["session_id"] for forked in reply.get("forks", [])],
+    )
+    worker.journal.append([event])

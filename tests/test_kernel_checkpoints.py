@@ -1,0 +1,100 @@
+"""Checkpoints at the kernel, over the process backend (``dirs`` isolation: every box one uid,
+so a held copy is woken only by the supervisor's pid): fast, no Docker. The full farm's cases
+are in tests/test_checkpoints.py."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from farm.kernel.wire.client import KernelClient, KernelRequestError
+from tests.conftest import Cells
+from tests.waiting import wait_for
+
+
+def branch(cells: Cells, op: str, **fields: object) -> dict[str, Any]:
+    reply = cells.client.branch(
+        {"type": "branch", "op": op, "session_id": cells.id, **fields}  # type: ignore[typeddict-item]
+    )
+    cells.epoch = int(reply["epoch"])
+    return dict(reply)
+
+
+def test_a_rollback_returns_to_the_checkpoint(cells: Cells) -> None:
+    cells.run("x = 1\nopen('f.txt', 'w').write('one')")
+    cp = branch(cells, "checkpoint")["checkpoint_id"]
+    cells.run("x = 2\nopen('f.txt', 'w').write('two')\nopen('g.txt', 'w').write('g')")
+    before = cells.epoch
+    branch(cells, "rollback", checkpoint_id=cp)
+    assert cells.epoch == before + 1
+    assert cells.value("import os; (x, open('f.txt').read(), sorted(os.listdir('.')))") == (
+        "(1, 'one', ['f.txt'])"
+    )
+
+
+def test_a_signal_from_the_box_does_not_wake_a_checkpoint(cells: Cells) -> None:
+    """Every box shares one uid here: only the supervisor's pid may wake a held copy."""
+    cells.run("x = 'kept'")
+    cp = branch(cells, "checkpoint")["checkpoint_id"]
+    poke = (
+        "import os, signal\nkids = [int(p) for p in open(f'/proc/{os.getpid()}/task/"
+        "{os.getpid()}/children').read().split()]\n"
+        "for k in kids: os.kill(k, signal.SIGUSR2)\nx = 'changed'\nlen(kids)"
+    )
+    assert cells.value(poke) == "1"
+    assert cells.value("x") == "'changed'"
+    branch(cells, "rollback", checkpoint_id=cp)
+    assert cells.value("x") == "'kept'"
+
+
+def test_an_unknown_checkpoint_is_refused_and_the_session_lives_on(cells: Cells) -> None:
+    cells.run("x = 3")
+    with pytest.raises(KernelRequestError) as refused:
+        branch(cells, "rollback", checkpoint_id="nope")
+    assert refused.value.code == "no_such_checkpoint"
+    assert cells.value("x") == "3"
+
+
+def test_closing_the_session_ends_its_checkpoints(client: KernelClient) -> None:
+    cells = Cells(client)
+    for _ in range(3):
+        branch(cells, "checkpoint")
+    kids = "import os\nopen(f'/proc/{os.getpid()}/task/{os.getpid()}/children').read().split()"
+    held = [int(pid) for pid in eval(cells.value(kids) or "[]")]
+    assert len(held) == 3
+    client.close_session(cells.id)
+    assert wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") for pid in held), 10)
+
+
+def test_a_rollback_may_spend_its_checkpoint(cells: Cells) -> None:
+    cells.run("x = 1")
+    cp = branch(cells, "checkpoint")["checkpoint_id"]
+    cells.run("x = 2")
+    assert branch(cells, "rollback", checkpoint_id=cp, keep=False)["checkpoints"] == 0
+    assert cells.value("x") == "1"
+    with pytest.raises(KernelRequestError):
+        branch(cells, "rollback", checkpoint_id=cp)
+    cells.run("x = 5")
+    assert cells.value("x") == "5"
+
+
+def test_branch_frames_validate_on_the_host(client: KernelClient) -> None:
+    """What a real kernel answers to each op passes the host's check of the protocol."""
+    from farm.models import frames
+
+    cells = Cells(client)
+    cells.run("def f(n): return n * 2\ny = f(21)")
+    replies = [frames.validate(branch(cells, "checkpoint"))]
+    cp = str(replies[0]["checkpoint_id"])
+    for fields in ({"op": "rollback", "checkpoint_id": cp}, {"op": "fork", "n": 2}):
+        frames.validate({"type": "branch", "session_id": cells.id, **fields})
+        replies.append(frames.validate(branch(cells, **fields)))
+    forks = replies[-1]["forks"]
+    assert len(forks) == 2
+    for forked in forks:
+        got = client.execute(forked["session_id"], "f(y)", epoch=forked["epoch"], timeout_s=10)
+        assert got["value"] is not None and got["value"]["text"] == "84"
+        client.close_session(forked["session_id"])
+    client.close_session(cells.id)

@@ -35,7 +35,9 @@ def modules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def importable(modules_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``modules_dir`` on the path of the kernels the test starts."""
-    monkeypatch.setenv("PYTHONPATH", f"{modules_dir}{os.pathsep}{os.environ['PYTHONPATH']}")
+    inherited = os.environ.get("PYTHONPATH")
+    path = f"{modules_dir}{os.pathsep}{inherited}" if inherited else str(modules_dir)
+    monkeypatch.setenv("PYTHONPATH", path)
     return modules_dir
 
 

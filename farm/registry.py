@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from farm.exec_finish import Finisher
+from farm.events.exec_finish import Finisher
 
 if TYPE_CHECKING:
     from farm.events.journal import Entries
@@ -236,7 +236,7 @@ class Registry:
     ) -> str:
         """Record the outcome; with ``session`` (id, fields, ttl) also refresh that session's
         entry, and add the run's last ``events`` to its journal first, all in one script
-        (``farm.exec_finish``): one round trip. Returns the journal's error (``""``: none)."""
+        (``farm.events.exec_finish``): one round trip. Returns the journal's error, or ``""``."""
         record = json.dumps({"state": "done", "result": result})
         if session is not None:
             session_id, fields, ttl_s = session

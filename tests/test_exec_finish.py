@@ -1,4 +1,4 @@
-"""A session call's end in Redis (``farm.exec_finish``): journal, record and session entry in
+"""A session call's end in Redis (``farm.events.exec_finish``): journal, record and session entry in
 one script, on a real redis-server; the claim still refuses a second run of a finished call."""
 
 from __future__ import annotations

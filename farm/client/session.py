@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE
+from farm.client import snapshots
 from farm.client.broker import Watch
 from farm.client.exec_call import Call
 from farm.client.hostcall_handlers import Callbacks
@@ -27,6 +28,7 @@ from farm.models import CommandResult, ErrorKind, ExecResult, Opened, RestoreRep
 
 if TYPE_CHECKING:
     from farm.client.farm import Farm
+    from farm.client.snapshots import Snapshot
 
 QUEUE_WAIT_S = 600.0
 INLINE_STDIN = 16 * 1024 * 1024  # a command's stdin past this is staged in the box first
@@ -85,6 +87,7 @@ class Session:
         # How long opening it waited for room (its worker's and kernel's queues, and asking
         # again while every worker was full): queueing, told apart from slowness.
         self.queue_s = opened.queue_s
+        self.restored = opened.restored  # what its snapshot brought (``Farm.restore``)
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"
@@ -104,6 +107,8 @@ class Session:
             lambda: self.farm.registry.session_state(self.id, self.worker, self.generation),
             lambda state: state[0] is None,
         )
+        if why is not None and snapshots.follow(self):  # it moved: its new owner takes it
+            return self._check_alive()
         if why is not None:
             raise SessionLost(self.id, self.worker, why)
         return mark
@@ -171,9 +176,7 @@ class Session:
 
     def collect(self, call: Call) -> ExecResult:
         """Wait for ``call``'s result; a loss of state moves the epoch ``restart`` accepts."""
-        result = ExecResult.model_validate(
-            self.farm.broker.wait(call.pending, call.deadline, call.watch)
-        )
+        result = ExecResult.model_validate(snapshots.wait_result(self, call))
         if result.state_lost:
             self._kernel_epoch = result.epoch
         return result
@@ -254,6 +257,20 @@ class Session:
         if (reply.get("error") or {}).get("ename") == "SessionLost":
             raise SessionLost(self.id, self.worker, reply["error"]["evalue"])
         return reply
+
+    def snapshot(self, *, keep: bool = False) -> Snapshot:
+        """A portable snapshot: the variables it could carry (``info.lost`` names the rest,
+        and why), the workspace's files, the image's identity; its bytes (``data``), or with
+        ``keep`` kept by the farm for ``snapshot_ttl_s`` (``id``). ``Farm.restore`` opens it."""
+        return self.farm.snapshots.take(self, keep=keep)
+
+    def pause(self) -> Snapshot:
+        """Free the box, the snapshot kept by the farm; ``resume()`` brings it back."""
+        return self.farm.snapshots.take(self, pause=True)
+
+    def resume(self) -> None:
+        """Bring a paused session back, same id, on any worker of its image."""
+        snapshots.adopt(self, self.farm.snapshots.resume(self.id))
 
     def restart(self) -> None:
         """Accept the loss of state: continue in the fresh namespace of the current epoch."""

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field
 
 from farm.models.model_base import Model
+from farm.models.snapshot_info import Restored
 
 
 class OpenRequest(Model):
@@ -24,6 +25,9 @@ class OpenRequest(Model):
     egress: list[str] | None = None
     sent_at: float = Field(description="the client's time.time() as it was queued")
     deadline: float = Field(description="time.time() past which no worker opens it")
+    session_id: str | None = Field(default=None, description="its id (a resume or a move)")
+    restore: str | None = Field(default=None, description="the kept snapshot it opens with")
+    moved: bool = Field(default=False, description="a drain's move: a loss is told once")
 
 
 class Opened(Model):
@@ -35,6 +39,7 @@ class Opened(Model):
     generation: int
     queue: str
     queue_s: float = 0.0  # how long it waited for room: in the list, at the worker, the kernel
+    restored: Restored | None = None  # what its snapshot brought, when it opened with one
 
 
 class Refused(Model):
@@ -44,6 +49,7 @@ class Refused(Model):
     refused: Literal[True] = True
     worker: str | None = None
     reason: str
+    code: str | None = None  # a snapshot's refusal: ``SnapshotError.code``
 
 
 class Busy(Model):

@@ -25,6 +25,7 @@ from farm.celeryconf import (
     TASK_EXEC,
     TASK_FILE,
     TASK_RUN,
+    TASK_SNAPSHOT,
     make_app,
 )
 from farm.errors import FarmError
@@ -90,7 +91,8 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     # second worker in one process (the in-process tests) would answer with the first's tasks.
     @app.task(name=TASK_EXEC, shared=False)
     def exec_code(request: dict[str, Any]) -> dict[str, Any]:
-        return current().calls.execute(request)
+        worker = current()
+        return worker.snapshots.guarded(request, worker.calls.execute, "exec")
 
     @app.task(name=TASK_CLOSE, shared=False)
     def close_session(session_id: str) -> dict[str, Any]:
@@ -102,11 +104,17 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
 
     @app.task(name=TASK_COMMAND, shared=False)
     def run_command(request: dict[str, Any]) -> dict[str, Any]:
-        return current().calls.command(request)
+        worker = current()
+        return worker.snapshots.guarded(request, worker.calls.command, "command")
 
     @app.task(name=TASK_FILE, shared=False)
     def file_operation(request: dict[str, Any]) -> dict[str, Any]:
-        return current().calls.file(request)
+        worker = current()
+        return worker.snapshots.guarded(request, worker.calls.file, "file")
+
+    @app.task(name=TASK_SNAPSHOT, shared=False)
+    def snapshot(request: dict[str, Any]) -> dict[str, Any]:
+        return current().snapshots.take(request)
 
     @app.task(name=TASK_ECHO, shared=False)
     def echo(payload: Any) -> Any:

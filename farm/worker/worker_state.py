@@ -43,6 +43,7 @@ from farm.worker.intake import Intake
 from farm.worker.judge_items import parallel as judge_parallel
 from farm.worker.opens import SessionOpens
 from farm.worker.session_calls import SessionCalls
+from farm.worker.snapshot_calls import SessionSnapshots
 from farm.worker.worker_egress import WorkerEgress
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ class HeldSession:
     last_used: float
     lost: str | None = None
     ticket: Ticket | None = None  # its room at the gate, until it closes or is lost
+    notice: str | None = None  # what a move could not carry: its next run says so, once
+    one_shot: bool = False  # a one-shot run's: never moved
 
 
 class Worker:
@@ -95,6 +98,7 @@ class Worker:
             (self.opens.take, self.batch.take),
         )
         self.calls = SessionCalls(self)
+        self.snapshots = SessionSnapshots(self)
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -129,6 +133,7 @@ class Worker:
         self.batch.stop()
         self.opens.stop()
         self.egress.close()
+        self.snapshots.close()
         for client in clients:  # every thread's connection to the kernel
             client.close()
         self.keeper.stop()

@@ -78,6 +78,7 @@ TYPING_CYCLES = [
         "farm.worker.batch_runner",
         "farm.worker.opens",
         "farm.worker.snapshot_calls",
+        "farm.worker.drain",
     },
 ]
 

@@ -163,9 +163,7 @@ class Session:
         request.update(session_id=self.id, epoch=self.epoch, generation=self.generation, **extra)
         if self.callbacks is not None:
             request["calls"] = self.callbacks.names
-        pending, mark = self.farm.broker.send(
-            TASK_EXEC, self.queue, args=[request], check=self._check_alive
-        )
+        pending, mark = snapshots.routed_send(self, TASK_EXEC, request)
         watch = Watch(
             worker=(self.worker, self.generation),
             exec_id=request["exec_id"],
@@ -234,9 +232,7 @@ class Session:
         elif data is not None:
             request["stdin_path"] = f".farm-stdin-{exec_id}"
             self.files.write(request["stdin_path"], data)
-        pending, mark = self.farm.broker.send(
-            TASK_COMMAND, self.queue, args=[request], check=self._check_alive
-        )
+        pending, mark = snapshots.routed_send(self, TASK_COMMAND, request)
         watch = Watch((self.worker, self.generation), exec_id, mark, self.id)
         raw = self.farm.broker.wait(pending, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
         result = CommandResult.model_validate(raw)
@@ -247,9 +243,7 @@ class Session:
     def file_operation(self, request: dict[str, Any]) -> dict[str, Any]:
         """One chunk of a file operation (``farm.client.session_files`` builds them)."""
         request = {**request, "session_id": self.id, "generation": self.generation}
-        pending, mark = self.farm.broker.send(
-            TASK_FILE, self.queue, args=[request], check=self._check_alive
-        )
+        pending, mark = snapshots.routed_send(self, TASK_FILE, request)
         watch = Watch((self.worker, self.generation), None, mark, self.id)
         reply: dict[str, Any] = self.farm.broker.wait(
             pending, time.monotonic() + QUEUE_WAIT_S, watch

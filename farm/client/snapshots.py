@@ -11,6 +11,7 @@ docs/design/snapshots.md.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 
 SNAPSHOT_WAIT_S = 900.0  # a snapshot of a few hundred MB, and the session's running call
 DRAIN_WAIT_S = 1800.0
+MAX_MOVES = 8  # a session moves a few times at most while one call is sent or waits
 UPLOAD_TTL_S = 3600.0  # a caller's snapshot bytes, kept while its restore opens
 ERRORS = {e.code: e for e in (SnapshotError, SnapshotIncompatible, SnapshotNotFound)}
 
@@ -102,9 +104,7 @@ class Snapshots:
         return Snapshot(info, data=data)
 
     def _ask_owner(self, session: Session, request: dict[str, Any]) -> dict[str, Any]:
-        pending, mark = self.farm.broker.send(
-            TASK_SNAPSHOT, session.queue, args=[request], check=session._check_alive
-        )
+        pending, mark = routed_send(session, TASK_SNAPSHOT, request)
         watch = Watch((session.worker, session.generation), None, mark, session.id)
         reply: dict[str, Any] = self.farm.broker.wait(
             pending, time.monotonic() + SNAPSHOT_WAIT_S, watch
@@ -230,25 +230,58 @@ def wait_result(session: Session, call: Call) -> dict[str, Any]:
     """A run's raw result, sent again to the session's new owner when the old one answered
     ``SessionMoved`` or stopped with the call unclaimed (it never ran)."""
     farm, exec_id = session.farm, call.request["exec_id"]
-    for _ in range(8):  # a session moves a few times at most while one call waits
+    for _ in range(MAX_MOVES):
         try:
             raw: dict[str, Any] = farm.broker.wait(call.pending, call.deadline, call.watch)
         except SessionLost:
             unrun = farm.broker.quietly(lambda: farm.registry.exec_record(exec_id)) is None
-            if not (unrun and follow(session)):
+            if not (unrun and _moved_since(session, call)):
                 raise
         else:
-            if (raw.get("error") or {}).get("ename") != "SessionMoved" or not follow(session):
+            moved = (raw.get("error") or {}).get("ename") == "SessionMoved"
+            if not (moved and _moved_since(session, call)):
                 return raw
         call = _resend(session, call)
     raise SessionLost(session.id, session.worker, "it kept moving while a call waited")
 
 
+class _Rerouted(Exception):
+    """The check before a send followed the session elsewhere: build the send again."""
+
+
+def routed_send(session: Session, task: str, request: dict[str, Any]) -> tuple[Any, str]:
+    """Send ``request`` to ``session``'s owner as the check before the send finds it (one
+    that moved is followed, and the request's ``generation`` and ``epoch`` named anew)."""
+    for _ in range(MAX_MOVES):
+        queue = session.queue
+        request["generation"] = session.generation
+        if "epoch" in request:
+            request["epoch"] = session.epoch
+
+        try:
+            return session.farm.broker.send(
+                task, queue, args=[request], check=functools.partial(_checked, session, queue)
+            )
+        except _Rerouted:
+            continue
+    raise SessionLost(session.id, session.worker, "it kept moving while a call was sent")
+
+
+def _checked(session: Session, queue: str) -> str:
+    mark = session._check_alive()
+    if session.queue != queue:
+        raise _Rerouted
+    return mark
+
+
+def _moved_since(session: Session, call: Call) -> bool:
+    """Whether ``session`` lives elsewhere than where ``call`` went."""
+    return follow(session) or call.watch.worker != (session.worker, session.generation)
+
+
 def _resend(session: Session, call: Call) -> Call:
-    request = {**call.request, "epoch": session.epoch, "generation": session.generation}
-    pending, mark = session.farm.broker.send(
-        TASK_EXEC, session.queue, args=[request], check=session._check_alive
-    )
+    request = dict(call.request)
+    pending, mark = routed_send(session, TASK_EXEC, request)
     watch = Watch((session.worker, session.generation), request["exec_id"], mark, session.id)
     return Call(pending, request, call.deadline, watch)
 

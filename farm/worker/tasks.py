@@ -21,6 +21,7 @@ from celery.signals import celeryd_after_setup, worker_shutdown
 from farm.celeryconf import (
     TASK_CLOSE,
     TASK_COMMAND,
+    TASK_DRAIN,
     TASK_ECHO,
     TASK_EXEC,
     TASK_FILE,
@@ -111,6 +112,10 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     def file_operation(request: dict[str, Any]) -> dict[str, Any]:
         worker = current()
         return worker.snapshots.guarded(request, worker.calls.file, "file")
+
+    @app.task(name=TASK_DRAIN, shared=False)
+    def drain(request: dict[str, Any]) -> dict[str, Any]:
+        return current().drain.run().model_dump(mode="json")
 
     @app.task(name=TASK_SNAPSHOT, shared=False)
     def snapshot(request: dict[str, Any]) -> dict[str, Any]:

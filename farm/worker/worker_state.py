@@ -39,6 +39,7 @@ from farm.worker.box_gate import (
     BoxGate,
     Ticket,
 )
+from farm.worker.drain import Drain
 from farm.worker.intake import Intake
 from farm.worker.judge_items import parallel as judge_parallel
 from farm.worker.opens import SessionOpens
@@ -99,6 +100,8 @@ class Worker:
         )
         self.calls = SessionCalls(self)
         self.snapshots = SessionSnapshots(self)
+        self.drain = Drain(self)
+        self.draining = False  # it takes no new session: its own move away is under way
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -124,7 +127,13 @@ class Worker:
         )
 
     def stop(self, reason: str = "the worker stopped") -> None:
-        """Remove the sandbox first, then deregister (best effort: Redis may be gone too)."""
+        """Move the sessions to other workers (``drain_on_stop``), remove the sandbox, then
+        deregister (best effort: Redis may be gone too)."""
+        if self.settings.drain_on_stop and self.sessions and not self._stop.is_set():
+            try:
+                self.drain.run(stopping=True)
+            except Exception:
+                log.exception("worker %s could not drain before it stopped", self.id)
         self._stop.set()
         self.intake.stop()
         with self._lock:
@@ -231,11 +240,16 @@ class Worker:
                 "ready": health.ok,
                 "sandbox": info,
                 "restarts": self.keeper.restarts,
+                "draining": self.draining,
                 "metrics": self.metrics_url,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
             },
         )
+
+    def beat_now(self) -> None:
+        """A heartbeat now, not at the next interval (a drain's start: others must know)."""
+        self._heartbeat()
 
     def _reap_idle(self) -> None:
         cutoff = time.monotonic() - self.settings.idle_timeout_s

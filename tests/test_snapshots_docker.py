@@ -1,0 +1,102 @@
+"""Snapshots that cross workers, on a real two-worker local farm (Docker sandboxes, Redis,
+Celery worker processes): a restore on the other worker, a pause resumed elsewhere with its id,
+a drain (API and SIGTERM) that moves several sessions with their variables and loses no run,
+and a session whose lock cannot move is told so once. Everything started here is stopped.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from farm.client import Farm
+from farm.errors import StateLost
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture
+def farm(docker_env: Any) -> Iterator[Farm]:
+    """A farm of one worker that holds the sessions; a test adds the second (``second``)."""
+    with Farm.local(workers=1) as f:
+        yield f
+
+
+def second(farm: Farm) -> str:
+    """Start a second worker and wait (deadline) until it is ready: its id."""
+    worker_id = str(farm.local_farm.add_worker())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if any(w["id"] == worker_id and w.get("ready") for w in farm.workers()):
+            return worker_id
+        time.sleep(0.2)  # poll interval of the deadline-bounded readiness wait
+    raise AssertionError(f"worker {worker_id} never became ready")
+
+
+def test_a_snapshot_restores_on_another_worker_and_a_pause_resumes_there(farm: Farm) -> None:
+    session = farm.session()
+    first = session.worker
+    session.run("x = [1, 2, 3]\nopen('f.txt', 'w').write('file')")
+    snap = session.snapshot()
+    session.pause()
+    other = second(farm)
+    farm.local_farm.kill_worker(first, signal.SIGKILL)  # only the other one can take them
+    with farm.restore(snap.data) as restored:
+        assert restored.worker == other
+        assert restored.run("sum(x), open('f.txt').read()").value.text == "(6, 'file')"
+    session.resume()
+    assert session.worker == other and session.run("len(x)").value.text == "3"
+
+
+def test_a_drain_moves_every_session_with_its_variables_and_loses_no_run(farm: Farm) -> None:
+    sessions = [farm.session() for _ in range(6)]
+    for i, s in enumerate(sessions):
+        assert s.run(f"v = {i}\nimport threading\nlk = threading.Lock() if {i} == 5 else 0").ok
+    first = sessions[0].worker
+    other = second(farm)
+    running: dict[str, Any] = {}
+    slow = threading.Thread(
+        target=lambda: running.setdefault(
+            "r", sessions[0].run("import time\ntime.sleep(2)\nv += 100\nv")
+        )
+    )
+    slow.start()
+    time.sleep(0.5)  # let the slow run start on the first worker before the drain
+    report = farm.drain(first)
+    slow.join()
+    assert running["r"].value.text == "100"  # it finished where it ran, before the move
+    assert set(report.moved) == {s.id for s in sessions} and not report.failed
+    assert set(report.lost) == {sessions[5].id}
+    for i, s in enumerate(sessions[:5]):
+        result = s.run("v")
+        assert s.worker == other and result.value.text == str(100 if i == 0 else i)
+    with pytest.raises(StateLost, match="lk"):
+        sessions[5].run("v")  # what it lost is told once, never a silent reset
+    sessions[5].restart()
+    assert sessions[5].run("v").value.text == "5"
+
+
+def test_a_worker_stopped_with_sigterm_moves_its_sessions_first(farm: Farm) -> None:
+    sessions = [farm.session() for _ in range(3)]
+    for i, s in enumerate(sessions):
+        s.run(f"w = {i}")
+    first = sessions[0].worker
+    other = second(farm)
+    late: dict[str, Any] = {}
+
+    def call_during_the_stop() -> None:
+        time.sleep(0.5)  # sent while the worker stops
+        late["r"] = sessions[1].run("w += 10\nw")
+
+    caller = threading.Thread(target=call_during_the_stop)
+    caller.start()
+    farm.local_farm.kill_worker(first, signal.SIGTERM)
+    caller.join()
+    assert late["r"].value.text == "11"
+    assert [s.run("w").value.text for s in sessions] == ["0", "11", "2"]
+    assert all(s.worker == other for s in sessions)

@@ -6,7 +6,9 @@ and a session whose lock cannot move is told so once. Everything started here is
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ import pytest
 
 from farm.client import Farm
 from farm.errors import StateLost
+from tests.serving import FARM, farm_serve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -46,6 +49,7 @@ def test_a_snapshot_restores_on_another_worker_and_a_pause_resumes_there(farm: F
     session.pause()
     other = second(farm)
     farm.local_farm.kill_worker(first, signal.SIGKILL)  # only the other one can take them
+    farm.local_farm.workers[first].wait(30)  # dead: its intake can no longer pop the open
     with farm.restore(snap.data) as restored:
         assert restored.worker == other
         assert restored.run("sum(x), open('f.txt').read()").value.text == "(6, 'file')"
@@ -100,3 +104,46 @@ def test_a_worker_stopped_with_sigterm_moves_its_sessions_first(farm: Farm) -> N
     assert late["r"].value.text == "11"
     assert [s.run("w").value.text for s in sessions] == ["0", "11", "2"]
     assert all(s.worker == other for s in sessions)
+
+
+def test_http_snapshots_restores_pauses_and_resumes(farm: Farm, tmp_path: Any) -> None:
+    with (
+        farm_serve(farm.settings.redis_url, tmp_path) as server,
+        server.client(server.token("alice", "run")) as alice,
+    ):
+        made = alice.post("/v1/sessions", json={})
+        assert made.status_code == 201, made.text
+        base = f"/v1/sessions/{made.json()['id']}"
+        alice.post(f"{base}/run", json={"code": "import threading\nk = 7\nlk = threading.Lock()"})
+        kept = alice.post(f"{base}/snapshot").json()
+        assert kept["id"] and "lk" in kept["snapshot"]["lost"]
+        blob = alice.post(f"{base}/snapshot", params={"keep": "false"})
+        assert blob.headers["content-type"] == "application/vnd.farm.snapshot"
+        for restore in (
+            alice.post("/v1/restore", content=blob.content),
+            alice.post("/v1/restore", params={"snapshot_id": kept["id"]}),
+        ):
+            assert restore.status_code == 201, restore.text
+            other = f"/v1/sessions/{restore.json()['id']}"
+            assert alice.post(f"{other}/run", json={"code": "k"}).json()["value"]["text"] == "7"
+        bad = alice.post("/v1/restore", content=b"not a snapshot")
+        assert bad.status_code == 422 and bad.json()["kind"] == "snapshot"
+        assert alice.post(f"{base}/pause").status_code == 200
+        paused = alice.post(f"{base}/run", json={"code": "k"})
+        assert paused.status_code == 409 and paused.json()["kind"] == "paused"
+        assert alice.post(f"{base}/resume").status_code == 200
+        assert alice.post(f"{base}/run", json={"code": "k + 1"}).json()["value"]["text"] == "8"
+
+
+def test_the_cli_drains_a_worker(farm: Farm) -> None:
+    session = farm.session()
+    session.run("z = 'moved'")
+    first = session.worker
+    other = second(farm)
+    env = {**os.environ, "FARM_BROKER_URL": farm.settings.broker_url}
+    done = subprocess.run(
+        [FARM, "drain", first], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 moved, 0 not moved" in done.stdout
+    assert session.run("z").value.text == "'moved'" and session.worker == other

@@ -88,7 +88,10 @@ class Sessions:
         self.owners: dict[str, str] = {}  # session -> token id: it never changes, so it is kept
 
     async def open(self, token: Token, **options: Any) -> Session:
-        session = await asyncio.to_thread(self.farm.session, **options)
+        return await self.own(token, await asyncio.to_thread(self.farm.session, **options))
+
+    async def own(self, token: Token, session: Session) -> Session:
+        """Hold ``session`` (just opened or restored) as ``token``'s."""
         redis = self.farm.registry.redis
         with redis.pipeline() as pipe:
             pipe.set(_owner_key(session.id), token.id, ex=OWNER_TTL_S)

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MOVES_AT_ONCE = 8  # sessions snapshotted and reopened at a time
-MOVE_OPEN_S = 60.0  # how long a move waits for another worker to open it
+MOVE_OPEN_S = 30.0  # how long a move waits for another worker to open it
 ANSWER_SLICE_S = 1.0
 MOVE_KEEP_S = 600.0  # a move's snapshot in the store, while the new owner reads it
 
@@ -57,6 +57,8 @@ class Drain:
             for sid, held in list(worker.sessions.items())
             if held.lost is None and not held.one_shot
         ]
+        if not movable:
+            return report
         if movable and not self._others():
             why = f"no other live worker of image {worker.image!r} takes sessions"
             report.failed = {sid: why for sid, _ in movable}
@@ -145,7 +147,8 @@ class Drain:
                 if answer.get("busy"):
                     raise SnapshotError(f"no room: {Busy.model_validate(answer).reason}")
                 return Opened.model_validate(answer)
-            if time.monotonic() > deadline and registry.abandon(request.open_id):
+            gone = not self._others()  # every other worker stops too: none will take it
+            if (gone or time.monotonic() > deadline) and registry.abandon(request.open_id):
                 registry.take_back(key, body)
                 break
         raise SnapshotError(f"no other worker opened it within {MOVE_OPEN_S:g} s")

@@ -129,7 +129,7 @@ class Worker:
     def stop(self, reason: str = "the worker stopped") -> None:
         """Move the sessions to other workers (``drain_on_stop``), remove the sandbox, then
         deregister (best effort: Redis may be gone too)."""
-        if self.settings.drain_on_stop and self.sessions and not self._stop.is_set():
+        if self.settings.drain_on_stop and not self._stop.is_set():
             try:
                 self.drain.run(stopping=True)
             except Exception:

@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from farm.client import Farm
-from farm.errors import StateLost
+from farm.errors import SnapshotIncompatible, StateLost
+from farm.sandbox.catalog import build_image
+from farm.sandbox.envspec import make_spec
 from tests.serving import FARM, farm_serve
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -147,3 +149,41 @@ def test_the_cli_drains_a_worker(farm: Farm) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 moved, 0 not moved" in done.stdout
     assert session.run("z").value.text == "'moved'" and session.worker == other
+
+
+@pytest.fixture(scope="module")
+def cloudpickle_image(docker_env: Any) -> Iterator[str]:
+    """An environment: the sandbox image plus cloudpickle (from PyPI, through the host)."""
+    from tests.test_environments import _forget
+
+    name = f"pytest-snap-{os.getpid()}"
+    try:
+        assert build_image(name, make_spec(name=name, pip=["cloudpickle"]), client=docker_env)
+        yield name
+    finally:
+        _forget(docker_env, name)
+
+
+def test_cloudpickle_carries_code_defined_in_the_session_and_other_images_refuse_it(
+    docker_env: Any, cloudpickle_image: str
+) -> None:
+    with Farm.local(images={cloudpickle_image: 1}) as farm:
+        session = farm.session(image=cloudpickle_image)
+        session.run(
+            "import threading\n"
+            "class Point:\n    def __init__(self, x): self.x = x\n"
+            "    def double(self): return Point(self.x * 2)\n"
+            "def square(n): return n * n\n"
+            "p = Point(21)\nsq = lambda n: square(n) + 1\nlk = threading.Lock()"
+        )
+        snap = session.snapshot()
+        assert snap.info.pickler == "cloudpickle" and {"Point", "square", "p", "sq"} <= set(
+            snap.info.names
+        )
+        assert set(snap.info.lost) == {"lk"}
+        with farm.restore(snap) as restored:
+            result = restored.run("p.double().x, square(3), sq(2), type(p) is Point")
+            assert result.ok, result.error
+            assert result.value.text == "(42, 9, 5, True)"
+        with pytest.raises(SnapshotIncompatible, match="cloudpickle"):
+            farm.restore(snap, image="default")  # no cloudpickle there: nothing opens

@@ -65,8 +65,8 @@ COPY farm/kernel/ /opt/farm/farm/kernel/
 RUN touch /opt/farm/farm/__init__.py \
     && find /opt/farm -name '__pycache__' -prune -exec rm -rf {} + \
     && python3 -m compileall -q /opt/farm
-# Each judged language's version, asked of the toolchain once, here (farm/kernel/judge/languages.py).
-RUN PYTHONPATH=/opt/farm python3 -m farm.kernel.judge.languages /etc/farm/judge/languages.json
+# Each judged language's version, asked of the toolchain once, here (farm/kernel/judge/language_table.py).
+RUN PYTHONPATH=/opt/farm python3 -m farm.kernel.judge.language_table /etc/farm/judge/languages.json
 
 # HOME, TMPDIR and the XDG caches are each session's own (set by the kernel per box).
 ENV PYTHONPATH=/opt/farm PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1

@@ -141,3 +141,14 @@ def test_a_paused_session_is_resumed_from_another_client_by_id(farm: Any) -> Non
         assert resumed.run("word").value.text == "'again'"
         events = [e for e in other.replay(session.id) if e.type == "lifecycle"]
         assert [e.action for e in events] == ["paused", "restored"]
+
+
+def test_a_restore_asks_for_the_limits_its_session_had(farm: Any) -> None:
+    probe = "import resource\nresource.getrlimit(resource.RLIMIT_DATA)[0] >> 20"
+    with farm.session(limits={"memory_mb": 100}) as session:
+        assert session.run(probe).value.text == "100"
+        snap = session.snapshot()
+    assert snap.info.limits == {"memory_mb": 100}
+    with farm.restore(snap) as same, farm.restore(snap, limits={"memory_mb": 120}) as bigger:
+        assert same.run(probe).value.text == "100"
+        assert bigger.run(probe).value.text == "120"

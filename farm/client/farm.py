@@ -266,12 +266,15 @@ class Farm:
         snapshot: Snapshot | bytes | str,
         *,
         image: str | ImageName | None = None,
+        limits: BoxLimits | Mapping[str, int] | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> Session:
         """A new session holding ``snapshot`` (its bytes, or a kept one's id), on any worker
         of its image (``image``: another, which must have the same Python and packages, else
-        ``SnapshotIncompatible``); ``session.restored`` says what did not come back."""
-        return Session(self, self.snapshots.restore(snapshot, image=image), timeout_s)
+        ``SnapshotIncompatible``), in a box of its session's limits unless ``limits`` says
+        otherwise; ``session.restored`` says what did not come back."""
+        opened = self.snapshots.restore(snapshot, image=image, limits=limits_field(limits))
+        return Session(self, opened, timeout_s)
 
     def resume(self, session_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
         """A paused session (``Session.pause``), back on any worker of its image, same id."""

@@ -118,11 +118,13 @@ class Snapshots:
         snapshot: Snapshot | bytes | str,
         *,
         image: str | ImageName | None = None,
+        limits: dict[str, int] | None = None,
         session_id: str | None = None,
         moved: bool = False,
     ) -> Opened:
         """Open a session with ``snapshot`` (bytes, a ``Snapshot``, or the id of a kept one)
-        on a worker of its image (or ``image``); the worker's ``Opened`` says what came back."""
+        on a worker of its image (or ``image``), in a box of its limits (or ``limits``); the
+        worker's ``Opened`` says what came back."""
         upload = None
         if isinstance(snapshot, Snapshot) and snapshot.data is None:
             snapshot = str(snapshot.id)
@@ -140,18 +142,21 @@ class Snapshots:
             snapshot_id = upload = f"upload-{uuid.uuid4().hex}"
             self.farm.broker.call(lambda: self.store.put(upload, blob, UPLOAD_TTL_S), sent=False)
         try:
-            return self._open(ImageName.parse(image or info.image), snapshot_id, session_id, moved)
+            fields = {
+                "session_id": session_id,
+                "restore": snapshot_id,
+                "moved": moved,
+                "limits": limits or info.limits,
+            }
+            return self._open(ImageName.parse(image or info.image), fields)
         finally:
             if upload is not None:
                 self.farm.broker.quietly(lambda: self.store.delete(upload))
 
-    def _open(
-        self, name: ImageName, snapshot_id: str, session_id: str | None, moved: bool
-    ) -> Opened:
+    def _open(self, name: ImageName, fields: dict[str, Any]) -> Opened:
         farm = self.farm
         farm.require_image(name)
         deadline = time.monotonic() + farm.settings.open_wait_s
-        fields = {"session_id": session_id, "restore": snapshot_id, "moved": moved}
         for backoff in delays(0.05, 1.0):
             reply = open_once(farm.broker, farm.answers, name.queue, fields, deadline)
             if isinstance(reply, Opened):

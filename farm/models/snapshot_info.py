@@ -28,6 +28,9 @@ class SnapshotInfo(Model):
     lost: dict[str, str] = Field(
         default_factory=dict, description="variables it could not carry, and why"
     )
+    limits: dict[str, int] | None = Field(
+        default=None, description="its box's limits as asked: a restore asks the same"
+    )
     files: int = 0
     skipped_files: dict[str, str] = Field(
         default_factory=dict, description="workspace entries not carried (links, devices)"

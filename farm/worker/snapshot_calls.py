@@ -187,6 +187,7 @@ class SessionSnapshots:
             image=self.worker.image,
             image_digest=self.worker.keeper.info().image_digest,
             created_at=time.time(),
+            limits=held.limits,
             **manifest,
         )
         return info, pack(info, namespace, workspace)

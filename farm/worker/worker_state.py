@@ -61,6 +61,7 @@ class HeldSession:
     ticket: Ticket | None = None  # its room at the gate, until it closes or is lost
     notice: str | None = None  # what a move could not carry: its next run says so, once
     one_shot: bool = False  # a one-shot run's: never moved
+    limits: dict[str, int] | None = None  # its box's, as asked: a move asks the same
 
 
 class Worker:

@@ -152,3 +152,25 @@ def test_a_restore_asks_for_the_limits_its_session_had(farm: Any) -> None:
     with farm.restore(snap) as same, farm.restore(snap, limits={"memory_mb": 120}) as bigger:
         assert same.run(probe).value.text == "100"
         assert bigger.run(probe).value.text == "120"
+
+
+def test_the_asyncio_twins_snapshot_restore_pause_and_resume(farm: Any) -> None:
+    import asyncio
+
+    from farm.client import AsyncFarm
+
+    async def main() -> tuple[str, str]:
+        afarm = AsyncFarm(farm)
+        session = await afarm.session()
+        await session.arun("word = 'twin'")
+        snap = await session.snapshot()
+        restored = await afarm.restore(snap)
+        copied = (await restored.arun("word")).value.text
+        await restored.aclose()
+        await session.pause()
+        await session.resume()
+        resumed = (await session.arun("word")).value.text
+        await session.aclose()
+        return copied, resumed
+
+    assert asyncio.run(main()) == ("'twin'", "'twin'")

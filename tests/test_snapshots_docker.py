@@ -128,6 +128,8 @@ def test_http_snapshots_restores_pauses_and_resumes(farm: Farm, tmp_path: Any) -
             assert restore.status_code == 201, restore.text
             other = f"/v1/sessions/{restore.json()['id']}"
             assert alice.post(f"{other}/run", json={"code": "k"}).json()["value"]["text"] == "7"
+        theirs = alice.post("/v1/restore", params={"snapshot_id": f"paused-{kept['id']}"})
+        assert theirs.status_code == 404  # a paused session is resumed by its owner only
         bad = alice.post("/v1/restore", content=b"not a snapshot")
         assert bad.status_code == 422 and bad.json()["kind"] == "snapshot"
         assert alice.post(f"{base}/pause").status_code == 200

@@ -147,6 +147,7 @@ class Snapshots:
                 "restore": snapshot_id,
                 "moved": moved,
                 "limits": limits or info.limits,
+                "egress": info.egress,
             }
             return self._open(ImageName.parse(image or info.image), fields)
         finally:

@@ -31,6 +31,9 @@ class SnapshotInfo(Model):
     limits: dict[str, int] | None = Field(
         default=None, description="its box's limits as asked: a restore asks the same"
     )
+    egress: list[str] | None = Field(
+        default=None, description="the hosts its box could reach, as asked: likewise"
+    )
     files: int = 0
     skipped_files: dict[str, str] = Field(
         default_factory=dict, description="workspace entries not carried (links, devices)"

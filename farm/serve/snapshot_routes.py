@@ -10,12 +10,14 @@ random capability: whoever holds it may restore it. Design: docs/design/snapshot
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from farm.models.snapshot_info import SnapshotInfo
 from farm.serve.access import caller
+from farm.serve.problem_documents import ProblemError
 from farm.serve.schemas import SessionInfo
 from farm.serve.session_routes import PROBLEMS, info, sessions_of
 from farm.serve.tokens import Token
@@ -23,6 +25,7 @@ from farm.serve.tokens import Token
 router = APIRouter(tags=["snapshots"])
 Caller = Annotated[Token, Depends(caller("run"))]
 MEDIA = "application/vnd.farm.snapshot"
+KEPT_ID = "[0-9a-f]{32}"  # what keep=True hands out; a paused session's is its owner's only
 
 
 @router.post("/v1/sessions/{session_id}/snapshot", responses=PROBLEMS)
@@ -65,6 +68,8 @@ async def restore(
 ) -> SessionInfo:
     """A new session holding a snapshot: a kept one's ``snapshot_id``, or the body's bytes."""
     farm = sessions_of(request).farm
+    if snapshot_id is not None and not re.fullmatch(KEPT_ID, snapshot_id):
+        raise ProblemError(404, "snapshot_not_found", f"no snapshot is kept as {snapshot_id}")
     source: str | bytes = snapshot_id if snapshot_id is not None else await request.body()
     session = await asyncio.to_thread(farm.restore, source, image=image)
     await sessions_of(request).own(token, session)

@@ -109,7 +109,7 @@ class Drain:
                 snapshots.store.put(key, blob, MOVE_KEEP_S)
                 del blob
                 try:
-                    opened = self._open_elsewhere(session_id, key, held.limits)
+                    opened = self._open_elsewhere(session_id, key, held)
                 finally:
                     snapshots.store.delete(key)
                 where["to"] = opened.worker
@@ -121,9 +121,7 @@ class Drain:
         snapshots.record(session_id, "moved", info.id, lost)
         return opened
 
-    def _open_elsewhere(
-        self, session_id: str, snapshot_id: str, limits: dict[str, int] | None
-    ) -> Opened:
+    def _open_elsewhere(self, session_id: str, snapshot_id: str, held: HeldSession) -> Opened:
         """Queue the session's open on its image's list (this worker takes no more) and wait
         for the worker that takes it; one nobody took in time is taken back."""
         registry = self.worker.registry
@@ -136,7 +134,8 @@ class Drain:
             session_id=session_id,
             restore=snapshot_id,
             moved=True,
-            limits=limits,
+            limits=held.limits,
+            egress=held.egress,
         )
         body, key = request.model_dump_json(), opens_key(ImageName(self.worker.image).queue)
         registry.push_open(key, body)

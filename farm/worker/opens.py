@@ -157,7 +157,8 @@ class SessionOpens:
                 code = exc.code if isinstance(exc, SnapshotError) else "snapshot_failed"
                 return Refused(worker=worker.id, reason=str(exc), code=code).model_dump()
         worker.hold(session_id, epoch, ticket)
-        worker.sessions[session_id].limits = limits
+        held = worker.sessions[session_id]
+        held.limits, held.egress = limits, request.egress if request is not None else None
         if restored is not None and request is not None and request.moved and restored.lost:
             worker.sessions[session_id].notice = (
                 f"session {session_id} moved to worker {worker.id} without: "

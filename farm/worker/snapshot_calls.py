@@ -188,6 +188,7 @@ class SessionSnapshots:
             image_digest=self.worker.keeper.info().image_digest,
             created_at=time.time(),
             limits=held.limits,
+            egress=held.egress,
             **manifest,
         )
         return info, pack(info, namespace, workspace)

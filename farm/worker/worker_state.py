@@ -62,6 +62,7 @@ class HeldSession:
     notice: str | None = None  # what a move could not carry: its next run says so, once
     one_shot: bool = False  # a one-shot run's: never moved
     limits: dict[str, int] | None = None  # its box's, as asked: a move asks the same
+    egress: list[str] | None = None  # the hosts it may reach, as asked: likewise
 
 
 class Worker:

@@ -71,14 +71,12 @@ FARM = Path(farm.__file__).parent
 # ``session.farm``), and a worker's parts (its calls, its batches) act for the Worker they
 # belong to. Any other cycle, or one of these at run time, fails.
 TYPING_CYCLES = [
-    {"farm.client.farm", "farm.client.session", "farm.client.snapshots"},
+    {"farm.client.farm", "farm.client.session"},
     {
         "farm.worker.worker_state",
         "farm.worker.session_calls",
         "farm.worker.batch_runner",
         "farm.worker.opens",
-        "farm.worker.snapshot_calls",
-        "farm.worker.drain",
     },
 ]
 

@@ -15,7 +15,7 @@ import functools
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from farm.backoff import delays
 from farm.celeryconf import TASK_DRAIN, TASK_EXEC, TASK_SNAPSHOT
@@ -38,8 +38,10 @@ from farm.models.snapshot_info import DrainReport, SnapshotInfo
 from farm.snapshot_store import RedisSnapshotStore, header, paused_id
 
 if TYPE_CHECKING:
-    from farm.client.farm import Farm
-    from farm.client.session import Session
+    from farm.client.broker import Broker
+    from farm.client.opening import Answers
+    from farm.registry import Registry
+    from farm.settings import FarmSettings
 
 SNAPSHOT_WAIT_S = 900.0  # a snapshot of a few hundred MB, and the session's running call
 DRAIN_WAIT_S = 1800.0
@@ -63,10 +65,58 @@ class Snapshot:
         return self.data
 
 
+class SnapshotFarm(Protocol):
+    """What snapshots use of a farm (``Farm`` is one)."""
+
+    @property
+    def settings(self) -> FarmSettings: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def answers(self) -> Answers: ...
+
+    def require_image(self, image: str | ImageName) -> None: ...
+
+
+class MovingFarm(Protocol):
+    """What following a moved session uses of its farm (``Farm`` is one)."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def registry(self) -> Registry: ...
+
+    @property
+    def snapshots(self) -> Snapshots: ...
+
+
+class Movable(Protocol):
+    """A session as its snapshots and moves see it (``Session`` is one): where it lives now,
+    and the check before a send."""
+
+    id: str
+    worker: str
+    generation: int
+    queue: str
+    epoch: int
+    _kernel_epoch: int
+
+    @property
+    def farm(self) -> MovingFarm: ...
+
+    def _check_alive(self) -> str: ...
+
+
 # --- the worker requests (dicts, built here only) ---------------------------------------------
 
 
-def snapshot_request(session: Session, *, pause: bool = False) -> dict[str, Any]:
+def snapshot_request(session: Movable, *, pause: bool = False) -> dict[str, Any]:
     return {"session_id": session.id, "generation": session.generation, "pause": pause}
 
 
@@ -77,7 +127,7 @@ def drain_request(worker_id: str) -> dict[str, Any]:
 class Snapshots:
     """A farm's snapshots: its store, restores, resumes, drains (``Farm.snapshots``)."""
 
-    def __init__(self, farm: Farm) -> None:
+    def __init__(self, farm: SnapshotFarm) -> None:
         self.farm = farm
         self._store: RedisSnapshotStore | None = None
 
@@ -91,7 +141,7 @@ class Snapshots:
         if self._store is not None:
             self._store.close()
 
-    def take(self, session: Session, *, keep: bool = False, pause: bool = False) -> Snapshot:
+    def take(self, session: Movable, *, keep: bool = False, pause: bool = False) -> Snapshot:
         """``session``'s snapshot from its worker: kept (an id) or handed back (bytes)."""
         reply = self._ask_owner(session, snapshot_request(session, pause=pause))
         info = SnapshotInfo.model_validate(reply["snapshot"])
@@ -103,7 +153,7 @@ class Snapshots:
             raise SnapshotNotFound(f"snapshot {reply['id']} expired before it was read")
         return Snapshot(info, data=data)
 
-    def _ask_owner(self, session: Session, request: dict[str, Any]) -> dict[str, Any]:
+    def _ask_owner(self, session: Movable, request: dict[str, Any]) -> dict[str, Any]:
         pending, mark = routed_send(session, TASK_SNAPSHOT, request)
         watch = Watch((session.worker, session.generation), None, mark, session.id)
         reply: dict[str, Any] = self.farm.broker.wait(
@@ -200,14 +250,14 @@ class Snapshots:
 # --- following a session that moved ------------------------------------------------------------
 
 
-def adopt(session: Session, opened: Opened) -> None:
+def adopt(session: Movable, opened: Opened) -> None:
     """``session`` now lives where ``opened`` says (same id, its state carried)."""
     session.worker, session.generation = opened.worker, opened.generation
     session.queue, session.epoch = opened.queue, opened.epoch
     session._kernel_epoch = opened.epoch
 
 
-def follow(session: Session) -> bool:
+def follow(session: Movable) -> bool:
     """Whether the registry names a new live owner of ``session`` (then adopted); a paused
     session is ``SessionPaused``."""
     registry = session.farm.registry
@@ -232,7 +282,7 @@ def follow(session: Session) -> bool:
     return True
 
 
-def wait_result(session: Session, call: Call) -> dict[str, Any]:
+def wait_result(session: Movable, call: Call) -> dict[str, Any]:
     """A run's raw result, sent again to the session's new owner when the old one answered
     ``SessionMoved`` or stopped with the call unclaimed (it never ran)."""
     farm, exec_id = session.farm, call.request["exec_id"]
@@ -255,7 +305,7 @@ class _Rerouted(Exception):
     """The check before a send followed the session elsewhere: build the send again."""
 
 
-def routed_send(session: Session, task: str, request: dict[str, Any]) -> tuple[Any, str]:
+def routed_send(session: Movable, task: str, request: dict[str, Any]) -> tuple[Any, str]:
     """Send ``request`` to ``session``'s owner as the check before the send finds it (one
     that moved is followed, and the request's ``generation`` and ``epoch`` named anew)."""
     for _ in range(MAX_MOVES):
@@ -273,26 +323,26 @@ def routed_send(session: Session, task: str, request: dict[str, Any]) -> tuple[A
     raise SessionLost(session.id, session.worker, "it kept moving while a call was sent")
 
 
-def _checked(session: Session, queue: str) -> str:
+def _checked(session: Movable, queue: str) -> str:
     mark = session._check_alive()
     if session.queue != queue:
         raise _Rerouted
     return mark
 
 
-def _moved_since(session: Session, call: Call) -> bool:
+def _moved_since(session: Movable, call: Call) -> bool:
     """Whether ``session`` lives elsewhere than where ``call`` went."""
     return follow(session) or call.watch.worker != (session.worker, session.generation)
 
 
-def _resend(session: Session, call: Call) -> Call:
+def _resend(session: Movable, call: Call) -> Call:
     request = dict(call.request)
     pending, mark = routed_send(session, TASK_EXEC, request)
     watch = Watch((session.worker, session.generation), request["exec_id"], mark, session.id)
     return Call(pending, request, call.deadline, watch)
 
 
-def _error(session: Session, fields: dict[str, Any]) -> Exception:
+def _error(session: Movable, fields: dict[str, Any]) -> Exception:
     code = fields.get("code")
     if code == "sandbox_lost":
         return SessionLost(session.id, session.worker, str(fields.get("message")))

@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from farm.errors import SnapshotError
 from farm.image_name import ImageName
@@ -26,9 +26,10 @@ from farm.kernel.wire.client import KernelError
 from farm.models import Busy, Opened, OpenRequest, Refused
 from farm.models.snapshot_info import DrainReport
 from farm.registry import opens_key
+from farm.worker.snapshot_calls import Held, SessionSnapshots, SnapshotHost
 
 if TYPE_CHECKING:
-    from farm.worker.worker_state import HeldSession, Worker
+    from farm.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,29 @@ ANSWER_SLICE_S = 1.0
 MOVE_KEEP_S = 600.0  # a move's snapshot in the store, while the new owner reads it
 
 
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+class DrainHost(SnapshotHost, Protocol):
+    """The worker as its drain sees it (``Worker`` is one)."""
+
+    registry: Registry
+    draining: bool
+
+    @property
+    def intake(self) -> Stoppable: ...
+
+    @property
+    def snapshots(self) -> SessionSnapshots: ...
+
+    def beat_now(self) -> None: ...
+
+    def let_go_moved(self, session_id: str) -> None: ...
+
+
 class Drain:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: DrainHost) -> None:
         self.worker = worker
 
     def run(self, stopping: bool = False) -> DrainReport:
@@ -98,7 +120,7 @@ class Drain:
             and not w.get("draining")
         ]
 
-    def _move_one(self, item: tuple[str, HeldSession]) -> Opened | str:
+    def _move_one(self, item: tuple[str, Held]) -> Opened | str:
         """Move one session: the new owner's ``Opened``, or why it could not be moved."""
         session_id, held = item
         snapshots = self.worker.snapshots
@@ -113,7 +135,7 @@ class Drain:
                 finally:
                     snapshots.store.delete(key)
                 where["to"] = opened.worker
-                self._let_go(session_id)
+                self.worker.let_go_moved(session_id)
         except (SnapshotError, KernelError) as exc:
             log.warning("session %s could not be moved off %s: %s", session_id, self.worker.id, exc)
             return str(exc)
@@ -121,7 +143,7 @@ class Drain:
         snapshots.record(session_id, "moved", info.id, lost)
         return opened
 
-    def _open_elsewhere(self, session_id: str, snapshot_id: str, held: HeldSession) -> Opened:
+    def _open_elsewhere(self, session_id: str, snapshot_id: str, held: Held) -> Opened:
         """Queue the session's open on its image's list (this worker takes no more) and wait
         for the worker that takes it; one nobody took in time is taken back."""
         registry = self.worker.registry
@@ -154,15 +176,3 @@ class Drain:
                 registry.take_back(key, body)
                 break
         raise SnapshotError(f"no other worker opened it within {MOVE_OPEN_S:g} s")
-
-    def _let_go(self, session_id: str) -> None:
-        """The session lives elsewhere now: close its box here, keep its registry entry
-        (the new owner's)."""
-        worker = self.worker
-        with worker._lock:
-            held = worker.sessions.pop(session_id, None)
-        worker.egress.forget(session_id)
-        with contextlib.suppress(KernelError), worker.kernel() as kernel:
-            kernel.close_session(session_id)
-        if held is not None:
-            worker._let_go(held)

@@ -17,9 +17,9 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from farm.errors import SnapshotError, SnapshotIncompatible, SnapshotNotFound, SnapshotTooLarge
 from farm.events.run_events import Lifecycle
@@ -30,7 +30,9 @@ from farm.models.snapshot_info import Restored, SnapshotInfo
 from farm.snapshot_store import RedisSnapshotStore, pack, paused_id, unpack
 
 if TYPE_CHECKING:
-    from farm.worker.worker_state import HeldSession, Worker
+    from farm.events.journal import Journal
+    from farm.sandbox.sandbox_keeper import SandboxKeeper
+    from farm.settings import FarmSettings
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +44,42 @@ CHUNK = 4 * 1024 * 1024  # bytes of a file frame (``session_files.CHUNK``)
 QUIET_WAIT_S = 600.0  # a move waits this long for the session's running call to end
 MOVED_KEPT_S = 3600.0  # a moved session's calls are answered ``SessionMoved`` this long
 Call = Callable[[dict[str, Any]], dict[str, Any]]
+Finder = Callable[[dict[str, Any]], "tuple[Held | None, str]"]
 Action = Literal["snapshot", "restored", "paused", "resumed", "moved"]
 
 
+class Held(Protocol):
+    """A session as its worker holds it (``worker_state.HeldSession``), as snapshots see it."""
+
+    epoch: int
+    lost: str | None
+    notice: str | None
+    one_shot: bool
+    limits: dict[str, int] | None
+    egress: list[str] | None
+
+
+class SnapshotHost(Protocol):
+    """The worker as its snapshots see it (``Worker`` is one)."""
+
+    id: str
+    image: str
+    settings: FarmSettings
+    journal: Journal
+    keeper: SandboxKeeper
+
+    @property
+    def sessions(self) -> Mapping[str, Held]: ...
+
+    def kernel(self) -> AbstractContextManager[KernelClient]: ...
+
+    def close_session(self, session_id: str) -> dict[str, Any]: ...
+
+
 class SessionSnapshots:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: SnapshotHost, held: Finder) -> None:
         self.worker = worker
+        self.held = held  # the live session a call names, or why none (``SessionCalls``)
         self.store = RedisSnapshotStore(worker.settings)
         self._cond = threading.Condition()
         self._active: dict[str, int] = {}
@@ -62,6 +94,8 @@ class SessionSnapshots:
     def guarded(self, request: dict[str, Any], call: Call, kind: str) -> dict[str, Any]:
         """Run ``call`` unless the session moved (or waits while it moves); ``kind`` is the
         reply's shape: ``exec``, ``command`` or ``file``."""
+        if not isinstance(request, dict):  # malformed: the call itself refuses it
+            return call(request)
         session_id = str(request.get("session_id") or "")
         deadline = time.monotonic() + QUIET_WAIT_S
         with self._cond:
@@ -132,7 +166,7 @@ class SessionSnapshots:
     def take(self, request: dict[str, Any]) -> dict[str, Any]:
         """``session.snapshot()`` and ``pause()``: the snapshot kept in the store (``pause``:
         under the session's paused id, and the session closed here)."""
-        held, why = self.worker.calls._held(request)
+        held, why = self.held(request)
         session_id = str(request["session_id"])
         if held is None:
             return {"error": {"code": "sandbox_lost", "message": why}}
@@ -152,7 +186,7 @@ class SessionSnapshots:
         self.record(session_id, "paused" if pause else "snapshot", snapshot_id, info.lost)
         return {"id": snapshot_id, "snapshot": info.model_dump(mode="json")}
 
-    def capture(self, session_id: str, held: HeldSession) -> tuple[SnapshotInfo, bytes]:
+    def capture(self, session_id: str, held: Held) -> tuple[SnapshotInfo, bytes]:
         """The session's snapshot as a blob (``farm.snapshot_store.pack``)."""
         limit = self.worker.settings.snapshot_max_bytes
         with self.worker.kernel() as kernel:

@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -101,7 +102,7 @@ class Worker:
             (self.opens.take, self.batch.take),
         )
         self.calls = SessionCalls(self)
-        self.snapshots = SessionSnapshots(self)
+        self.snapshots = SessionSnapshots(self, self.calls._held)
         self.drain = Drain(self)
         self.draining = False  # it takes no new session: its own move away is under way
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
@@ -325,6 +326,17 @@ class Worker:
         """A session's room goes back to the gate (once: a ticket released twice is idle)."""
         if held.ticket is not None:
             self.gate.release(held.ticket)
+
+    def let_go_moved(self, session_id: str) -> None:
+        """A session that moved to another worker (``Drain``): its box here closes, its
+        registry entry (the new owner's) stays."""
+        with self._lock:
+            held = self.sessions.pop(session_id, None)
+        self.egress.forget(session_id)
+        with contextlib.suppress(KernelError), self.kernel() as kernel:
+            kernel.close_session(session_id)
+        if held is not None:
+            self._let_go(held)
 
     def session_entry(self, session_id: str, epoch: int) -> tuple[str, dict[str, Any], float]:
         """The registry's entry of a session held here at ``epoch`` (id, fields, ttl): written

@@ -136,6 +136,8 @@ def test_a_paused_session_is_resumed_from_another_client_by_id(farm: Any) -> Non
     session = farm.session()
     session.run("word = 'again'")
     session.pause()
+    with pytest.raises(SessionPaused):
+        farm.attach(session.id)
     with Farm(farm.settings) as other, other.resume(session.id) as resumed:
         assert resumed.id == session.id
         assert resumed.run("word").value.text == "'again'"

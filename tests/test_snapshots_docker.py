@@ -151,6 +151,8 @@ def test_the_cli_drains_a_worker(farm: Farm) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 moved, 0 not moved" in done.stdout
     assert session.run("z").value.text == "'moved'" and session.worker == other
+    with farm.session() as fresh:  # a drained worker takes no new session
+        assert fresh.worker == other
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from farm.errors import (
     InvalidRequest,
     SandboxUnavailable,
     SessionLost,
+    SessionPaused,
     WorkerFailed,
 )
 from farm.events.journal import Journal
@@ -249,6 +250,8 @@ class Farm:
         """Continue a session opened elsewhere (another process), as it is now; its code
         may call this process's ``callbacks`` (see ``session``)."""
         entry = self.registry.session(session_id)
+        if entry is None and self.snapshots.paused(session_id):
+            raise SessionPaused(session_id, None, "it is paused: Farm.resume(session_id)")
         if entry is None:
             raise SessionLost(session_id, None, "no such session (closed, expired or lost)")
         opened = Opened(

@@ -176,3 +176,34 @@ def test_the_asyncio_twins_snapshot_restore_pause_and_resume(farm: Any) -> None:
         return copied, resumed
 
     assert asyncio.run(main()) == ("'twin'", "'twin'")
+
+
+def test_a_box_that_lies_about_its_snapshot_gets_a_typed_error_and_lives_on(
+    pair: tuple[Any, Any],
+) -> None:
+    """The session's code can replace what writes its snapshot: the worker reads it bounded
+    and checked, as the box's word."""
+    farm, worker = pair
+    settings = worker.settings
+    worker.settings = settings.model_copy(update={"snapshot_max_bytes": 1 << 20})
+    liar = (
+        "import farm.kernel.repl.namespace_snapshot as ns, os\n"
+        "def lie(g):\n"
+        "    os.makedirs(ns.DIR, exist_ok=True)\n"
+        "    open(os.path.join(ns.DIR, ns.MANIFEST), 'w').write({manifest!r})\n"
+        "    open(os.path.join(ns.DIR, ns.NAMESPACE), 'wb').write(b'x' * {size})\n"
+        "    open(os.path.join(ns.DIR, ns.WORKSPACE), 'wb').write(b'')\n"
+        "ns.dump = lie\nalive = 1"
+    )
+    try:
+        with farm.session() as session:
+            session.run(liar.format(manifest="[1, 2]", size=10)).raise_for_error()
+            with pytest.raises(SnapshotError, match="manifest"):
+                session.snapshot()
+            good = '{"python": "3.11", "pickler": "pickle", "namespace_bytes": 1}'
+            session.run(liar.format(manifest=good, size=5 << 20)).raise_for_error()
+            with pytest.raises(SnapshotTooLarge):
+                session.snapshot()  # it said 1 byte: 5 MB are refused before they are read
+            assert session.run("alive").value.text == "1"
+    finally:
+        worker.settings = settings

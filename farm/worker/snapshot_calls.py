@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from pydantic import ValidationError
+
 from farm.errors import SnapshotError, SnapshotIncompatible, SnapshotNotFound, SnapshotTooLarge
 from farm.events.run_events import Lifecycle
 from farm.kernel.repl import namespace_snapshot as box
@@ -43,6 +45,7 @@ CELL_TIMEOUT_S = 300.0  # pickling or loading a namespace of a few hundred MB
 CHUNK = 4 * 1024 * 1024  # bytes of a file frame (``session_files.CHUNK``)
 QUIET_WAIT_S = 600.0  # a move waits this long for the session's running call to end
 MOVED_KEPT_S = 3600.0  # a moved session's calls are answered ``SessionMoved`` this long
+MANIFEST_BYTES = 4 << 20  # a manifest lists names and reasons: a few kB
 Call = Callable[[dict[str, Any]], dict[str, Any]]
 Finder = Callable[[dict[str, Any]], "tuple[Held | None, str]"]
 Action = Literal["snapshot", "restored", "paused", "resumed", "moved"]
@@ -206,25 +209,28 @@ class SessionSnapshots:
                 why = f"{error.get('ename')}: {error.get('evalue')}"
                 raise SnapshotError(f"session {session_id} could not be snapshotted: {why}")
             try:
-                manifest = json.loads(_read(kernel, session_id, box.MANIFEST))
-                size = manifest["namespace_bytes"] + manifest["workspace_bytes"]
-                if size > limit:
-                    raise SnapshotTooLarge(size, limit)
-                namespace = _read(kernel, session_id, box.NAMESPACE)
-                workspace = _read(kernel, session_id, box.WORKSPACE)
+                # what the box wrote is the box's word: bounded, checked, sizes as read
+                manifest = _manifest(_read(kernel, session_id, box.MANIFEST, MANIFEST_BYTES))
+                namespace = _read(kernel, session_id, box.NAMESPACE, limit)
+                room = limit - len(namespace)
+                workspace = _read(kernel, session_id, box.WORKSPACE, room, len(namespace))
             finally:
                 _remove(kernel, session_id)
-        info = SnapshotInfo(
-            id=uuid.uuid4().hex,
-            session_id=session_id,
-            worker=self.worker.id,
-            image=self.worker.image,
-            image_digest=self.worker.keeper.info().image_digest,
-            created_at=time.time(),
-            limits=held.limits,
-            egress=held.egress,
-            **manifest,
-        )
+        manifest.update(namespace_bytes=len(namespace), workspace_bytes=len(workspace))
+        try:
+            info = SnapshotInfo(
+                id=uuid.uuid4().hex,
+                session_id=session_id,
+                worker=self.worker.id,
+                image=self.worker.image,
+                image_digest=self.worker.keeper.info().image_digest,
+                created_at=time.time(),
+                limits=held.limits,
+                egress=held.egress,
+                **manifest,
+            )
+        except ValidationError as exc:
+            raise SnapshotError(f"the box's manifest is not valid: {exc}") from None
         return info, pack(info, namespace, workspace)
 
     # --- restoring one -----------------------------------------------------------------------
@@ -263,8 +269,7 @@ class SessionSnapshots:
             )
         with self._cond:  # back here (a resume): its calls run here again
             self._moved.pop(session_id, None)
-        loaded = json.loads(raw["stdout"].strip().splitlines()[-1])
-        lost = {**info.lost, **loaded["lost"]}
+        lost = {**info.lost, **_load_report(raw["stdout"])}
         self.record(session_id, "restored", info.id, lost)
         return Restored(
             session_id=session_id,
@@ -334,14 +339,40 @@ def _nothing() -> Iterator[dict[str, str]]:
     yield {}
 
 
-def _read(kernel: KernelClient, session_id: str, name: str) -> bytes:
+def _manifest(raw: bytes) -> dict[str, Any]:
+    try:
+        manifest = json.loads(raw)
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise SnapshotError("the box's manifest is not a JSON object")
+    return manifest
+
+
+def _load_report(stdout: str) -> dict[str, str]:
+    """What ``load`` printed last: the modules it could not import (the snapshot's own code
+    may print before it, and anything: a line that is not the report says so)."""
+    lines = stdout.strip().splitlines()
+    try:
+        report = json.loads(lines[-1])["lost"]
+        return {str(k): str(v) for k, v in report.items()}
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        return {"?": "the restore's report could not be read; some modules may be missing"}
+
+
+def _read(kernel: KernelClient, session_id: str, name: str, room: int, already: int = 0) -> bytes:
+    """A file the box wrote, refused once it is past ``room`` bytes (``already``: what the
+    snapshot holds before it, for the error's size)."""
     path, parts, offset = f"{box.DIR}/{name}", [], 0
     while True:
         reply = kernel.file(session_id, "read", path, offset=offset, length=CHUNK)
         result = _check(reply, path)
+        size = max(int(result["size"]), offset)
+        if size > room:
+            raise SnapshotTooLarge(already + size, already + room)
         parts.append(base64.b64decode(result["data"]))
         offset += len(parts[-1])
-        if result["eof"]:
+        if result["eof"] or not parts[-1]:
             return b"".join(parts)
 
 

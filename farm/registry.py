@@ -124,12 +124,14 @@ class Registry:
         one round trip: a call about to be sent needs both."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(f"{PREFIX}worker:{worker_id}", "generation")
-            pipe.exists(f"{PREFIX}session:{session_id}")
+            pipe.hmget(f"{PREFIX}session:{session_id}", ["worker", "generation"])
             _read_mark(pipe)
-            live_generation, exists, _, mark = pipe.execute()
+            live_generation, owner, _, mark = pipe.execute()
+        if owner[0] is not None and owner != [worker_id, str(generation)]:
+            return f"the session moved to worker {owner[0]}", str(mark)
         if live_generation != str(generation):
             return f"worker {worker_id} (generation {generation}) is gone", str(mark)
-        if not exists:
+        if owner[0] is None:
             return "the session was closed or expired after being idle", str(mark)
         return None, str(mark)
 

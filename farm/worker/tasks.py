@@ -23,10 +23,12 @@ from farm.celeryconf import (
     TASK_BRANCH,
     TASK_CLOSE,
     TASK_COMMAND,
+    TASK_DRAIN,
     TASK_ECHO,
     TASK_EXEC,
     TASK_FILE,
     TASK_RUN,
+    TASK_SNAPSHOT,
     make_app,
 )
 from farm.errors import FarmError
@@ -93,7 +95,8 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
     # second worker in one process (the in-process tests) would answer with the first's tasks.
     @app.task(name=TASK_EXEC, shared=False)
     def exec_code(request: object) -> dict[str, Any]:
-        return current().calls.execute(request)
+        worker = current()
+        return worker.snapshots.guarded(request, worker.calls.execute, "exec")
 
     @app.task(name=TASK_CLOSE, shared=False)
     def close_session(request: object) -> dict[str, Any]:
@@ -105,11 +108,21 @@ def make_worker_app(settings: FarmSettings | None = None, worker: Worker | None 
 
     @app.task(name=TASK_COMMAND, shared=False)
     def run_command(request: object) -> dict[str, Any]:
-        return current().calls.command(request)
+        worker = current()
+        return worker.snapshots.guarded(request, worker.calls.command, "command")
 
     @app.task(name=TASK_FILE, shared=False)
     def file_operation(request: object) -> dict[str, Any]:
-        return current().calls.file(request)
+        worker = current()
+        return worker.snapshots.guarded(request, worker.calls.file, "file")
+
+    @app.task(name=TASK_DRAIN, shared=False)
+    def drain(request: object) -> dict[str, Any]:
+        return current().drain.asked(request)
+
+    @app.task(name=TASK_SNAPSHOT, shared=False)
+    def snapshot(request: object) -> dict[str, Any]:
+        return current().snapshots.take(request)
 
     @app.task(name=TASK_BRANCH, shared=False)
     def branch_session(request: object) -> dict[str, Any]:

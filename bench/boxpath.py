@@ -43,6 +43,7 @@ ITEMS, ROUNDS = 1000, 3
 QUICK_ITEMS, QUICK_ROUNDS = 200, 2
 WARMUP_ITEMS = 128
 TIMEOUT_S = 10.0
+IDLE_S = 5.0
 PROFILE_RATE = 200  # py-spy samples a second
 
 
@@ -135,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     with Farm.local(workers=WORKERS) as farm:
         for _ in farm.map(["x = 1"] * WARMUP_ITEMS):
             pass
+        before = Snapshot.take(farm)
+        time.sleep(IDLE_S)  # what the sandboxes cost doing nothing (health checks, polls)
+        idle = (Snapshot.take(farm) - before).rate()["sandbox_ms_per_s"]
         for _ in range(rounds):
             pools.append(pool_round(items))
             farms.append(farm_round(farm, items))
@@ -168,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"  {i}: {parts}")
         roles = ", ".join(f"{k} {f['sandbox_ms'].get(k, 0.0):.2f}" for k in ROLES)
         lines.append(f"     sandboxes by role: {roles}")
+    idle_roles = ", ".join(f"{k} {v:.1f}" for k, v in idle.items())
+    lines.append(f"  idle farm, sandboxes' CPU ms per second by role: {idle_roles}")
     for role, top in prof.items():
         samples = top[-1][1]
         lines.append(f"\npy-spy, {role} ({samples} samples), own time:")
@@ -178,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "pool": [{k: v for k, v in p.items() if k != "outcomes"} for p in pools],
         "farm": [{k: v for k, v in f.items() if k != "outcomes"} for f in farms],
         "ratio": ratio,
+        "idle_sandbox_ms_per_s": idle,
         "disagreements": differ,
         "profile": prof,
         "pid": os.getpid(),

@@ -322,5 +322,6 @@ class Cost:
             "by_command": {k: v / s for k, v in self.commands.most_common()},
             "redis_cpu_ms_per_s": 1e3 * self.redis_cpu_s / s,
             "worker_cpu_ms_per_s": 1e3 * (self.cpu_s.get("workers") or 0.0) / s,
+            "sandbox_ms_per_s": {k: 1e3 * v / s for k, v in self.roles.items()},
             "others_share": self.others_share,
         }

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from . import box_protocol, children, egress, namespaces, seccomp, uids
+from . import box_protocol, children, egress, namespaces, uids
 from .box_protocol import read_request
 from .box_protocol import send as _send
 from .pool import DEFAULT_DISK_MB
@@ -223,7 +223,7 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     if isolation != "dirs":
         uids.empty_bounding_set()
-        seccomp.prepare()  # built once here; every box process only installs it
+    children.prepare()  # built once here, not after each fork (the seccomp filter)
     zygote = Zygote(sock, isolation)
     if isolation == "namespaces":
         zygote.own_pids = os.open("/proc/self/ns/pid", os.O_RDONLY)

@@ -81,6 +81,7 @@ def farm_round(farm: Farm, items: list[dict[str, Any]]) -> dict[str, Any]:
         "load": cost.load[0],
         "cpu_ms": per["cpu_ms_per_item"],
         "sandbox_ms": per["sandbox_ms_per_item"],
+        "replaced": per["sandboxes_replaced"],
         "outcomes": outcomes,
     }
 
@@ -171,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in f["cpu_ms"].items() if v is not None)
         lines.append(f"  {i}: {parts}")
         roles = ", ".join(f"{k} {f['sandbox_ms'].get(k, 0.0):.2f}" for k in ROLES)
-        lines.append(f"     sandboxes by role: {roles}")
+        replaced = f" ({f['replaced']} sandbox(es) replaced, left out)" if f["replaced"] else ""
+        lines.append(f"     sandboxes by role{replaced}: {roles}")
     idle_roles = ", ".join(f"{k} {v:.1f}" for k, v in idle.items())
     lines.append(f"  idle farm, sandboxes' CPU ms per second by role: {idle_roles}")
     for role, top in prof.items():

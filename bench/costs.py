@@ -193,7 +193,7 @@ class Snapshot:
     worker_cpu_s: float
     sandbox_cpu_s: float | None
     machine_busy_s: float
-    roles: Counter[str] = field(default_factory=Counter)
+    roles: dict[str, dict[str, float]] = field(default_factory=dict)  # by container id
 
     @classmethod
     def take(cls, farm: Farm) -> Snapshot:
@@ -206,11 +206,11 @@ class Snapshot:
             redis.close()
         own = resource.getrusage(resource.RUSAGE_SELF)
         sandbox: float | None = 0.0
-        roles: Counter[str] = Counter()
+        roles: dict[str, dict[str, float]] = {}
         for container_id in sandbox_containers(farm):
             used = container_cpu_s(container_id)
             sandbox = None if used is None or sandbox is None else sandbox + used
-            roles.update(sandbox_roles(container_id))
+            roles[container_id] = sandbox_roles(container_id)
         return cls(
             wall=time.perf_counter(),
             load=os.getloadavg(),
@@ -240,6 +240,7 @@ class Snapshot:
             else self.sandbox_cpu_s - earlier.sandbox_cpu_s
         )
         seconds = self.wall - earlier.wall
+        kept = set(self.roles) & set(earlier.roles)
         ours = (
             self.client_cpu_s
             - earlier.client_cpu_s
@@ -266,7 +267,12 @@ class Snapshot:
                 "sandboxes": sandbox,
                 "redis": self.redis_cpu_s - earlier.redis_cpu_s,
             },
-            roles={k: self.roles[k] - earlier.roles[k] for k in ROLES if k in self.roles},
+            # sandboxes present at both ends only (one replaced meanwhile counts in neither)
+            roles={
+                k: sum(self.roles[c].get(k, 0.0) - earlier.roles[c].get(k, 0.0) for c in kept)
+                for k in ROLES
+            },
+            sandboxes_replaced=len(set(earlier.roles) - kept),
         )
 
 
@@ -285,6 +291,7 @@ class Cost:
     redis_keys: int = 0
     cpu_s: dict[str, float | None] = field(default_factory=dict)
     roles: dict[str, float] = field(default_factory=dict)  # the sandboxes' CPU s by role
+    sandboxes_replaced: int = 0  # sandboxes gone between the snapshots (left out of roles)
 
     def per(self, n: int, idle: Cost | None = None) -> dict[str, Any]:
         """Per item (``commands`` per item by name, most first; bytes, redis CPU and memory
@@ -306,6 +313,7 @@ class Cost:
             },
         }
         out["sandbox_ms_per_item"] = {k: 1e3 * v / n for k, v in self.roles.items()}
+        out["sandboxes_replaced"] = self.sandboxes_replaced
         known = [v for v in self.cpu_s.values() if v is not None]
         out["cpu_ms_per_item"]["total"] = 1e3 * sum(known) / n
         if idle is not None and idle.seconds > 0:

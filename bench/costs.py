@@ -173,7 +173,7 @@ def sandbox_containers(farm: Farm) -> dict[str, str]:
     pids = {str(proc.pid): worker_id for worker_id, proc in local.workers.items()}
     client = docker.from_env()
     try:
-        found = client.containers.list(filters={"label": "farm.managed=1"})
+        found = client.containers.list(filters={"label": "farm.managed=1"}, ignore_removed=True)
         return {c.id: pids[c.labels["farm.pid"]] for c in found if c.labels.get("farm.pid") in pids}
     finally:
         client.close()

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from farm.client import Farm, Session
-from tests.test_cotenancy import facts, value
+from tests.test_cotenancy import facts, reopen_until_uid, value
 from tests.test_reliability_adversarial import record, session_on
 from tests.waiting import wait_for
 
@@ -382,17 +382,12 @@ def test_a_box_that_left_files_is_emptied_and_kept_for_its_number(one_worker: Fa
     assert value(a, left) is True
     uid, init = facts(a)["uid"], value(a, started)
     a.close()
-    reused = []
+    reused: list[Session] = []
     try:
-        for _ in range(12):  # until a session gets the number back (the lowest free box)
-            reused.append(one_worker.session())
-            if facts(reused[-1])["uid"] == uid:
-                break
-        else:
-            pytest.fail(f"no session got uid {uid} back")
+        b = reopen_until_uid(one_worker, uid, reused)
         look = "[sorted(os.listdir(d)) for d in ('/tmp', '/var/tmp', '/dev/shm', '/dev/mqueue')]"
-        assert value(reused[-1], "import os\n" + look) == [[], [], [], []]
-        assert value(reused[-1], started) == init  # the same box, emptied
+        assert value(b, "import os\n" + look) == [[], [], [], []]
+        assert value(b, started) == init  # the same box, emptied
     finally:
         for session in reused:
             session.close()

@@ -32,7 +32,7 @@ def test_the_spare_becomes_the_worker_of_the_next_image_and_ends_with_the_farm()
         assert local.workers[worker].pid == spare  # the spare serves it, as that worker
         entry = next(w for w in farm.registry.workers() if w["id"] == worker)
         assert entry["image"] == "other" and entry["pid"] == spare
-        assert "generation 1 serving image other" in local.log_tail(worker)
+        assert "generation 1 serving image other" in (local.dir / f"{worker}.log").read_text()
         again = local.spare_pid  # a new one, for the image after
         assert again is not None and again != spare
         pids = [proc.pid for proc in local.workers.values()] + [again]
@@ -44,7 +44,7 @@ def test_a_farm_without_a_spare_starts_workers_on_demand_the_usual_way() -> None
         assert local.spare_pid is None
         worker = local.serve_image("other")
         assert local.spare_pid is None
-        assert "generation 1 serving image other" in local.log_tail(worker)
+        assert "generation 1 serving image other" in (local.dir / f"{worker}.log").read_text()
 
 
 def test_a_spare_dies_with_the_process_that_owns_its_farm() -> None:
@@ -84,3 +84,13 @@ def test_a_spare_serves_a_docker_image_and_leaves_no_container(docker_env: Any) 
         docker_env.images.remove(f"farm-sandbox:{name}")
     left = docker_env.containers.list(all=True, filters={"label": LABEL_OWNER})
     assert not [c for c in left if c.labels.get(LABEL_OWNER) in owners]
+
+
+def test_a_worker_whose_interpreter_differs_is_not_made_of_the_spare() -> None:
+    """``PYTHON*`` variables are read at an interpreter's start: the spare's are its own."""
+    with LocalFarm(1, backend="process") as local:
+        spare = local.spare_pid
+        worker = local.add_worker("other", PYTHONHASHSEED="7")
+        assert local.workers[worker].pid != spare
+        assert local.spare_pid == spare  # kept for the next one
+        local.wait_ready([worker])

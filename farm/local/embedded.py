@@ -158,10 +158,12 @@ class LocalFarm:
     def _launch(self, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
         """A worker process of ``env``: the spare, when there is one (it has imported the
         worker's code already), else a new one."""
-        spare, self._spare = self._spare, None
-        proc = spare.take(env, log_path) if spare is not None else None
-        if proc is not None:
-            return proc
+        spare = self._spare
+        if spare is not None and spare.fits(env):
+            self._spare = None
+            proc = spare.take(env, log_path)
+            if proc is not None:
+                return proc
         with log_path.open("wb") as log_file:
             return popen_tied(
                 [sys.executable, "-m", "farm.worker"],

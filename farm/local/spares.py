@@ -19,6 +19,7 @@ from farm.local.processes import popen_tied
 class Spare:
     def __init__(self, log_path: Path, env: dict[str, str]) -> None:
         self.log_path = log_path
+        self.env = env
         with log_path.open("wb") as log_file:
             self.proc = popen_tied(
                 [sys.executable, "-m", "farm.worker.spare"],
@@ -28,6 +29,12 @@ class Spare:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+
+    def fits(self, env: dict[str, str]) -> bool:
+        """Whether it can become the worker of ``env``: the variables its interpreter read at
+        its start (``PYTHON*``: its path, its hash seed...) must be the ones ``env`` names."""
+        names = {k for k in (*env, *self.env) if k.startswith("PYTHON")}
+        return all(env.get(k) == self.env.get(k) for k in names)
 
     def take(self, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes] | None:
         """Make it the worker of ``env``, logging to ``log_path``; None when it died meanwhile

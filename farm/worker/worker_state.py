@@ -105,9 +105,7 @@ class Worker:
             self.settings.metrics_host, self.settings.metrics_port, self.readiness
         )
         self.metrics_url = f"http://{self.settings.metrics_host}:{self._http.server_port}"
-        self._heartbeat()
-        threading.Thread(target=self._beat, name="farm-heartbeat", daemon=True).start()
-        log.info(
+        log.info(  # before it is registered: whoever sees it ready finds this line written
             "worker %s generation %d serving image %s on %s (metrics %s)",
             self.id,
             self.generation,
@@ -115,6 +113,8 @@ class Worker:
             self.queue,
             self.metrics_url,
         )
+        self._heartbeat()
+        threading.Thread(target=self._beat, name="farm-heartbeat", daemon=True).start()
 
     def stop(self, reason: str = "the worker stopped") -> None:
         """Move the sessions to other workers (``drain_on_stop``), remove the sandbox, then

@@ -11,6 +11,11 @@ holds, at one instant:
 - CPU seconds (user + system, all threads) of the client (this process, ``getrusage``), of each
   worker process (``/proc/PID/stat``) and of each sandbox container (its cgroup's CPU
   accounting: v1 ``cpuacct.usage`` or v2 ``cpu.stat``; what runs inside, kernel and boxes);
+- the sandbox's CPU by role (``sandbox_roles``, from the host's ``/proc`` of the container's
+  processes: each one's own time and what it reaped): the supervisor, the zygote, the boxes'
+  inits (making, serving and emptying boxes), the processes in boxes (session processes and
+  commands, reaped by their init), boxes ended whole (reaped by the zygote), and what the
+  cgroup was charged outside any process's times (the kernel's teardown of namespaces);
 - the wall clock, the load average, and the busy CPU seconds of the whole machine
   (``/proc/stat``), so that a cost can say how much of the machine *other* processes used
   meanwhile (``others_share``: busy CPU not accounted to the farm's parts above, over the
@@ -105,13 +110,70 @@ def container_cpu_s(container_id: str) -> float | None:
     return None
 
 
+ROLES = ("supervisor", "zygote", "box inits", "in boxes", "boxes ended", "outside processes")
+
+
+def _stat(pid: str) -> tuple[int, float, float] | None:
+    """A process's parent, own CPU seconds and its reaped children's (``/proc/PID/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    own = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return int(fields[1]), own, (int(fields[13]) + int(fields[14])) / CLK_TCK
+
+
+def sandbox_roles(container_id: str) -> dict[str, float]:
+    """CPU seconds so far of a sandbox container's processes, by role (``ROLES``), read from
+    the host: the container's init (docker-init) runs the supervisor, whose child is the
+    zygote, whose children are the boxes' inits, whose children are the boxes' processes.
+    Processes that ended count in their reaper's children's time: a session process in its
+    init's (``in boxes``), an init in the zygote's (``boxes ended``). ``outside processes``
+    is the cgroup's charge less all of that (only meaningful as a difference)."""
+    for pattern, *_ in CGROUP_CPU:
+        try:
+            pids = (Path(pattern.format(id=container_id)) / "cgroup.procs").read_text().split()
+            break
+        except OSError:
+            continue
+    else:
+        return {}
+    stats = {int(pid): got for pid in pids if (got := _stat(pid)) is not None}
+    depth: dict[int, int] = {}
+
+    def depth_of(pid: int) -> int:
+        if pid not in depth:
+            parent = stats[pid][0]
+            depth[pid] = 0 if parent not in stats else depth_of(parent) + 1
+        return depth[pid]
+
+    roles = dict.fromkeys(ROLES, 0.0)
+    for pid, (_, own, reaped) in stats.items():
+        level = depth_of(pid)  # 0: docker-init
+        if level == 1:
+            roles["supervisor"] += own
+        elif level == 2:
+            roles["zygote"] += own
+            roles["boxes ended"] += reaped
+        elif level == 3:
+            roles["box inits"] += own
+            roles["in boxes"] += reaped
+        elif level >= 4:
+            roles["in boxes"] += own
+    total = container_cpu_s(container_id)
+    if total is not None:
+        roles["outside processes"] = total - sum(roles.values())
+    return roles
+
+
 def sandbox_containers(farm: Farm) -> dict[str, str]:
     """Container id -> worker id of the sandboxes of a local farm's workers (by their label)."""
     local = farm.local_farm
     pids = {str(proc.pid): worker_id for worker_id, proc in local.workers.items()}
     client = docker.from_env()
     try:
-        found = client.containers.list(filters={"label": "farm.managed=1"})
+        found = client.containers.list(filters={"label": "farm.managed=1"}, ignore_removed=True)
         return {c.id: pids[c.labels["farm.pid"]] for c in found if c.labels.get("farm.pid") in pids}
     finally:
         client.close()
@@ -131,6 +193,7 @@ class Snapshot:
     worker_cpu_s: float
     sandbox_cpu_s: float | None
     machine_busy_s: float
+    roles: dict[str, dict[str, float]] = field(default_factory=dict)  # by container id
 
     @classmethod
     def take(cls, farm: Farm) -> Snapshot:
@@ -143,9 +206,11 @@ class Snapshot:
             redis.close()
         own = resource.getrusage(resource.RUSAGE_SELF)
         sandbox: float | None = 0.0
+        roles: dict[str, dict[str, float]] = {}
         for container_id in sandbox_containers(farm):
             used = container_cpu_s(container_id)
             sandbox = None if used is None or sandbox is None else sandbox + used
+            roles[container_id] = sandbox_roles(container_id)
         return cls(
             wall=time.perf_counter(),
             load=os.getloadavg(),
@@ -161,6 +226,7 @@ class Snapshot:
             worker_cpu_s=sum(process_cpu_s(p.pid) for p in farm.local_farm.workers.values()),
             sandbox_cpu_s=sandbox,
             machine_busy_s=machine_busy_s(),
+            roles=roles,
         )
 
     def __sub__(self, earlier: Snapshot) -> Cost:
@@ -174,6 +240,7 @@ class Snapshot:
             else self.sandbox_cpu_s - earlier.sandbox_cpu_s
         )
         seconds = self.wall - earlier.wall
+        kept = set(self.roles) & set(earlier.roles)
         ours = (
             self.client_cpu_s
             - earlier.client_cpu_s
@@ -200,6 +267,12 @@ class Snapshot:
                 "sandboxes": sandbox,
                 "redis": self.redis_cpu_s - earlier.redis_cpu_s,
             },
+            # sandboxes present at both ends only (one replaced meanwhile counts in neither)
+            roles={
+                k: sum(self.roles[c].get(k, 0.0) - earlier.roles[c].get(k, 0.0) for c in kept)
+                for k in ROLES
+            },
+            sandboxes_replaced=len(set(earlier.roles) - kept),
         )
 
 
@@ -217,6 +290,8 @@ class Cost:
     redis_memory: int = 0
     redis_keys: int = 0
     cpu_s: dict[str, float | None] = field(default_factory=dict)
+    roles: dict[str, float] = field(default_factory=dict)  # the sandboxes' CPU s by role
+    sandboxes_replaced: int = 0  # sandboxes gone between the snapshots (left out of roles)
 
     def per(self, n: int, idle: Cost | None = None) -> dict[str, Any]:
         """Per item (``commands`` per item by name, most first; bytes, redis CPU and memory
@@ -237,6 +312,8 @@ class Cost:
                 k: None if v is None else 1e3 * v / n for k, v in self.cpu_s.items()
             },
         }
+        out["sandbox_ms_per_item"] = {k: 1e3 * v / n for k, v in self.roles.items()}
+        out["sandboxes_replaced"] = self.sandboxes_replaced
         known = [v for v in self.cpu_s.values() if v is not None]
         out["cpu_ms_per_item"]["total"] = 1e3 * sum(known) / n
         if idle is not None and idle.seconds > 0:
@@ -253,5 +330,6 @@ class Cost:
             "by_command": {k: v / s for k, v in self.commands.most_common()},
             "redis_cpu_ms_per_s": 1e3 * self.redis_cpu_s / s,
             "worker_cpu_ms_per_s": 1e3 * (self.cpu_s.get("workers") or 0.0) / s,
+            "sandbox_ms_per_s": {k: 1e3 * v / s for k, v in self.roles.items()},
             "others_share": self.others_share,
         }

@@ -43,6 +43,7 @@ import docker.errors
 from benchlib import Latency, emit, machine, parse_args
 
 from farm.client import Farm
+from farm.image_name import ImageName
 from farm.local.embedded import LocalFarm
 from farm.sandbox.docker import LABEL_MANAGED, LABEL_OWNER
 from farm.sandbox.images import ensure_base, image_exists, own_sandbox_tag
@@ -96,7 +97,7 @@ def cold(
 ) -> list[float]:
     """The first-result repetitions; returns each farm's start-up in seconds."""
     reps, runs = (QUICK if quick else FULL)[:2]
-    kind_of = {image: kind for kind, image in IMAGES.items()}
+    kind_of = {ImageName.parse(image).asked: kind for kind, image in IMAGES.items()}
     startups = []
     for rep in range(reps):
         local = LocalFarm({"default": 1})
@@ -108,8 +109,11 @@ def cold(
                 checked(farm.run("1"))
             serve = local.serve_image
 
-            def timed_serve(image: str, serve: Callable[[str], str] = serve) -> str:
-                return str(timed(partial(serve, image), lat[f"serve {kind_of[image]}"]))
+            def timed_serve(
+                image: str | ImageName, serve: Callable[[str | ImageName], str] = serve
+            ) -> str:
+                kind = kind_of[ImageName.parse(image).asked]  # Farm hands it parsed
+                return str(timed(partial(serve, image), lat[f"serve {kind}"]))
 
             local.serve_image = timed_serve  # type: ignore[method-assign]
             for kind in ("env", "byo") if rep % 2 == 0 else ("byo", "env"):

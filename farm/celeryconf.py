@@ -19,6 +19,8 @@ TASK_RUN = "farm.run"
 TASK_COMMAND = "farm.command"  # a command in a session's box (session.exec)
 TASK_FILE = "farm.file"  # one chunk of a file operation of a session (session.files)
 TASK_BRANCH = "farm.branch"  # a session's checkpoint, rollback, drop or fork
+TASK_SNAPSHOT = "farm.snapshot"  # a session's snapshot, or its pause (farm.client.snapshots)
+TASK_DRAIN = "farm.drain"  # move a worker's sessions to others (farm.worker.drain)
 TASK_ECHO = "farm.echo"  # the bare round trip benchmarks compare against
 
 

@@ -111,6 +111,41 @@ class FileOperationError(FarmError):
         self.ename = ename
 
 
+class SessionPaused(SessionLost):
+    """The session is paused (its box freed, its snapshot kept by the farm): ``resume()`` it."""
+
+
+class SnapshotError(FarmError):
+    """A session snapshot could not be taken or restored (``code``: what failed)."""
+
+    code = "snapshot_failed"
+
+
+class SnapshotTooLarge(SnapshotError):
+    """A snapshot over the farm's ``snapshot_max_bytes`` (``size`` and ``limit``, in bytes):
+    nothing was kept; store big data as files elsewhere, or raise the limit."""
+
+    code = "snapshot_too_large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the snapshot is {size} bytes, over the limit of {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class SnapshotIncompatible(SnapshotError):
+    """The snapshot cannot be restored on this image (another Python, a pickler or module the
+    image lacks); nothing was opened."""
+
+    code = "snapshot_incompatible"
+
+
+class SnapshotNotFound(SnapshotError):
+    """No snapshot is kept under this id (never kept, expired, or already resumed)."""
+
+    code = "snapshot_not_found"
+
+
 class WorkerFailed(FarmError):
     """A worker task crashed around the code (a farm bug or a broken worker); retryable."""
 

@@ -137,13 +137,15 @@ class Registry:
         one round trip: a call about to be sent needs both."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(f"{PREFIX}worker:{worker_id}", "generation")
-            pipe.exists(f"{PREFIX}session:{session_id}")
+            pipe.hmget(f"{PREFIX}session:{session_id}", ["worker", "generation"])
             pipe.get(BROKER_MARK)
-            live_generation, exists, seen = pipe.execute()
+            live_generation, owner, seen = pipe.execute()
         mark = self._mark(seen)
+        if owner[0] is not None and owner != [worker_id, str(generation)]:
+            return f"the session moved to worker {owner[0]}", mark
         if live_generation != str(generation):
             return f"worker {worker_id} (generation {generation}) is gone", mark
-        if not exists:
+        if owner[0] is None:
             return "the session was closed or expired after being idle", mark
         return None, mark
 

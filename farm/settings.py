@@ -244,6 +244,17 @@ class FarmSettings(BaseSettings):
     journal_ttl_s: float = Field(
         default=24 * 3600.0, gt=0, description="a session's journal expires this long after its end"
     )
+    snapshot_ttl_s: float = Field(
+        default=24 * 3600.0, gt=0, description="how long the farm keeps a kept or paused snapshot"
+    )
+    snapshot_max_bytes: int = Field(
+        default=256 << 20,
+        ge=1 << 20,
+        description="the largest session snapshot (variables and workspace files), in bytes",
+    )
+    drain_on_stop: bool = Field(
+        default=True, description="a stopping worker moves its sessions to others first"
+    )
     journal_exec_max_bytes: int = Field(
         default=2 * 1024 * 1024,
         ge=64 * 1024,

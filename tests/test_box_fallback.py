@@ -82,10 +82,16 @@ REFUSED = {
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers of x86-64 below")
-def test_the_box_filter_refuses_namespace_calls_and_lets_threads_and_forks_through() -> None:
+@pytest.mark.parametrize("built_before_fork", [False, True])
+def test_the_box_filter_refuses_namespace_calls_and_lets_threads_and_forks_through(
+    built_before_fork: bool,
+) -> None:
     """In a forked child of this (root) process: before the filter, unshare works; after it,
     every call that could undo a box's namespaces is EPERM, clone3 is ENOSYS (libc falls back
-    to clone), and a thread and a plain fork still start."""
+    to clone), and a thread and a plain fork still start. The same whether the child builds
+    the filter or installs the one its parent built before forking (as the zygote does)."""
+    if built_before_fork:
+        seccomp.prepare()
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:

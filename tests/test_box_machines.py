@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from farm.client import Farm, Session
-from tests.test_cotenancy import value
+from tests.test_cotenancy import facts, reopen_until_uid, value
 from tests.test_reliability_adversarial import record, session_on
 from tests.waiting import wait_for
 
@@ -365,3 +365,29 @@ def test_a_box_ends_with_every_process_and_mount_of_it(
         f"before {len(processes)} processes in {mine}; after {left}; now held by {held_by}",
     )
     assert inits.exit_code == 0 and len(held_by) <= 1, inits.output
+
+
+def test_a_box_that_left_files_is_emptied_and_kept_for_its_number(one_worker: Farm) -> None:
+    """A leaves files in /tmp, /var/tmp and /dev/shm and a POSIX queue; the next session
+    given its box number finds the same machine (its pid 1 started when A's did: the box was
+    emptied and kept, not made anew) and nothing of A's in it."""
+    started = "open('/proc/1/stat').read().rsplit(')', 1)[1].split()[19]"  # pid 1's start
+    a = one_worker.session()
+    left = (
+        "import ctypes, os, tempfile\nopen('/tmp/left', 'w').write('t')\n"
+        "open('/var/tmp/left', 'w').write('v')\nopen('/dev/shm/left', 'w').write('s')\n"
+        "tempfile.mkstemp()\n"
+        "ctypes.CDLL(None).mq_open(b'/left-mq', os.O_CREAT | os.O_RDWR, 0o600, None) >= 0"
+    )
+    assert value(a, left) is True
+    uid, init = facts(a)["uid"], value(a, started)
+    a.close()
+    reused: list[Session] = []
+    try:
+        b = reopen_until_uid(one_worker, uid, reused)
+        look = "[sorted(os.listdir(d)) for d in ('/tmp', '/var/tmp', '/dev/shm', '/dev/mqueue')]"
+        assert value(b, "import os\n" + look) == [[], [], [], []]
+        assert value(b, started) == init  # the same box, emptied
+    finally:
+        for session in reused:
+            session.close()

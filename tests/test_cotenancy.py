@@ -385,15 +385,9 @@ def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_prop
     assert wait_for(lambda: len(_uid_processes(container, uid)) >= 2, 10), "no daemon to outlive"
     a.close()
     assert wait_for(lambda: _uid_processes(container, uid) == [], 30), "a process of A lives"
-    reused = []
+    reused: list[Session] = []
     try:
-        for _ in range(12):  # until a session gets the uid back (the lowest free box)
-            reused.append(one_worker.session())
-            if facts(reused[-1])["uid"] == uid:
-                break
-        else:
-            pytest.fail(f"no session got uid {uid} back")
-        found = value(reused[-1], LOOK)
+        found = value(reopen_until_uid(one_worker, uid, reused), LOOK)
         record(
             record_property,
             "no process of the uid once A is closed; the next session with the uid finds an "
@@ -406,6 +400,16 @@ def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_prop
     finally:
         for s in reused:
             s.close()
+
+
+def reopen_until_uid(farm: Farm, uid: int, opened: list[Session]) -> Session:
+    """Open sessions (each kept in ``opened``, for the caller to close) until one is given
+    ``uid``'s box (the lowest free box), and return it."""
+    for _ in range(12):
+        opened.append(farm.session())
+        if facts(opened[-1])["uid"] == uid:
+            return opened[-1]
+    pytest.fail(f"no session got uid {uid} back")
 
 
 LOOK = (  # a box's workspace, /tmp, /dev/shm, /dev/mqueue and SysV shared memory

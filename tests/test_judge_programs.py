@@ -190,7 +190,7 @@ def test_interactive_verdicts(
     assert result.verdict == want, result
     if want == "AC":
         assert [t.verdict for t in result.tests] == ["AC"] * 3, result.tests
-        assert all(t.wall_s < 2.0 for t in result.tests), result.tests
+        assert all(t.wall_s < 8.0 for t in result.tests), result.tests  # never a hang
         return
     first = result.tests[0]
     assert len(result.tests) == 1 and first.wall_s < 8.0, result.tests  # never a hang

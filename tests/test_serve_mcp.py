@@ -60,6 +60,8 @@ async def converse(session: ClientSession) -> None:
         "read_file",
         "write_file",
         "list_files",
+        "snapshot_session",
+        "restore_session",
         "reset_session",
         "checkpoint",
         "rollback",
@@ -80,6 +82,12 @@ async def converse(session: ClientSession) -> None:
     assert "notes/a.txt" in text(await session.call_tool("list_files", {"path": "notes"}))
     done = text(await session.call_tool("run_command", {"command": "cat notes/a.txt; exit 3"}))
     assert done.startswith("exit status 3") and "hello" in done
+    kept = text(await session.call_tool("snapshot_session", {}))
+    snapshot_id = kept.split()[1].rstrip(":")
+    await session.call_tool("run_python", {"code": "x = 0"})
+    await session.call_tool("restore_session", {"snapshot_id": snapshot_id})
+    assert text(await session.call_tool("run_python", {"code": "x"})) == "20"
+    assert text(await session.call_tool("read_file", {"path": "notes/a.txt"})) == "hello"
     await session.call_tool("reset_session", {})
     gone = await session.call_tool("run_python", {"code": "x"})
     assert "NameError" in text(gone)  # a fresh session

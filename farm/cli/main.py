@@ -400,6 +400,23 @@ def gc() -> None:
 
 
 @app.command()
+def drain(worker_id: str = typer.Argument(..., help="the worker's id (`farm status`)")) -> None:
+    """Move a worker's sessions to other workers of its image (same ids, variables kept)
+    before it stops; it takes no new session. Kubernetes' preStop runs this."""
+    with _farm() as farm:
+        report = farm.drain(worker_id)
+    console.print(
+        f"drain {worker_id}: {len(report.moved)} moved, {len(report.failed)} not moved "
+        f"({report.duration_s:.1f} s)"
+    )
+    for session_id, what in report.lost.items():
+        console.print(f"  {session_id}: moved without {escape(what)}")
+    for session_id, why in report.failed.items():
+        console.print(f"  {session_id}: [red]not moved[/]: {escape(why)}")
+    raise typer.Exit(1 if report.failed else 0)
+
+
+@app.command()
 def doctor() -> None:
     """Check Docker, Redis, the image and a kernel round trip; say what to fix. The broker is
     the one `farm run` uses: FARM_BROKER_URL, else the farm `farm up` recorded."""

@@ -12,12 +12,14 @@ from typing import Any
 
 from farm.client.farm import Farm
 from farm.client.session import Session
+from farm.client.snapshots import Snapshot
 from farm.events.run_events import Event
 from farm.judge.problems import Problem
 from farm.models import CommandResult, ExecResult
 from farm.models.batch import BatchRecord
 from farm.models.branches import Checkpoint
 from farm.models.judge import JudgeResult
+from farm.models.snapshot_info import DrainReport
 
 
 class AsyncFarm:
@@ -44,6 +46,18 @@ class AsyncFarm:
 
     async def run(self, code: str, **kwargs: Any) -> ExecResult:
         return await asyncio.to_thread(self.sync.run, code, **kwargs)
+
+    async def restore(self, snapshot: Snapshot | bytes | str, **kwargs: Any) -> AsyncSession:
+        """``Farm.restore`` off the event loop: a new session holding ``snapshot``."""
+        return AsyncSession(await asyncio.to_thread(self.sync.restore, snapshot, **kwargs))
+
+    async def resume(self, session_id: str, **kwargs: Any) -> AsyncSession:
+        """``Farm.resume`` off the event loop: a paused session, back with its id."""
+        return AsyncSession(await asyncio.to_thread(self.sync.resume, session_id, **kwargs))
+
+    async def drain(self, worker_id: str) -> DrainReport:
+        """``Farm.drain`` off the event loop: move a worker's sessions elsewhere."""
+        return await asyncio.to_thread(self.sync.drain, worker_id)
 
     async def judge(
         self, language: str, source: str, tests: Any = None, **options: Any
@@ -117,6 +131,18 @@ class AsyncSession:
     async def fork(self, n: int = 1) -> list[AsyncSession]:
         """The forks as ``AsyncSession``s (``Forks.not_carried``: ``self.sync.fork``)."""
         return [AsyncSession(s) for s in await asyncio.to_thread(self.sync.fork, n)]
+
+    async def snapshot(self, *, keep: bool = False) -> Snapshot:
+        """``Session.snapshot`` off the loop: its bytes, or with ``keep`` its id."""
+        return await asyncio.to_thread(self.sync.snapshot, keep=keep)
+
+    async def pause(self) -> Snapshot:
+        """``Session.pause`` off the loop: the box freed, the snapshot kept by the farm."""
+        return await asyncio.to_thread(self.sync.pause)
+
+    async def resume(self) -> None:
+        """``Session.resume`` off the loop: back on any worker, same id."""
+        await asyncio.to_thread(self.sync.resume)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.sync.close)

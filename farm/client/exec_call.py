@@ -3,8 +3,6 @@
 ``farm.client.stream`` and ``farm.client.journal_replay`` drive a session's calls through ``Caller``
 (``Session`` is one), and ``farm.client.session_files`` its file operations through ``FileChannel``:
 typed against these, they import nothing of ``farm.client.session``, which imports them.
-``SessionFarm`` is what a session uses of its ``Farm``, so the session imports nothing of
-``farm.client.farm`` either.
 """
 
 from __future__ import annotations
@@ -15,13 +13,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from farm.client.broker import Watch
 
 if TYPE_CHECKING:
-    from celery import Celery
-
     from farm.client.broker import Broker
     from farm.client.hostcall_handlers import Callbacks
     from farm.events.journal import Journal
     from farm.models import ExecRequest, ExecResult, FileOperation, RestoreReport
-    from farm.registry import Registry
 
 
 @dataclass
@@ -43,16 +38,6 @@ class CallerFarm(Protocol):
 
     @property
     def journal(self) -> Journal: ...
-
-
-class SessionFarm(CallerFarm, Protocol):
-    """What a session uses of its farm (``Farm`` is one): also its registry and Celery app."""
-
-    @property
-    def registry(self) -> Registry: ...
-
-    @property
-    def app(self) -> Celery: ...
 
 
 class Placed(Protocol):

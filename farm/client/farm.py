@@ -17,11 +17,10 @@ from typing import Any
 from farm.backoff import delays
 from farm.celeryconf import TASK_RUN, make_app
 from farm.client.broker import Broker, Watch
-from farm.client.hostcall_handlers import Callbacks
 from farm.client.mapping import MapRun
-from farm.client.opening import Answers, open_once
+from farm.client.opening import Answers, callbacks_field, egress_field, limits_field, open_once
 from farm.client.session import QUEUE_WAIT_S, OnStateLost, Session
-from farm.egress.policy import PolicyError, parse_rules
+from farm.client.snapshots import Snapshot, Snapshots
 from farm.errors import (
     BrokerLost,
     BrokerUnavailable,
@@ -29,6 +28,7 @@ from farm.errors import (
     InvalidRequest,
     SandboxUnavailable,
     SessionLost,
+    SessionPaused,
     WorkerFailed,
 )
 from farm.events.journal import Journal
@@ -39,6 +39,7 @@ from farm.judge.front import ProblemRef, judge_one
 from farm.models import BoxLimits, Busy, ErrorKind, ExecResult, Opened, Refused, RunRequest
 from farm.models.batch import BatchItem
 from farm.models.judge import JudgeResult
+from farm.models.snapshot_info import DrainReport
 from farm.registry import Registry, chunks_key
 from farm.settings import FarmSettings
 
@@ -66,6 +67,7 @@ class Farm:
         self._served: dict[str, float] = {}
         self.answers = Answers(self.registry)  # to this client's session opens
         self._uploads = problems.Uploads()  # the problems this client stored
+        self.snapshots = Snapshots(self)  # session snapshots, resumes, drains
 
     @classmethod
     def connect(cls, broker_url: str | None = None) -> Farm:
@@ -111,6 +113,7 @@ class Farm:
 
     def close(self) -> None:
         self.answers.close()
+        self.snapshots.close()
         self.registry.close()
         self.app.close()
         if self._owned is not None:
@@ -193,9 +196,9 @@ class Farm:
         hosts its box may reach through the worker's proxy (``"api.example.com"``,
         ``"*.example.org:443"``), within the farm's ceiling; none by default."""
         name = ImageName.parse(image)
-        hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
-        wanted = _limits(limits)
-        hosts = _egress(egress)
+        hooks = callbacks_field(callbacks, max_depth, max_calls, callback_timeout_s)
+        wanted = limits_field(limits)
+        hosts = egress_field(egress)
         self.require_image(name)
         asked = time.monotonic()
         deadline = asked + (open_wait_s or self.settings.open_wait_s)
@@ -248,6 +251,8 @@ class Farm:
         """Continue a session opened elsewhere (another process), as it is now; its code
         may call this process's ``callbacks`` (see ``session``)."""
         entry = self.registry.session(session_id)
+        if entry is None and self.snapshots.paused(session_id):
+            raise SessionPaused(session_id, None, "it is paused: Farm.resume(session_id)")
         if entry is None:
             raise SessionLost(session_id, None, "no such session (closed, expired or lost)")
         opened = Opened(
@@ -257,8 +262,32 @@ class Farm:
             queue=str(entry["queue"]),
             epoch=int(entry["epoch"]),
         )
-        hooks = _callbacks(callbacks, max_depth, max_calls, callback_timeout_s)
+        hooks = callbacks_field(callbacks, max_depth, max_calls, callback_timeout_s)
         return Session(self, opened, timeout_s, callbacks=hooks)
+
+    def restore(
+        self,
+        snapshot: Snapshot | bytes | str,
+        *,
+        image: str | ImageName | None = None,
+        limits: BoxLimits | Mapping[str, int] | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Session:
+        """A new session holding ``snapshot`` (its bytes, or a kept one's id), on any worker
+        of its image (``image``: another, which must have the same Python and packages, else
+        ``SnapshotIncompatible``), in a box of its session's limits unless ``limits`` says
+        otherwise; ``session.restored`` says what did not come back."""
+        opened = self.snapshots.restore(snapshot, image=image, limits=limits_field(limits))
+        return Session(self, opened, timeout_s)
+
+    def resume(self, session_id: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Session:
+        """A paused session (``Session.pause``), back on any worker of its image, same id."""
+        return Session(self, self.snapshots.resume(session_id), timeout_s)
+
+    def drain(self, worker_id: str) -> DrainReport:
+        """Move every session of ``worker_id`` to other workers, same ids, before it stops;
+        it takes no new session meanwhile (``farm.worker.drain``)."""
+        return self.snapshots.drain(worker_id)
 
     def run(
         self,
@@ -282,7 +311,7 @@ class Farm:
         have run is not run again behind the caller's back. A caller's ``exec_id`` (its first
         attempt's) makes a retry of the whole call return the first one's result.
         """
-        name, wanted, hosts = ImageName.parse(image), _limits(limits), _egress(egress)
+        name, wanted, hosts = ImageName.parse(image), limits_field(limits), egress_field(egress)
         for attempt in range(retries + 1):
             request = RunRequest(
                 exec_id=(exec_id if not attempt else None) or uuid.uuid4().hex,
@@ -379,7 +408,7 @@ class Farm:
             retries=retries,
             ordered=ordered,
             journal=journal,
-            egress=_egress(egress),
+            egress=egress_field(egress),
         )
 
     def judge(
@@ -414,41 +443,6 @@ class Farm:
         except BrokerUnavailable:
             return True
         return record is not None
-
-
-def _limits(limits: BoxLimits | Mapping[str, int] | None) -> dict[str, int] | None:
-    """The box limits a request carries (checked here: a typo fails before anything is sent)."""
-    if limits is None:
-        return None
-    try:
-        checked = limits if isinstance(limits, BoxLimits) else BoxLimits.model_validate(limits)
-    except ValueError as exc:
-        raise InvalidRequest(f"bad box limits: {exc}") from None
-    return checked.model_dump() or None
-
-
-def _egress(egress: Sequence[str] | None) -> list[str] | None:
-    """The egress rules a request carries (their syntax checked here; the ceiling by the
-    worker, whose operator sets it)."""
-    if egress is None:
-        return None
-    if isinstance(egress, str):
-        raise InvalidRequest("egress takes a list of host patterns, not one string")
-    try:
-        return [str(rule) for rule in parse_rules(egress)] or None
-    except PolicyError as exc:
-        raise InvalidRequest(str(exc)) from None
-
-
-def _callbacks(
-    functions: Mapping[str, Callable[..., Any]] | None,
-    max_depth: int,
-    max_calls: int,
-    timeout_s: float,
-) -> Callbacks | None:
-    if not functions:
-        return None
-    return Callbacks(functions, max_depth=max_depth, max_calls=max_calls, timeout_s=timeout_s)
 
 
 def replay(session_id: str, broker_url: str | None = None) -> list[Event]:

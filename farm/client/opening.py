@@ -16,12 +16,15 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from farm.broker_errors import BROKER_DOWN
 from farm.client.broker import Broker
-from farm.errors import BrokerLost
-from farm.models import Busy, Opened, OpenRequest, Refused
+from farm.client.hostcall_handlers import Callbacks
+from farm.egress.policy import PolicyError, parse_rules
+from farm.errors import BrokerLost, InvalidRequest
+from farm.models import BoxLimits, Busy, Opened, OpenRequest, Refused
 from farm.registry import Registry, answers_key, opens_key
 
 ANSWER_SLICE_S = 1.0  # between two looks at an open's claim and the broker's mark
@@ -148,3 +151,38 @@ def _answer(data: dict[str, Any]) -> Answer:
     if data.get("refused"):
         return Refused.model_validate(data)
     return Busy.model_validate(data) if data.get("busy") else Opened.model_validate(data)
+
+
+def limits_field(limits: BoxLimits | Mapping[str, int] | None) -> dict[str, int] | None:
+    """The box limits a request carries (checked here: a typo fails before anything is sent)."""
+    if limits is None:
+        return None
+    try:
+        checked = limits if isinstance(limits, BoxLimits) else BoxLimits.model_validate(limits)
+    except ValueError as exc:
+        raise InvalidRequest(f"bad box limits: {exc}") from None
+    return checked.model_dump() or None
+
+
+def egress_field(egress: Sequence[str] | None) -> list[str] | None:
+    """The egress rules a request carries (their syntax checked here; the ceiling by the
+    worker, whose operator sets it)."""
+    if egress is None:
+        return None
+    if isinstance(egress, str):
+        raise InvalidRequest("egress takes a list of host patterns, not one string")
+    try:
+        return [str(rule) for rule in parse_rules(egress)] or None
+    except PolicyError as exc:
+        raise InvalidRequest(str(exc)) from None
+
+
+def callbacks_field(
+    functions: Mapping[str, Callable[..., Any]] | None,
+    max_depth: int,
+    max_calls: int,
+    timeout_s: float,
+) -> Callbacks | None:
+    if not functions:
+        return None
+    return Callbacks(functions, max_depth=max_depth, max_calls=max_calls, timeout_s=timeout_s)

@@ -14,12 +14,12 @@ import contextlib
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from farm.celeryconf import TASK_CLOSE, TASK_COMMAND, TASK_EXEC, TASK_FILE
-from farm.client import branching
+from farm.client import branching, snapshots
 from farm.client.broker import Watch
-from farm.client.exec_call import Call, SessionFarm
+from farm.client.exec_call import Call, CallerFarm
 from farm.client.hostcall_handlers import Callbacks
 from farm.client.session_files import SessionFiles
 from farm.client.stream import EventStream
@@ -38,9 +38,22 @@ from farm.models import (
 )
 from farm.models.branches import Checkpoint
 
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from farm.client.snapshots import Snapshot
+
 QUEUE_WAIT_S = 600.0
 INLINE_STDIN = 16 * 1024 * 1024  # a command's stdin past this is staged in the box first
 OnStateLost = Literal["raise", "replay"]
+
+
+class SessionFarm(CallerFarm, snapshots.MovingFarm, Protocol):
+    """What a session uses of its farm (``Farm`` is one): its broker, journal, registry and
+    snapshots, and its Celery app; so the session imports nothing of ``farm.client.farm``."""
+
+    @property
+    def app(self) -> Celery: ...
 
 
 class Session:
@@ -79,6 +92,7 @@ class Session:
         # How long opening it waited for room (its worker's and kernel's queues, and asking
         # again while every worker was full): queueing, told apart from slowness.
         self.queue_s = opened.queue_s
+        self.restored = opened.restored  # what its snapshot brought (``Farm.restore``)
 
     def __repr__(self) -> str:
         return f"Session({self.id!r}, worker={self.worker!r}, epoch={self.epoch})"
@@ -98,6 +112,8 @@ class Session:
             lambda: self.farm.registry.session_state(self.id, self.worker, self.generation),
             lambda state: state[0] is None,
         )
+        if why is not None and snapshots.follow(self):  # it moved: its new owner takes it
+            return self._check_alive()
         if why is not None:
             raise SessionLost(self.id, self.worker, why)
         return mark
@@ -182,9 +198,9 @@ class Session:
             stream=stream,
             replay_of=replay_of,
         )
-        pending, mark = self.farm.broker.send(
-            TASK_EXEC, self.queue, args=[request.model_dump(mode="json")], check=self._check_alive
-        )
+        wire = request.model_dump(mode="json")
+        pending, mark = snapshots.routed_send(self, TASK_EXEC, wire)
+        request = ExecRequest.model_validate(wire)  # the owner it found: generation, epoch
         watch = Watch(
             worker=(self.worker, self.generation),
             exec_id=request.exec_id,
@@ -196,9 +212,7 @@ class Session:
 
     def collect(self, call: Call) -> ExecResult:
         """Wait for ``call``'s result; a loss of state moves the epoch ``restart`` accepts."""
-        result = ExecResult.model_validate(
-            self.farm.broker.wait(call.pending, call.deadline, call.watch)
-        )
+        result = ExecResult.model_validate(snapshots.wait_result(self, call))
         if result.state_lost:
             self._kernel_epoch = result.epoch
         return result
@@ -259,12 +273,7 @@ class Session:
             stdin=stdin,
             stdin_path=stdin_path,
         )
-        pending, mark = self.farm.broker.send(
-            TASK_COMMAND,
-            self.queue,
-            args=[request.model_dump(mode="json")],
-            check=self._check_alive,
-        )
+        pending, mark = snapshots.routed_send(self, TASK_COMMAND, request.model_dump(mode="json"))
         watch = Watch((self.worker, self.generation), exec_id, mark, self.id)
         raw = self.farm.broker.wait(pending, time.monotonic() + timeout + QUEUE_WAIT_S, watch)
         result = CommandResult.model_validate(raw)
@@ -277,9 +286,7 @@ class Session:
         request = FileRequest(
             **operation.model_dump(), session_id=self.id, generation=self.generation
         )
-        pending, mark = self.farm.broker.send(
-            TASK_FILE, self.queue, args=[request.model_dump(mode="json")], check=self._check_alive
-        )
+        pending, mark = snapshots.routed_send(self, TASK_FILE, request.model_dump(mode="json"))
         watch = Watch((self.worker, self.generation), None, mark, self.id)
         reply: dict[str, Any] = self.farm.broker.wait(
             pending, time.monotonic() + QUEUE_WAIT_S, watch
@@ -308,6 +315,20 @@ class Session:
         opened, not_carried = branching.fork(self, n)
         same = (self.timeout_s, self.on_state_lost, self.callbacks)
         return branching.Forks([Session(self.farm, o, *same) for o in opened], not_carried)
+
+    def snapshot(self, *, keep: bool = False) -> Snapshot:
+        """A portable snapshot: the variables it could carry (``info.lost`` names the rest,
+        and why), the workspace's files, the image's identity; its bytes (``data``), or with
+        ``keep`` kept by the farm for ``snapshot_ttl_s`` (``id``). ``Farm.restore`` opens it."""
+        return self.farm.snapshots.take(self, keep=keep)
+
+    def pause(self) -> Snapshot:
+        """Free the box, the snapshot kept by the farm; ``resume()`` brings it back."""
+        return self.farm.snapshots.take(self, pause=True)
+
+    def resume(self) -> None:
+        """Bring a paused session back, same id, on any worker of its image."""
+        snapshots.adopt(self, self.farm.snapshots.resume(self.id))
 
     def restart(self) -> None:
         """Accept the loss of state: continue in the fresh namespace of the current epoch."""

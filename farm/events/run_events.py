@@ -205,6 +205,21 @@ class ExecEnd(_Event):
         return self._repr_markdown_().strip("*")
 
 
+class Lifecycle(_Event):
+    """A session's snapshot, pause, resume or move to another worker (its own ``exec_id``):
+    where it went and which variables did not come along (``farm.client.snapshots``)."""
+
+    type: Literal["lifecycle"] = "lifecycle"
+    action: Literal["snapshot", "restored", "paused", "resumed", "moved"]
+    worker: str
+    snapshot_id: str = ""
+    lost: dict[str, str] = Field(default_factory=dict, description="name -> why not carried")
+
+    def _repr_markdown_(self) -> str:
+        lost = f"; not carried: {', '.join(sorted(self.lost))}" if self.lost else ""
+        return f"⟳ session {self.action} (worker {self.worker}){clip(lost, 2000)}"
+
+
 def closing_events(
     result: dict[str, Any], *, exec_id: str, session_id: str, seq: int, ts: float, ran: bool
 ) -> list[Event]:
@@ -254,11 +269,31 @@ class Branch(_Event):
 
 
 Event = Annotated[
-    ExecStart | Stream | Display | HostCall | Egress | Result | Error | ExecEnd | Branch,
+    ExecStart
+    | Stream
+    | Display
+    | HostCall
+    | Egress
+    | Result
+    | Error
+    | ExecEnd
+    | Branch
+    | Lifecycle,
     Field(discriminator="type"),
 ]
 EVENT = TypeAdapter(Event)
-EVENT_TYPES = (ExecStart, Stream, Display, HostCall, Egress, Result, Error, ExecEnd, Branch)
+EVENT_TYPES = (
+    ExecStart,
+    Stream,
+    Display,
+    HostCall,
+    Egress,
+    Result,
+    Error,
+    ExecEnd,
+    Branch,
+    Lifecycle,
+)
 
 
 def parse_event(raw: str | bytes | dict[str, Any]) -> Event:

@@ -26,12 +26,14 @@ from farm.errors import LocalFarmError, SandboxUnavailable
 from farm.image_name import ImageName, ServedImage
 from farm.local.processes import pid_alive, popen_tied
 from farm.local.redis_server import RedisServer, ServerTLS, write_private
+from farm.local.spares import Spare
 from farm.registry import Registry
 from farm.settings import FarmSettings
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
+READY_POLL_S = 0.02  # a worker's registration is one small read: a first result waits less
 STOP_TIMEOUT_S = 20.0
 DIR_PREFIX = "farm-local-"
 OWNER_FILE = "owner.pid"  # the pid of the process that owns a local farm's directory
@@ -60,6 +62,7 @@ class LocalFarm:
         backend: str = "docker",
         env: dict[str, str] | None = None,
         tls: ServerTLS | None = None,
+        spare: bool = True,
     ) -> None:
         asked = workers if isinstance(workers, dict) else {"default": workers}
         self.images = {ImageName(image).asked: count for image, count in asked.items()}
@@ -74,6 +77,9 @@ class LocalFarm:
         self.worker_images: dict[str, str] = {}
         self._count = 0
         self._serving = threading.Lock()
+        self.spare = spare  # keep a worker process started ahead for serve_image (Spare)
+        self._spare: Spare | None = None
+        self._spares = 0
 
     @property
     def broker_url(self) -> str:
@@ -103,6 +109,7 @@ class LocalFarm:
                 for _ in range(count):
                     self.add_worker(prepared)
             self.wait_ready()
+            self._keep_spare()
         except BaseException:
             self.close()
             raise
@@ -119,33 +126,64 @@ class LocalFarm:
         name = image.name if isinstance(image, ServedImage) else ImageName.parse(image)
         self._count += 1
         worker_id = f"local-{self.tag}-{self._count}"
+        worker_env = self._base_env()
+        worker_env.update(
+            {
+                "FARM_WORKER_ID": worker_id,
+                "FARM_BACKEND": self.backend,
+                "FARM_IMAGE": name.asked,
+                **env,
+            }
+        )
+        if served is not None and not worker_env.get("FARM_SANDBOX_IMAGE"):
+            worker_env["FARM_SERVED_IMAGE"] = served.to_json()
+        self.workers[worker_id] = self._launch(worker_env, self.dir / f"{worker_id}.log")
+        self.worker_images[worker_id] = name.asked
+        return worker_id
+
+    def _base_env(self) -> dict[str, str]:
+        """What every worker of this farm gets: the caller's environment (less its broker),
+        this farm's broker and sockets."""
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
         tls = {f"FARM_{k.upper()}": str(v) for k, v in self._tls_files().items() if v}
-        worker_env = {
+        return {
             **inherited,
             **self.extra_env,
             **tls,
             "FARM_BROKER_URL": self.broker_url,
-            "FARM_WORKER_ID": worker_id,
-            "FARM_BACKEND": self.backend,
-            "FARM_IMAGE": name.asked,
             "FARM_METRICS_PORT": "0",
             "FARM_SOCKET_DIR": str(self.dir / "sockets"),
-            **env,
         }
-        if served is not None and not worker_env.get("FARM_SANDBOX_IMAGE"):
-            worker_env["FARM_SERVED_IMAGE"] = served.to_json()
-        log_file = open(self.dir / f"{worker_id}.log", "wb")  # noqa: SIM115 - owned by Popen
-        self.workers[worker_id] = popen_tied(
-            [sys.executable, "-m", "farm.worker"],
-            env=worker_env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        log_file.close()
-        self.worker_images[worker_id] = name.asked
-        return worker_id
+
+    def _launch(self, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
+        """A worker process of ``env``: the spare, when there is one (it has imported the
+        worker's code already), else a new one."""
+        spare = self._spare
+        if spare is not None and spare.fits(env):
+            self._spare = None
+            proc = spare.take(env, log_path)
+            if proc is not None:
+                return proc
+        with log_path.open("wb") as log_file:
+            return popen_tied(
+                [sys.executable, "-m", "farm.worker"],
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    @property
+    def spare_pid(self) -> int | None:
+        """The pid of the spare worker process, while this farm keeps one."""
+        return self._spare.proc.pid if self._spare is not None else None
+
+    def _keep_spare(self) -> None:
+        """Start a spare worker process for the next image to serve, if this farm keeps one
+        and has none."""
+        if self.spare and self._spare is None:
+            self._spares += 1
+            self._spare = Spare(self.dir / f"spare-{self._spares}.log", self._base_env())
 
     def wait_ready(
         self, worker_ids: list[str] | None = None, timeout_s: float = READY_TIMEOUT_S
@@ -162,7 +200,7 @@ class LocalFarm:
                 if dead or time.monotonic() > deadline:
                     logs = "\n".join(self.log_tail(w) for w in dead or sorted(wanted - ready))
                     raise SandboxUnavailable(f"workers did not become ready: {logs}")
-                time.sleep(0.1)  # poll interval of the deadline-bounded readiness check
+                time.sleep(READY_POLL_S)  # poll interval of the deadline-bounded readiness check
         finally:
             registry.close()
 
@@ -197,6 +235,7 @@ class LocalFarm:
                 return running[0]
             worker_id = self.add_worker(self._prepare(name))
             self.wait_ready([worker_id])
+            self._keep_spare()  # for the next one: after this one, which it would slow down
             return worker_id
 
     def _prepare(self, name: ImageName) -> ImageName | ServedImage:
@@ -213,6 +252,9 @@ class LocalFarm:
         self.workers[worker_id].send_signal(sig)
 
     def close(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.discard()
         for proc in self.workers.values():
             if proc.poll() is None:
                 proc.terminate()

@@ -28,18 +28,22 @@ from farm.models.worker_requests import (
     CellRequest,
     CloseRequest,
     CommandRequest,
+    DrainRequest,
     ExecRequest,
     FileOperation,
     FileRequest,
     Malformed,
     OpenRequest,
     RunRequest,
+    SnapshotRequest,
     WorkerRequest,
     arrived,
 )
 
 __all__ = [
     "BranchRequest",
+    "DrainRequest",
+    "SnapshotRequest",
     "BoxLimits",
     "Busy",
     "CallAnswer",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Literal
 
 from farm.models.model_base import Model
+from farm.models.snapshot_info import Restored
 
 
 class Opened(Model):
@@ -19,6 +20,7 @@ class Opened(Model):
     generation: int
     queue: str
     queue_s: float = 0.0  # how long it waited for room: in the list, at the worker, the kernel
+    restored: Restored | None = None  # what its snapshot brought, when it opened with one
 
 
 class Refused(Model):
@@ -28,6 +30,7 @@ class Refused(Model):
     refused: Literal[True] = True
     worker: str | None = None
     reason: str
+    code: str | None = None  # a snapshot's refusal: ``SnapshotError.code``
 
 
 class Busy(Model):

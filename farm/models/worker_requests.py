@@ -134,6 +134,21 @@ class BranchRequest(WorkerRequest):
     n: int = Field(default=1, ge=1, description="how many forks")
 
 
+class SnapshotRequest(WorkerRequest):
+    """A snapshot of an open session (``farm.snapshot``), kept in the farm's store; with
+    ``pause`` the session is closed after it, its snapshot kept under its paused id."""
+
+    session_id: str
+    generation: int = Field(description="the worker generation it was sent to")
+    pause: bool = False
+
+
+class DrainRequest(WorkerRequest):
+    """Move every session of a worker to others (``farm.drain``), then stop taking work."""
+
+    worker: str = Field(description="the worker it is meant for: another one refuses it")
+
+
 class OpenRequest(WorkerRequest):
     """A session open, queued on its image's list of opens (``registry.opens_key``) until a
     worker has room for its box; the answer goes to the list ``reply``. The worker that takes
@@ -146,6 +161,9 @@ class OpenRequest(WorkerRequest):
     egress: list[str] | None = None
     sent_at: float = Field(description="the client's time.time() as it was queued")
     deadline: float = Field(description="time.time() past which no worker opens it")
+    session_id: str | None = Field(default=None, description="its id (a resume or a move)")
+    restore: str | None = Field(default=None, description="the kept snapshot it opens with")
+    moved: bool = Field(default=False, description="a drain's move: a loss is told once")
 
 
 class Malformed(ValueError):

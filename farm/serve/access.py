@@ -88,12 +88,10 @@ class Sessions:
         self.owners: dict[str, str] = {}  # session -> token id: it never changes, so it is kept
 
     async def open(self, token: Token, **options: Any) -> Session:
-        session = await asyncio.to_thread(self.farm.session, **options)
-        await self.adopt(token, session)
-        return session
+        return await self.adopt(token, await asyncio.to_thread(self.farm.session, **options))
 
-    async def adopt(self, token: Token, session: Session) -> None:
-        """``session`` (opened, or a fork) is the caller's from now on."""
+    async def adopt(self, token: Token, session: Session) -> Session:
+        """``session`` (opened, restored, or a fork) is the caller's from now on."""
         redis = self.farm.registry.redis
         with redis.pipeline() as pipe:
             pipe.set(_owner_key(session.id), token.id, ex=OWNER_TTL_S)
@@ -101,6 +99,7 @@ class Sessions:
             await asyncio.to_thread(pipe.execute)
         self.held[session.id] = session
         self.owners[session.id] = token.id
+        return session
 
     async def get(self, token: Token, session_id: str) -> Session:
         """The caller's session ``session_id``; 404 when it is not the caller's (or none's),

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import farm
-from farm.serve import branch_routes, file_routes, judge0, runs, session_routes
+from farm.serve import branch_routes, file_routes, judge0, runs, session_routes, snapshot_routes
 from farm.serve.access import Sessions, Slots, authenticate, bearer
 from farm.serve.problem_documents import ProblemError, install, problem
 from farm.serve.tokens import TokenStore
@@ -80,6 +80,7 @@ def make_app(
     install(app)
     app.include_router(session_routes.router)
     app.include_router(branch_routes.router)
+    app.include_router(snapshot_routes.router)
     app.include_router(file_routes.router)
     app.include_router(runs.router)
     app.include_router(judge0.router)

@@ -2,11 +2,12 @@
 ``/mcp`` (streamable HTTP) on ``farm serve``.
 
 Tools: ``run_python`` (a persistent session per MCP session: a variable one call defines, the
-next one uses), ``run_command``, ``read_file``, ``write_file``, ``list_files`` and
-``reset_session``. Results are text, plus an image for every ``image/png`` the code showed
-(its value or ``display``). The farm session is opened at the first call and closed when the
-MCP session ends (the SDK runs the server's lifespan once per MCP session, over either
-transport), so an agent that disconnects leaves nothing running.
+next one uses), ``run_command``, ``read_file``, ``write_file``, ``list_files``,
+``snapshot_session``, ``restore_session`` and ``reset_session``. Results are text, plus an
+image for every ``image/png`` the code showed (its value or ``display``). The farm session is
+opened at the first call and closed when the MCP session ends (the SDK runs the server's
+lifespan once per MCP session, over either transport), so an agent that disconnects leaves
+nothing running.
 """
 
 from __future__ import annotations
@@ -138,6 +139,24 @@ def build(farm: Farm, *, host: str = "127.0.0.1") -> FastMCP[Workspace]:
         entries = await asyncio.to_thread(session.files.list, path)
         lines = [f"{e.get('type')}\t{e.get('size', 0)}\t{e.get('path')}" for e in entries]
         return "\n".join(lines) or "(empty)"
+
+    @server.tool()
+    async def snapshot_session(ctx: Context[Any, Workspace, Any]) -> str:
+        """Keep a snapshot of this session (variables and workspace files) in the farm: its id
+        (for restore_session) and the variables it could not carry, with why."""
+        snap = await asyncio.to_thread((await workspace(ctx).get()).snapshot, keep=True)
+        lost = "".join(f"\nnot carried: {k} ({why})" for k, why in snap.info.lost.items())
+        kept = f"{len(snap.info.names)} variables, {snap.info.files} files"
+        return f"snapshot {snap.id}: {kept}{lost}"
+
+    @server.tool()
+    async def restore_session(snapshot_id: str, ctx: Context[Any, Workspace, Any]) -> str:
+        """Replace this conversation's session by one restored from a kept snapshot."""
+        restored = await asyncio.to_thread(farm.restore, snapshot_id)
+        held = workspace(ctx)
+        await held.close()
+        held.session = restored
+        return f"session {restored.id} restored from snapshot {snapshot_id}"
 
     @server.tool()
     async def reset_session(ctx: Context[Any, Workspace, Any]) -> str:

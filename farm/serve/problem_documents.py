@@ -32,7 +32,12 @@ GENERIC = frozenset({"not_found", "method"})  # kinds that only restate their st
 STATUS: list[tuple[type[Exception], int, str]] = [
     (errors.RestoreFailed, 409, "state_lost"),
     (errors.StateLost, 409, "state_lost"),
+    (errors.SessionPaused, 409, "paused"),
     (errors.SessionLost, 410, "sandbox_lost"),
+    (errors.SnapshotTooLarge, 413, "snapshot_too_large"),
+    (errors.SnapshotIncompatible, 409, "snapshot_incompatible"),
+    (errors.SnapshotNotFound, 404, "snapshot_not_found"),
+    (errors.SnapshotError, 422, "snapshot"),
     (errors.FarmBusy, 503, "busy"),
     (errors.SandboxUnavailable, 503, "unavailable"),
     (errors.BrokerAuthFailed, 502, "broker"),

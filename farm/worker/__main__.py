@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from farm.worker.tasks import worker_app
 
-    app = worker_app()
+    app = worker_app(early=True)  # its sandbox starts while Celery sets up
 
     args = [
         "worker",

@@ -9,6 +9,7 @@ refused: never ask again), never silence. Design: docs/design/admission.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -16,6 +17,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from farm.errors import SnapshotError
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import Busy, Opened, OpenRequest, Refused
@@ -73,7 +75,9 @@ class SessionOpens:
             if admitted is None:
                 reply = self.busy("no room for its box before its client's deadline")
             else:
-                reply = self.open_admitted(request.tools, request.limits, policy, ticket, queued_s)
+                reply = self.open_admitted(
+                    request.tools, request.limits, policy, ticket, queued_s, request
+                )
         except Exception as exc:  # farm's own failure: an answer still, the client asks again
             log.exception("worker %s could not open %s", self.worker.id, request.open_id)
             reply = self.busy(f"the worker failed to open it: {exc!r}")
@@ -102,7 +106,11 @@ class SessionOpens:
         ticket = worker.gate.open(weight(limits, worker.box_defaults()), waited)
         if ticket is None:
             return self.busy(f"no room for a box within {waited:g} s")
-        return self.open_admitted(True, limits, policy, ticket, 0.0)
+        opened = self.open_admitted(True, limits, policy, ticket, 0.0)
+        held = worker.sessions.get(str(opened.get("session_id")))
+        if held is not None:
+            held.one_shot = True  # a drain leaves it: it closes after its run
+        return opened
 
     def open_admitted(
         self,
@@ -111,11 +119,14 @@ class SessionOpens:
         policy: Any,
         ticket: Ticket,
         queued_s: float,
+        request: OpenRequest | None = None,
     ) -> dict[str, Any]:
         """Open a session whose box the gate admitted (``ticket``): the reply; the ticket goes
-        back when nothing opened."""
+        back when nothing opened. A ``request`` naming a snapshot opens with it restored."""
         worker = self.worker
         session_id = uuid.uuid4().hex if policy is not None else None
+        if request is not None and request.session_id is not None:
+            session_id = request.session_id
         try:  # the box's defaults are the kernel's own (FarmSettings.box, given at its start)
             if session_id is not None and policy is not None:
                 worker.egress.expect(session_id, policy)
@@ -132,7 +143,25 @@ class SessionOpens:
             worker.gate.release(ticket)
             return self._failed(exc)
         session_id, epoch = opened["session_id"], opened["epoch"]
+        restored = None
+        if request is not None and request.restore is not None:
+            try:  # registered below only once its state is back: no call finds it empty
+                restored = worker.snapshots.put_back(session_id, epoch, request.restore)
+            except (SnapshotError, KernelError) as exc:
+                worker.egress.forget(session_id)
+                with contextlib.suppress(KernelError), worker.kernel() as kernel:
+                    kernel.close_session(session_id)
+                worker.gate.release(ticket)
+                code = exc.code if isinstance(exc, SnapshotError) else "snapshot_failed"
+                return Refused(worker=worker.id, reason=str(exc), code=code).model_dump()
         worker.hold(session_id, epoch, ticket)
+        held = worker.sessions[session_id]
+        held.limits, held.egress = limits, request.egress if request is not None else None
+        if restored is not None and request is not None and request.moved and restored.lost:
+            worker.sessions[session_id].notice = (
+                f"session {session_id} moved to worker {worker.id} without: "
+                + "; ".join(f"{name} ({why})" for name, why in sorted(restored.lost.items()))
+            )
         return Opened(
             session_id=session_id,
             epoch=epoch,
@@ -140,6 +169,7 @@ class SessionOpens:
             generation=worker.generation,
             queue=worker.queue,
             queue_s=queued_s + ticket.waited_s + opened["queue_s"],
+            restored=restored,
         ).model_dump()
 
     def _failed(self, exc: BaseException) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from farm.registry import Registry
 from farm.sandbox.sandbox_keeper import SandboxKeeper
 from farm.settings import FarmSettings
 from farm.worker.box_gate import BoxGate, Ticket
+from farm.worker.snapshot_calls import SessionSnapshots
 from farm.worker.worker_egress import WorkerEgress
 
 
@@ -26,6 +27,10 @@ class HeldSession:
     last_used: float
     lost: str | None = None
     ticket: Ticket | None = None  # its room at the gate, until it closes or is lost
+    notice: str | None = None  # what a move could not carry: its next run says so, once
+    one_shot: bool = False  # a one-shot run's: never moved
+    limits: dict[str, int] | None = None  # its box's, as asked: a move asks the same
+    egress: list[str] | None = None  # the hosts it may reach, as asked: likewise
 
 
 class WorkerHost(Protocol):
@@ -42,6 +47,7 @@ class WorkerHost(Protocol):
     gate: BoxGate
     egress: WorkerEgress
     sessions: dict[str, HeldSession]
+    snapshots: SessionSnapshots
 
     def kernel(self) -> AbstractContextManager[KernelClient]: ...
 

@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -38,10 +39,12 @@ from farm.worker.box_gate import (
     BoxGate,
     Ticket,
 )
+from farm.worker.drain import Drain
 from farm.worker.intake import Intake
 from farm.worker.judge_items import parallel as judge_parallel
 from farm.worker.opens import SessionOpens
 from farm.worker.session_calls import SessionCalls
+from farm.worker.snapshot_calls import SessionSnapshots
 from farm.worker.worker_egress import WorkerEgress
 from farm.worker.worker_host import HeldSession
 
@@ -86,6 +89,9 @@ class Worker:
             (self.opens.take, self.batch.take),
         )
         self.calls = SessionCalls(self, self.opens)
+        self.snapshots = SessionSnapshots(self, self.calls.held)
+        self.drain = Drain(self)
+        self.draining = False  # it takes no new session: its own move away is under way
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -99,9 +105,7 @@ class Worker:
             self.settings.metrics_host, self.settings.metrics_port, self.readiness
         )
         self.metrics_url = f"http://{self.settings.metrics_host}:{self._http.server_port}"
-        self._heartbeat()
-        threading.Thread(target=self._beat, name="farm-heartbeat", daemon=True).start()
-        log.info(
+        log.info(  # before it is registered: whoever sees it ready finds this line written
             "worker %s generation %d serving image %s on %s (metrics %s)",
             self.id,
             self.generation,
@@ -109,9 +113,17 @@ class Worker:
             self.queue,
             self.metrics_url,
         )
+        self._heartbeat()
+        threading.Thread(target=self._beat, name="farm-heartbeat", daemon=True).start()
 
     def stop(self, reason: str = "the worker stopped") -> None:
-        """Remove the sandbox first, then deregister (best effort: Redis may be gone too)."""
+        """Move the sessions to other workers (``drain_on_stop``), remove the sandbox, then
+        deregister (best effort: Redis may be gone too)."""
+        if self.settings.drain_on_stop and not self._stop.is_set():
+            try:
+                self.drain.run(stopping=True)
+            except Exception:
+                log.exception("worker %s could not drain before it stopped", self.id)
         self._stop.set()
         self.intake.stop()
         with self._lock:
@@ -120,6 +132,7 @@ class Worker:
         self.batch.stop()
         self.opens.stop()
         self.egress.close()
+        self.snapshots.close()
         for client in clients:  # every thread's connection to the kernel
             client.close()
         self.keeper.stop()
@@ -217,11 +230,16 @@ class Worker:
                 "ready": health.ok,
                 "sandbox": info,
                 "restarts": self.keeper.restarts,
+                "draining": self.draining,
                 "metrics": self.metrics_url,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
             },
         )
+
+    def beat_now(self) -> None:
+        """A heartbeat now, not at the next interval (a drain's start: others must know)."""
+        self._heartbeat()
 
     def _reap_idle(self) -> None:
         cutoff = time.monotonic() - self.settings.idle_timeout_s
@@ -295,6 +313,17 @@ class Worker:
         """A session's room goes back to the gate (once: a ticket released twice is idle)."""
         if held.ticket is not None:
             self.gate.release(held.ticket)
+
+    def let_go_moved(self, session_id: str) -> None:
+        """A session that moved to another worker (``Drain``): its box here closes, its
+        registry entry (the new owner's) stays."""
+        with self._lock:
+            held = self.sessions.pop(session_id, None)
+        self.egress.forget(session_id)
+        with contextlib.suppress(KernelError), self.kernel() as kernel:
+            kernel.close_session(session_id)
+        if held is not None:
+            self._let_go(held)
 
     def session_entry(self, session_id: str, epoch: int) -> tuple[str, dict[str, Any], float]:
         """The registry's entry of a session held here at ``epoch`` (id, fields, ttl): written

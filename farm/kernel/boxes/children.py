@@ -27,6 +27,15 @@ _HARD_NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 MAX_FD = 1 << 20 if _HARD_NOFILE in (resource.RLIM_INFINITY, -1) else min(_HARD_NOFILE, 1 << 20)
 
 
+def prepare() -> None:
+    """In the zygote, before it forks: build what each child would otherwise build after its
+    fork, writing pages it then copies: the seccomp filter and the C functions it calls
+    through ``ctypes`` (a ``CDLL`` makes each function object on its first use)."""
+    seccomp.prepare()
+    if session_loop._LIBC is not None:
+        session_loop._LIBC.fflush  # noqa: B018 (cached on the CDLL by this first look-up)
+
+
 def close_other_fds(keep: set[int]) -> None:
     """Close every fd but ``keep``: a ``closerange`` per gap (Linux's close_range, one system
     call each, where Python has it), since a fresh child must stay cheap."""

@@ -200,14 +200,19 @@ def empty_box(uid: int, gid: int) -> bool:
     (its files in its four directories, its POSIX queues, its System V objects, the extended
     attributes and mode of its ``/workspace``), as the box's uid, which owns all of it and so
     may remove all of it; ``True`` when nothing is left (the box may then be the next box of
-    its number: a machine as fresh as a new one)."""
+    its number: a machine as fresh as a new one). A box that left nothing costs one look."""
     queues = QUEUES if queues_fd is None else f"/proc/self/fd/{queues_fd}"  # the box's /proc
     roots = [*(target for target, _, _ in PRIVATE_DIRS if os.path.isdir(target)), queues]
     roots = [root for root in roots if os.path.isdir(root)]
     with uids.acting_as(uid, gid):
-        leftovers.remove((), keep_roots=roots)  # /workspace back to 0700, its owner's
+        os.chmod("/workspace", 0o700)  # back to a new box's mode (the box owns it; root the rest)
+        left = [os.path.join(root, name) for root in roots for name in os.listdir(root)]
+        attributes = os.listxattr("/workspace")
         leftovers.remove_ipc(uid)
-        for name in os.listxattr("/workspace"):
+        if not left and not attributes:
+            return True  # nothing was there, and nothing of the box runs to add any
+        leftovers.remove(left)
+        for name in attributes:
             os.removexattr("/workspace", name)
         return not any(os.listdir(root) for root in roots) and not os.listxattr("/workspace")
 

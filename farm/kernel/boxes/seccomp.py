@@ -7,7 +7,7 @@ keyrings) stays closed to it anyway. ``install`` adds the filter to the calling 
 ``no_new_privs``), and every process it starts inherits it; nothing can remove it. Refused
 calls fail with ``EPERM``; ``clone3`` with ``ENOSYS`` (its flags are in memory a filter cannot
 read), so that libc falls back to ``clone``, whose namespace flags are checked. Standard
-library only: the BPF program is built here (``linux/filter.h``, ``linux/seccomp.h``).
+library only: the BPF program is built here (``linux/filter.h``), once, before the zygote forks.
 """
 
 from __future__ import annotations
@@ -86,16 +86,34 @@ def supported() -> bool:
     return platform.machine() in ARCHES
 
 
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+_built: tuple[ctypes.Array[ctypes.c_char], _SockFprog] | None = None
+
+
+def _prepared() -> _SockFprog:
+    """This machine's filter as ``prctl`` takes it, built once per process that asks (the
+    kernel at start, before the zygote forks: each box process then only installs it)."""
+    global _built
+    if _built is None:
+        code = program()
+        buffer = ctypes.create_string_buffer(code, len(code))
+        _built = (buffer, _SockFprog(len(code) // 8, ctypes.addressof(buffer)))
+    return _built[1]
+
+
+def prepare() -> None:
+    """Build the filter now, where it is supported: in the zygote before it forks boxes."""
+    if supported():
+        _prepared()
+
+
 def install() -> None:
     """Add the box's filter to this process (and so to all it starts); raises when it cannot:
     a box must never run without it."""
-    code = program()
-    buffer = ctypes.create_string_buffer(code, len(code))
-
-    class SockFprog(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-    fprog = SockFprog(len(code) // 8, ctypes.addressof(buffer))
+    fprog = _prepared()
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     result = libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0)
     if result != 0:

@@ -223,6 +223,7 @@ def run(sock: socket.socket, isolation: str) -> NoReturn:
     prctl(PR_SET_CHILD_SUBREAPER, 1)
     if isolation != "dirs":
         uids.empty_bounding_set()
+    children.prepare()  # built once here, not after each fork (the seccomp filter)
     zygote = Zygote(sock, isolation)
     if isolation == "namespaces":
         zygote.own_pids = os.open("/proc/self/ns/pid", os.O_RDONLY)

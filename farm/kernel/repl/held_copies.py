@@ -61,6 +61,9 @@ def handle(
         children.add(pid)
         return
     children.clear()
+    # Every signal blocked before the copy says it holds: one the box's code sends it (same
+    # uid) stays pending and is judged by its sender in ``_woken``, never a default action.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     try:
         os.setsid()  # out of the session's group: a kill of the session's group spares it
         files = {root: snapshot(root) for root in roots}
@@ -73,15 +76,18 @@ def handle(
     size = sum(len(entry[4]) for entries in files.values() for entry in entries)
     count = sum(len(entries) for entries in files.values())
     send_frame(ctl, {"type": "checkpointed", "pid": os.getpid(), "files": count, "bytes": size})
-    _hold(ctl, files, int(order.get("waker", 0)))
+    _hold(ctl, files, int(order.get("waker", 0)), old)
 
 
-def _hold(ctl: socket.socket, files: dict[str, list[Entry]], waker: int) -> None:
+def _hold(
+    ctl: socket.socket, files: dict[str, list[Entry]], waker: int, old: set[int | signal.Signals]
+) -> None:
     """Wait for the supervisor's signal; then files back, the control socket drained, and the
     session goes on: in a child (``KEEP``: the copy holds on, for a later rollback) or in
     this process (``TAKE``: the checkpoint is spent). A failure is said on the socket and the
-    copy keeps holding (the supervisor then gives the session a fresh process)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    copy keeps holding (the supervisor then gives the session a fresh process). Every signal
+    is blocked (since the fork); ``old`` is the session's mask, back in the process that goes
+    on."""
     while True:
         keep = _woken(waker) == KEEP
         reap()

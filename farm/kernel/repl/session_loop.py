@@ -29,7 +29,7 @@ from ..tools.agent_tools import DEFAULT_LIMIT, AgentTools
 from ..wire.framing import recv_frame, send_frame
 from ..wire.protocol import CellError
 from ..wire.session_frames import Ack, CallAnswer, CallFrame, CellDone, DisplayFrame, Order, Ready
-from . import held_copies, hostcall_stubs
+from . import held_copies, hostcall_stubs, namespace_snapshot
 from .cell_exec import Repl
 from .render import bundle, framed
 
@@ -162,6 +162,7 @@ def serve(ctl: socket.socket, config: Mapping[str, Any]) -> None:
     says the process is in its box and ready. ``config``: ``box_protocol.SessionConfig``
     (``boxes`` is above this package, so it is read as a mapping)."""
     workspace = AgentTools(config["box"]["workspace"], config.get("tool_limit", DEFAULT_LIMIT))
+    namespace_snapshot.ROOT = str(workspace.root)
     extra = workspace.globals() if config.get("tools", True) else {}
     repl = Repl(extra)
     channel = Channel(ctl)

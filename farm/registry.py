@@ -15,7 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from farm.events.exec_finish import Finisher
+
 if TYPE_CHECKING:
+    from farm.events.journal import Entries
     from farm.settings import FarmSettings
 
 PREFIX = "farm:"
@@ -50,6 +53,7 @@ class Registry:
         self.redis = redis.Redis(connection_pool=pool)
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self._blmpop = True  # until the server says it has no BLMPOP (Redis < 7)
+        self._finisher = Finisher(self.redis)
 
     @classmethod
     def connect(cls, settings: FarmSettings) -> Registry:
@@ -71,8 +75,17 @@ class Registry:
         A restart with persistence keeps it; anything that loses queues and records (a
         restart without persistence, FLUSHALL, a failover to an empty replica) changes it.
         """
+        seen: Any = self.redis.get(BROKER_MARK)
+        return self._mark(seen)
+
+    def _mark(self, seen: str | None) -> str:
+        """``seen`` (the mark as read), or, when there was none, the mark made now: a second
+        round trip only for the first reader after the data set was lost."""
+        if seen is not None:
+            return str(seen)
         with self.redis.pipeline(transaction=False) as pipe:
-            _read_mark(pipe)
+            pipe.set(BROKER_MARK, uuid.uuid4().hex, nx=True)
+            pipe.get(BROKER_MARK)
             _, mark = pipe.execute()
         return str(mark)
 
@@ -125,15 +138,16 @@ class Registry:
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(f"{PREFIX}worker:{worker_id}", "generation")
             pipe.hmget(f"{PREFIX}session:{session_id}", ["worker", "generation"])
-            _read_mark(pipe)
-            live_generation, owner, _, mark = pipe.execute()
+            pipe.get(BROKER_MARK)
+            live_generation, owner, seen = pipe.execute()
+        mark = self._mark(seen)
         if owner[0] is not None and owner != [worker_id, str(generation)]:
-            return f"the session moved to worker {owner[0]}", str(mark)
+            return f"the session moved to worker {owner[0]}", mark
         if live_generation != str(generation):
-            return f"worker {worker_id} (generation {generation}) is gone", str(mark)
+            return f"worker {worker_id} (generation {generation}) is gone", mark
         if owner[0] is None:
-            return "the session was closed or expired after being idle", str(mark)
-        return None, str(mark)
+            return "the session was closed or expired after being idle", mark
+        return None, mark
 
     def queue_length(self, queue: str) -> int:
         """Messages waiting in a broker queue (kombu's Redis transport keeps one list each)."""
@@ -220,15 +234,17 @@ class Registry:
         exec_id: str,
         result: dict[str, Any],
         session: tuple[str, dict[str, Any], float] | None = None,
-    ) -> None:
+        events: Entries | None = None,
+    ) -> str:
         """Record the outcome; with ``session`` (id, fields, ttl) also refresh that session's
-        entry, in the same round trip (every session exec does both)."""
-        record = {"state": "done", "result": result}
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(f"{PREFIX}exec:{exec_id}", json.dumps(record), ex=EXEC_TTL_S)
-            if session is not None:
-                self._put_session(pipe, *session)
-            pipe.execute()
+        entry, and add the run's last ``events`` to its journal first, all in one script
+        (``farm.events.exec_finish``): one round trip. Returns the journal's error, or ``""``."""
+        record = json.dumps({"state": "done", "result": result})
+        if session is not None:
+            session_id, fields, ttl_s = session
+            session = (f"{PREFIX}session:{session_id}", fields, ttl_s)
+        exec_record = (f"{PREFIX}exec:{exec_id}", record, EXEC_TTL_S)
+        return self._finisher.finish(exec_record, session, events)
 
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")
@@ -335,12 +351,6 @@ def cancel_key(map_id: str) -> str:
 def results_key(map_id: str) -> str:
     """The list a map's workers push each item's result to, as it ends."""
     return f"{PREFIX}map:{map_id}:results"
-
-
-def _read_mark(pipe: Any) -> None:
-    """Queue on ``pipe``: create the broker's mark if missing, then read it (two replies)."""
-    pipe.set(BROKER_MARK, uuid.uuid4().hex, nx=True)
-    pipe.get(BROKER_MARK)
 
 
 def _decode(raw: Any) -> dict[str, Any]:

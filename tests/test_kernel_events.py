@@ -170,3 +170,39 @@ def test_a_session_dying_just_before_a_call_is_reported_not_a_broken_connection(
             assert raw is not None, "the session never died"
             assert raw["error"]["kind"] == "state_lost"
             client.close_session(sid)
+
+
+def test_a_quick_silent_cell_says_started_in_its_reply_not_in_a_frame_of_its_own(
+    client: KernelClient, cells: Cells
+) -> None:
+    frames: list[dict[str, Any]] = []
+
+    def collect(frame: dict[str, Any]) -> None:
+        frames.append(frame)
+
+    message: Any = {
+        "type": "execute",
+        "session_id": cells.id,
+        "epoch": cells.epoch,
+        "code": "1",
+        "timeout_s": 30.0,
+        "exec_id": "quick-silent",
+        "events": True,
+    }
+    t0 = time.monotonic()
+    reply = client.request(message, 30.0, collect)
+    took = time.monotonic() - t0
+    assert reply["result"]["status"] == "ok"
+    kinds = [f["event"]["type"] for f in frames]
+    if not frames:  # the common case: one frame, the reply, which says the cell started
+        assert reply["started"] is True
+    else:  # a loaded machine took past the tick: then started goes out before running
+        assert took >= TICK_S and kinds == ["started", "running"] and "started" not in reply
+    # a cell that prints has its started event sent ahead of its output, as a frame
+    frames.clear()
+    printed = client.request({**message, "code": "print('hi')", "exec_id": "print"}, 30.0, collect)
+    assert [f["event"]["type"] for f in frames][:2] == ["started", "stream"]
+    assert "started" not in printed
+    # a cell the kernel refuses to run (a gone epoch) never says it started
+    refused = client.request({**message, "epoch": cells.epoch + 5, "exec_id": "gone"}, 30.0)
+    assert refused["result"]["state_lost"] and "started" not in refused

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -40,6 +41,19 @@ def answer_key(exec_id: str, call_id: int) -> str:
     return f"{PREFIX}answer:{exec_id}:{call_id}"
 
 
+@dataclass(frozen=True)
+class Entries:
+    """Events of one run as JSON, ready to add: to each stream (key, bound, TTL in ms, its
+    entries), and the session to the index at ``at``. Written by ``Journal.add``, or by the
+    worker's script that also records the run's end (``Registry.finish_exec``)."""
+
+    streams: tuple[tuple[str, int, int, tuple[str, ...]], ...]
+    session_id: str
+    at: float
+    index: str = INDEX
+    index_max: int = INDEX_MAX
+
+
 class Journal:
     def __init__(self, client: redis.Redis, settings: FarmSettings) -> None:
         self.redis = client  # decode_responses=True (the registry's client)
@@ -56,20 +70,36 @@ class Journal:
         ``live`` ones (the same events, outputs in full) to the run's own stream."""
         if not journaled:
             return
-        session_id, exec_id = journaled[0].session_id, journaled[0].exec_id
-        journal, stream = journal_key(session_id), exec_key(exec_id)
+        first = journaled[0]
+        self.add(
+            self.entries(
+                first.session_id,
+                first.exec_id,
+                [event.model_dump_json() for event in journaled],
+                [event.model_dump_json() for event in live] if live else None,
+            )
+        )
+
+    def entries(
+        self, session_id: str, exec_id: str, journaled: list[str], live: list[str] | None
+    ) -> Entries:
+        """``Entries`` of a run's events already as JSON (see ``append``)."""
+        streams = [(journal_key(session_id), self.max_events, self.ttl_ms, tuple(journaled))]
+        if live:
+            streams.append((exec_key(exec_id), self.exec_max, self.exec_ttl_ms, tuple(live)))
+        return Entries(tuple(streams), session_id, time.time())
+
+    def add(self, entries: Entries) -> None:
+        """Write ``entries`` in one round trip."""
         with self.redis.pipeline(transaction=False) as pipe:
-            for event in journaled:
-                entry: dict[Any, Any] = {"e": event.model_dump_json()}
-                pipe.xadd(journal, entry, maxlen=self.max_events, approximate=True)
-            for event in live or []:
-                entry = {"e": event.model_dump_json()}
-                pipe.xadd(stream, entry, maxlen=self.exec_max, approximate=True)
-            pipe.pexpire(journal, self.ttl_ms)
-            if live:
-                pipe.pexpire(stream, self.exec_ttl_ms)
-            pipe.zadd(INDEX, {session_id: time.time()})
-            pipe.zremrangebyrank(INDEX, 0, -INDEX_MAX - 1)
+            for key, maxlen, _, rows in entries.streams:
+                for row in rows:
+                    entry: dict[Any, Any] = {"e": row}
+                    pipe.xadd(key, entry, maxlen=maxlen, approximate=True)
+            for key, _, ttl_ms, _ in entries.streams:
+                pipe.pexpire(key, ttl_ms)
+            pipe.zadd(entries.index, {entries.session_id: entries.at})
+            pipe.zremrangebyrank(entries.index, 0, -entries.index_max - 1)
             pipe.execute()
 
     # --- reading --------------------------------------------------------------------------

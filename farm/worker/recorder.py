@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-from farm.events.journal import Journal
+from farm.events.journal import Entries, Journal
 from farm.events.run_events import (
     Display,
     Egress,
@@ -70,18 +70,20 @@ class ExecRecorder:
             replay_of=self.request.replay_of,
         )
 
-    def _slim(self, event: Event) -> Event:
-        """The event as the journal keeps it: whole while the run's byte budget lasts, then
-        outputs as bounded text (the live stream still gets them whole)."""
-        size = len(event.model_dump_json())
+    def _slim(self, event: Event, whole: str) -> str:
+        """The event as the journal keeps it, as JSON (``whole``: all of it): whole while the
+        run's byte budget lasts, then outputs as bounded text (the live stream still gets them
+        whole)."""
+        size = len(whole)
         if size <= self.budget or not isinstance(event, Display | Result | Stream):
             self.budget -= size
-            return event
+            return whole
         if isinstance(event, Stream):
             cut = f"[... {len(event.text)} characters not journaled: the run's budget is spent]\n"
-            return event.model_copy(update={"text": cut})
+            return event.model_copy(update={"text": cut}).model_dump_json()
         text = clip(event.value.text, 2000)
-        return event.model_copy(update={"value": Value(text=text, data={"text/plain": text})})
+        value = Value(text=text, data={"text/plain": text})
+        return event.model_copy(update={"value": value}).model_dump_json()
 
     def egress(self, fields: dict[str, Any]) -> bool:
         """A connection of the run's box ended (``Egress`` fields); ``False`` once the run's
@@ -97,20 +99,35 @@ class ExecRecorder:
             self._publish_locked(events)
 
     def _publish_locked(self, events: list[Event]) -> None:
-        events, self.held = self.held + events, []
-        if not events:
+        entries = self._entries(events)
+        if entries is None:
             return
         try:
-            journaled = [self._slim(event) for event in events]
-            self.journal.append(journaled, events if self.live else None)
+            self.journal.add(entries)
         except Exception as exc:
-            log.warning(
-                "exec %s of session %s on worker %s: events not published: %s",
-                self.request.exec_id,
-                self.request.session_id,
-                self.worker_id,
-                exc,
-            )
+            self._not_published(exc)
+
+    def _entries(self, events: list[Event]) -> Entries | None:
+        """``events`` (after those held back) as the journal's and live stream's entries, each
+        event encoded once."""
+        events, self.held = self.held + events, []
+        if not events:
+            return None
+        whole = [event.model_dump_json() for event in events]
+        journaled = [self._slim(event, row) for event, row in zip(events, whole, strict=True)]
+        request = self.request
+        return self.journal.entries(
+            request.session_id, request.exec_id, journaled, whole if self.live else None
+        )
+
+    def _not_published(self, exc: object) -> None:
+        log.warning(
+            "exec %s of session %s on worker %s: events not published: %s",
+            self.request.exec_id,
+            self.request.session_id,
+            self.worker_id,
+            exc,
+        )
 
     def on_kernel_event(self, event: CellEvent) -> dict[str, Any] | None:
         """One kernel event of the running cell (called in order, on the worker's thread);
@@ -137,22 +154,34 @@ class ExecRecorder:
 
     def finish(self, result: dict[str, Any]) -> None:
         """The run's result is known: close its record (after this, the task returns)."""
+        entries = self.close(result)
+        if entries is not None:
+            try:
+                self.journal.add(entries)
+            except Exception as exc:
+                self._not_published(exc)
+
+    def close(self, result: dict[str, Any]) -> Entries | None:
+        """The run's result is known: its last events, for the caller to write (with the
+        run's record: ``Registry.finish_exec``; then ``published``). No event comes after."""
         with self._lock:
             self.ended = True
-            self._finish(result)
+            if self.calls.records:
+                result["sub_calls"] = [c.model_dump(mode="json") for c in self.calls.records]
+            events: list[Event] = [] if self.started else [self._start()]
+            worker = result.get("worker") or self.worker_id
+            closing = closing_events(
+                {**result, "worker": worker},
+                exec_id=self.request.exec_id,
+                session_id=self.request.session_id,
+                seq=self.seq,
+                ts=time.time(),
+                ran=self.started,
+            )
+            self.seq += len(closing)
+            return self._entries(events + closing)
 
-    def _finish(self, result: dict[str, Any]) -> None:
-        if self.calls.records:
-            result["sub_calls"] = [c.model_dump(mode="json") for c in self.calls.records]
-        events: list[Event] = [] if self.started else [self._start()]
-        worker = result.get("worker") or self.worker_id
-        closing = closing_events(
-            {**result, "worker": worker},
-            exec_id=self.request.exec_id,
-            session_id=self.request.session_id,
-            seq=self.seq,
-            ts=time.time(),
-            ran=self.started,
-        )
-        self.seq += len(closing)
-        self._publish(events + closing)
+    def published(self, error: str) -> None:
+        """What writing ``close``'s entries said: an error is logged, never raised."""
+        if error:
+            self._not_published(error)

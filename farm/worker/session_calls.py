@@ -70,11 +70,13 @@ class SessionCalls:
         t0 = time.perf_counter()
         recorder = ExecRecorder(self.worker.journal, request, self.worker.id)
         result, held = self._execute_claimed(request, recorder)
-        recorder.finish(result)  # the record is complete before anyone sees the result
+        events = recorder.close(result)
         refresh = None
         if held is not None:  # the kernel ran it: the session lives on, at this epoch
             refresh = self.worker.session_entry(request.session_id, held.epoch)
-        self.worker.registry.finish_exec(exec_id, result, session=refresh)
+        # one script: the journal is complete before the record, and both before the result
+        error = self.worker.registry.finish_exec(exec_id, result, session=refresh, events=events)
+        recorder.published(error)
         metrics.observe_exec(
             result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0
         )

@@ -253,9 +253,11 @@ class KernelServer:
             return {"type": "egress_attached"}
         if kind == "execute":
             request = self.requests.execute(message)
-            emit = _emitter(writer, request["exec_id"]) if request["events"] else None
+            emit = _Starting(writer, request["exec_id"]) if request["events"] else None
             result = await self.manager.execute(request, emit)
             reply: ExecReply = {"type": "exec_result", "result": fit(result, self.max_frame)}
+            if emit is not None and emit.held:
+                reply["started"] = True
             return reply
         if kind == "close_session":
             return self.manager.close(field(message, "session_id", str))
@@ -318,6 +320,25 @@ def _emitter(writer: asyncio.StreamWriter, exec_id: str) -> Emit:
             writer.write(encode(frame))
 
     return emit
+
+
+class _Starting:
+    """``_emitter`` of one execute that holds its ``started`` event back until another event
+    goes out (output, a display, a call, ``running`` after ``TICK_S``): a quick silent cell
+    then costs one frame, its reply saying ``started`` instead (``held``)."""
+
+    def __init__(self, writer: asyncio.StreamWriter, exec_id: str) -> None:
+        self.emit = _emitter(writer, exec_id)
+        self.held = False
+
+    def __call__(self, event: CellEvent) -> None:
+        if event["type"] == "started":
+            self.held = True
+            return
+        if self.held:
+            self.held = False
+            self.emit({"type": "started"})
+        self.emit(event)
 
 
 async def _reply(writer: asyncio.StreamWriter, message: Mapping[str, Any]) -> None:

@@ -297,6 +297,8 @@ class KernelClient:
         done: protocol.ExecReply = self._reply(
             self.request(message, budget, on_frame), "exec_result", "execute"
         )
+        if on_event is not None and done.get("started"):  # held back: nothing else was said
+            on_event({"type": "started"})
         return done["result"]
 
     def command(

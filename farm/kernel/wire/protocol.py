@@ -280,9 +280,16 @@ class Answer(_AnswerRequired, total=False):
     error: CallError
 
 
-class ExecReply(TypedDict):
+class _ExecReplyRequired(TypedDict):
     type: Literal["exec_result"]
     result: CellResult
+
+
+class ExecReply(_ExecReplyRequired, total=False):
+    """``started``: the cell was started and its ``started`` event held back, nothing else
+    having been said (the host's client passes it on as that event before it returns)."""
+
+    started: bool
 
 
 class CloseSession(TypedDict):

@@ -1,0 +1,83 @@
+"""The end of a session call in Redis, in one script: its last events, its record, its session.
+
+``finish`` runs one Lua script (one command, one round trip) that adds the run's closing events
+to its journal (and its live stream), then sets the exec record to ``done``, then refreshes the
+session's entry. The script is atomic, so whoever reads the record finds the journal complete.
+The journal stays best effort: its commands are ``pcall``ed, a failure among them is returned
+(for the log), and the record and the session entry are written all the same.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import redis
+
+    from farm.events.journal import Entries
+
+# KEYS: the exec record, the session entry, each event stream, then the journals' index.
+# ARGV: record, its TTL (s), the session's TTL (ms), 2 x its fields, field, value...; then the
+# number of streams and for each its bound, TTL (ms), entry count and entries; then (only with
+# streams) the index's member, score and bound.
+SCRIPT = """
+local at = 0
+local function nxt() at = at + 1; return ARGV[at] end
+local record, record_ttl, session_ttl = nxt(), nxt(), nxt()
+local fields = {}
+for _ = 1, tonumber(nxt()) do fields[#fields + 1] = nxt() end
+local streams = tonumber(nxt())
+local failed = ''
+local function try(...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then failed = reply.err end
+end
+for s = 1, streams do
+  local key, bound, ttl = KEYS[2 + s], nxt(), nxt()
+  for _ = 1, tonumber(nxt()) do try('XADD', key, 'MAXLEN', '~', bound, '*', 'e', nxt()) end
+  try('PEXPIRE', key, ttl)
+end
+if streams > 0 then
+  local index, member, score, bound = KEYS[3 + streams], nxt(), nxt(), tonumber(nxt())
+  try('ZADD', index, score, member)
+  try('ZREMRANGEBYRANK', index, 0, -bound - 1)
+end
+redis.call('SET', KEYS[1], record, 'EX', record_ttl)
+if #fields > 0 then
+  redis.call('HSET', KEYS[2], unpack(fields))
+  redis.call('PEXPIRE', KEYS[2], session_ttl)
+end
+return failed
+"""
+
+
+class Finisher:
+    """``finish`` on one Redis client (the script is loaded once, then called by its digest)."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.script = client.register_script(SCRIPT)
+
+    def finish(
+        self,
+        record: tuple[str, str, int],
+        session: tuple[str, dict[str, Any], float] | None,
+        events: Entries | None,
+    ) -> str:
+        """Write ``events``, then ``record`` (key, JSON, TTL in s), then ``session`` (key,
+        fields, TTL in s); returns the journal's error, ``""`` when there was none."""
+        key, body, ttl_s = record
+        keys = [key, session[0] if session is not None else key]
+        args: list[Any] = [body, ttl_s, int(session[2] * 1000) if session is not None else 0]
+        fields = session[1] if session is not None else {}
+        args.append(2 * len(fields))
+        for name, value in fields.items():
+            args += [name, str(value)]
+        streams = events.streams if events is not None else ()
+        args.append(len(streams))
+        for stream, bound, ttl_ms, rows in streams:
+            keys.append(stream)
+            args += [bound, ttl_ms, len(rows), *rows]
+        if events is not None and streams:
+            keys.append(events.index)
+            args += [events.session_id, events.at, events.index_max]
+        return str(self.script(keys=keys, args=args) or "")

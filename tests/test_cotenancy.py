@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -402,14 +403,26 @@ def test_nothing_outlives_its_box(one_worker: Farm, docker_env: Any, record_prop
             s.close()
 
 
-def reopen_until_uid(farm: Farm, uid: int, opened: list[Session]) -> Session:
+def reopen_until_uid(
+    farm: Farm, uid: int, opened: list[Session], timeout_s: float = 60.0
+) -> Session:
     """Open sessions (each kept in ``opened``, for the caller to close) until one is given
-    ``uid``'s box (the lowest free box), and return it."""
-    for _ in range(12):
-        opened.append(farm.session())
-        if facts(opened[-1])["uid"] == uid:
-            return opened[-1]
-    pytest.fail(f"no session got uid {uid} back")
+    ``uid``'s box (the lowest free box once its end has emptied it), and return it. A box's
+    end runs after its session's close returns, so on a loaded machine a round of opens can
+    come before it: the round's sessions are closed and another round opened, up to
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        round_: list[Session] = []
+        for _ in range(12):
+            round_.append(farm.session())
+            opened.append(round_[-1])
+            if facts(round_[-1])["uid"] == uid:
+                return round_[-1]
+        if time.monotonic() > deadline:
+            pytest.fail(f"no session got uid {uid} back in {timeout_s:.0f} s")
+        for session in round_:
+            session.close()
 
 
 LOOK = (  # a box's workspace, /tmp, /dev/shm, /dev/mqueue and SysV shared memory

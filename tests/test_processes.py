@@ -120,3 +120,65 @@ def test_user_code_in_a_process_sandbox_sees_none_of_farms_secrets(
             assert secret not in json.dumps(code_env) and secret not in command_env
         assert "FARM_" not in command_env and "REDISCLI_AUTH" not in command_env
         assert code_env.get("PATH")  # the rest of the environment is still there
+
+
+def descendants(root: int) -> dict[int, str]:
+    """``root`` and every process below it, each with its start time (its identity: a pid
+    may be reused), read from ``/proc``."""
+    stats: dict[int, list[str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stats[int(entry.name)] = (entry / "stat").read_text().rpartition(")")[2].split()
+    found, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats and stats[pid][0] != "Z":
+            found[pid] = stats[pid][19]
+            todo += [child for child, fields in stats.items() if int(fields[1]) == pid]
+    return found
+
+
+def still_running(processes: dict[int, str]) -> list[int]:
+    """Those of ``processes`` (pid: start time) that still run."""
+    alive = []
+    for pid, started in processes.items():
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            if fields[19] == started and fields[0] != "Z":
+                alive.append(pid)
+    return alive
+
+
+def test_a_process_sandbox_dies_with_its_worker_killed_by_sigkill(tmp_path: Path) -> None:
+    """A worker of the ``process`` backend killed with SIGKILL (a ``LocalFarm.close`` that
+    escalates) takes its kernel, the kernel's zygote and its boxes along: they used to run on
+    with PPID 1. The worker starts its sandbox from a thread that ends, as ``farm.worker`` does
+    while Celery sets up, so a tie to that thread would not do either."""
+    script = (
+        "import sys, threading\n"
+        "from farm.sandbox.process import ProcessSandbox\n"
+        "box = {}\n"
+        "t = threading.Thread(target=lambda: box.update(s=ProcessSandbox()))\n"
+        "t.start(); t.join()\n"
+        "t = threading.Thread(target=box['s'].start)\n"
+        "t.start(); t.join()\n"
+        "with box['s'].kernel() as client:\n"
+        "    client.open_session(session_id='s1')\n"
+        "print(box['s'].proc.pid, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        tree = descendants(int(parent.stdout.readline()))
+        try:
+            assert len(tree) >= 3, tree  # the kernel, its zygote, a session's box
+            parent.kill()
+            parent.wait(30)
+            assert wait_for(lambda: not still_running(tree), 30), still_running(tree)
+        finally:
+            for pid in still_running(tree):  # whatever the test saw, nothing outlives it
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)

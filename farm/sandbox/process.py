@@ -19,6 +19,7 @@ import time
 from farm.errors import SandboxStartError
 from farm.kernel.wire import auth
 from farm.kernel.wire.client import KernelError
+from farm.local.processes import popen_tied
 from farm.models import Preloaded, SandboxInfo
 from farm.sandbox.backend import Sandbox, box_arguments
 from farm.settings import BoxSettings, FarmSettings
@@ -104,7 +105,9 @@ class ProcessSandbox(Sandbox):
             os.path.join(self.workspace, "tmp"),
             *self.extra_args,
         ]
-        self.proc = subprocess.Popen(
+        # tied to this process (not to the thread that starts it): a worker killed with
+        # SIGKILL takes its kernel along instead of leaving it running with PPID 1
+        self.proc = popen_tied(
             cmd, stdout=subprocess.PIPE, env=env, start_new_session=True, cwd=self.workspace
         )
         try:

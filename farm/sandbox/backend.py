@@ -14,6 +14,13 @@ from farm.kernel.wire.client import KernelClient, KernelError
 from farm.models import BoxCapacity, SandboxHealth, SandboxInfo, frames
 from farm.settings import BoxSettings
 
+# The kernel's environment on every backend, and so its boxes': glibc's malloc asks for
+# transparent huge pages (madvise) on the heap and its large blocks. A fork copies one entry per
+# 2 MiB instead of 512, so the forks that a checkpoint, a rollback and every box cost are cheaper
+# when a process holds much memory (a 100 MB session forks in ~1 ms instead of ~9 ms here), for
+# ~0.4 MB more resident memory per process. glibc < 2.35, musl and hosts with THP off ignore it.
+KERNEL_ENV = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+
 
 def box_arguments(box: BoxSettings | None) -> list[str]:
     """The kernel's ``--box-*`` arguments: the boxes' default limits (``FarmSettings.box``).

@@ -32,7 +32,7 @@ from farm.kernel.wire import auth
 from farm.kernel.wire.client import KernelClient, KernelError
 from farm.local.processes import pid_alive
 from farm.models import Preloaded, SandboxHealth, SandboxInfo, frames
-from farm.sandbox.backend import Sandbox, box_arguments
+from farm.sandbox.backend import KERNEL_ENV, Sandbox, box_arguments
 from farm.sandbox.bundle import MOUNT as BUNDLE
 from farm.sandbox.bundle import kernel_bundle
 from farm.sandbox.served import missing, serve
@@ -166,6 +166,7 @@ class DockerSandbox(Sandbox):
                 Ulimit(name="core", soft=0, hard=0),
             ],
             "init": True,
+            "environment": dict(KERNEL_ENV),
             "volumes": {str(self.dir): {"bind": MOUNT, "mode": "rw"}},
             "command": [
                 "--unix",
@@ -247,7 +248,7 @@ class DockerSandbox(Sandbox):
         kwargs["volumes"][str(kernel_bundle(self.dir.parent))] = {"bind": BUNDLE, "mode": "ro"}
         kwargs["entrypoint"] = ["python3", "-m", "farm.kernel"]
         kwargs["working_dir"] = "/workspace"
-        kwargs["environment"] = {
+        kwargs["environment"] |= {
             "PYTHONPATH": BUNDLE,
             "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",

@@ -21,7 +21,7 @@ from farm.kernel.wire import auth
 from farm.kernel.wire.client import KernelError
 from farm.local.processes import popen_tied
 from farm.models import Preloaded, SandboxInfo
-from farm.sandbox.backend import Sandbox, box_arguments
+from farm.sandbox.backend import KERNEL_ENV, Sandbox, box_arguments
 from farm.settings import BoxSettings, FarmSettings
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class ProcessSandbox(Sandbox):
                 "only. Use it for development; use the docker backend for real work."
             )
         self.workspace = tempfile.mkdtemp(prefix="farm-workspace-")
-        env = dict(kernel_environment(dict(os.environ)), FARM_KERNEL_TOKEN=self._token)
+        env = kernel_environment(dict(os.environ)) | KERNEL_ENV | {"FARM_KERNEL_TOKEN": self._token}
         cmd = [
             sys.executable,
             "-m",

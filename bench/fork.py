@@ -13,7 +13,7 @@ Measured, each against a baseline taken in the same run:
   imported and a table of 300,000 hashes built; the default image has no pandas), done as
   one setup and a fork per item, against a fresh session per item that does the setup itself:
   goal >= 10x. Two ways: ``fork(n)`` (by value: a box per item, the state pickled into each),
-  and one checkpoint with a ``run`` and a ``rollback`` per item (exact: each item runs in a
+  and one checkpoint, then ``run(item, rollback_to=cp)`` per item (exact: each item runs in a
   fork of the checkpoint's process, one at a time in the session's box).
 """
 
@@ -117,8 +117,7 @@ def setup_once(farm: Farm, plan: Plan) -> dict[str, float]:
         assert parent.run(SETUP).ok
         cp = parent.checkpoint()
         for k in range(plan.items * ROLLED):
-            assert parent.run(ITEM.format(k=k % plan.items)).ok
-            parent.rollback(cp)
+            assert parent.run(ITEM.format(k=k % plan.items), rollback_to=cp).ok
     rolled_s = (time.perf_counter() - t0) / ROLLED
     return {"per_item_s": per_item_s, "forked_s": forked_s, "rolled_s": rolled_s}
 

@@ -44,12 +44,18 @@ def test_checkpoint_rollback_and_fork_over_http(server: Server) -> None:
         back = carol.post(f"/v1/sessions/{sid}/rollback", json={"checkpoint_id": cp.json()["id"]})
         assert back.status_code == 200, back.text
         assert run(carol, sid, "x") == "1"
+        cp_id = cp.json()["id"]
+        for _ in range(2):  # a run from the checkpoint: rolled back first, each time
+            again = {"code": "x += 10\nx", "rollback_to": cp_id}
+            ran = carol.post(f"/v1/sessions/{sid}/run", json=again)
+            assert ran.status_code == 200 and ran.json()["value"]["text"] == "11", ran.text
+        assert run(carol, sid, "x") == "11"
         missing = carol.post(f"/v1/sessions/{sid}/rollback", json={"checkpoint_id": "nope"})
         problem(missing, 404, "unknown_checkpoint")
         forked = carol.post(f"/v1/sessions/{sid}/fork", json={"n": 2})
         assert forked.status_code == 201, forked.text
         forks = [s["id"] for s in forked.json()["sessions"]]
-        assert len(forks) == 2 and [run(carol, f, "x") for f in forks] == ["1", "1"]
+        assert len(forks) == 2 and [run(carol, f, "x") for f in forks] == ["11", "11"]
         problem(dave.post(f"/v1/sessions/{forks[0]}/run", json={"code": "x"}), 404, "not_found")
         gone = carol.delete(f"/v1/sessions/{sid}/checkpoints/{cp.json()['id']}")
         assert gone.status_code == 204

@@ -47,6 +47,28 @@ def test_rollback_restores_variables_modules_and_files(session: Session) -> None
         session.rollback(cp)
 
 
+def test_a_run_from_a_checkpoint_rolls_back_first(session: Session) -> None:
+    """``run(code, rollback_to=cp)``: one call that returns to ``cp`` and runs ``code`` there,
+    what a search or a best-of-N tries from one state. The session goes on from that run,
+    and a checkpoint it does not hold is an ``input`` result: nothing ran, nothing lost."""
+    session.run("x = [1]\nopen('f', 'w').write('a')")
+    cp = session.checkpoint()
+    for _ in range(3):
+        tried = session.run("x.append(2)\nopen('f', 'a').write('b')\n(x, open('f').read())",
+                            rollback_to=cp)  # fmt: skip
+        assert tried.ok and tried.value is not None, tried.error
+        assert eval(tried.value.text) == ([1, 2], "ab")
+    assert value(session, "x") == [1, 2]  # no StateLost: the session follows the new epoch
+    missing = session.run("x.append(3)", rollback_to="no-such-checkpoint")
+    assert missing.kind == "input" and missing.error is not None
+    assert missing.error.ename == "UnknownCheckpoint"
+    assert value(session, "x") == [1, 2]
+    with pytest.raises(StateLost):  # the run's own loss of state is still said
+        session.run("import os\nos._exit(3)", rollback_to=cp)
+    after = session.run("x", rollback_to=cp)  # the checkpoint outlives the crash
+    assert after.ok and after.value is not None and eval(after.value.text) == [1]
+
+
 def test_a_rollback_ends_processes_started_since_and_keeps_sockets(session: Session) -> None:
     """Children are not carried (the checkpoint has none; those started since end); a socket
     opened before the checkpoint is the same socket after it (it listens on)."""

@@ -64,7 +64,7 @@ def checkpoint(session: Branching) -> Checkpoint:
     )
 
 
-def _id(cp: Checkpoint | str) -> str:
+def checkpoint_id(cp: Checkpoint | str) -> str:
     return cp.id if isinstance(cp, Checkpoint) else cp
 
 
@@ -72,12 +72,12 @@ def rollback(session: Branching, cp: Checkpoint | str, keep: bool = True) -> int
     """Back to ``cp``; the session's new epoch (a call sent before, at the old one, is refused
     as ``state_lost`` rather than run in the restored namespace). ``keep=False`` spends the
     checkpoint (one fork less: the held copy itself goes on as the session)."""
-    reply = request(session, "rollback", checkpoint_id=_id(cp), keep=keep)
+    reply = request(session, "rollback", checkpoint_id=checkpoint_id(cp), keep=keep)
     return int(reply["epoch"])
 
 
 def drop(session: Branching, cp: Checkpoint | str) -> None:
-    request(session, "drop", checkpoint_id=_id(cp))
+    request(session, "drop", checkpoint_id=checkpoint_id(cp))
 
 
 class Forks(list[S]):

@@ -125,18 +125,25 @@ class Session:
         *,
         max_output_bytes: int | None = None,
         exec_id: str | None = None,
+        rollback_to: Checkpoint | str | None = None,
     ) -> ExecResult:
         """Run ``code``; an ``exec_id`` of the caller's makes a retry of the same call return
         the first one's result instead of running the code again (the worker's claim runs an
-        id's code once and answers a second delivery with the first one's result)."""
+        id's code once and answers a second delivery with the first one's result).
+        ``rollback_to``: first return to that checkpoint (kept), in the same call, so that
+        ``code`` runs on the state it holds; an unknown one is an ``input`` result
+        (``UnknownCheckpoint``) and nothing runs."""
+        more: dict[str, Any] = {"max_output_bytes": max_output_bytes}
+        if rollback_to is not None:
+            more["rollback_to"] = branching.checkpoint_id(rollback_to)
         if self.callbacks is not None:  # its calls arrive as events: read them to answer
-            stream = self.stream(code, timeout_s, max_output_bytes=max_output_bytes)
+            stream = self.stream(code, timeout_s, **more)
             for _ in stream:
                 pass
             assert stream.result is not None
             return stream.result
-        call = self.send(code, timeout_s, max_output_bytes=max_output_bytes, exec_id=exec_id)
-        return self.settle(self.collect(call), code, timeout_s, max_output_bytes=max_output_bytes)
+        call = self.send(code, timeout_s, exec_id=exec_id, **more)
+        return self.settle(self.collect(call), code, timeout_s, **more)
 
     def stream(
         self,
@@ -145,11 +152,13 @@ class Session:
         *,
         max_output_bytes: int | None = None,
         exec_id: str | None = None,
+        rollback_to: Checkpoint | str | None = None,
     ) -> EventStream:
         """Run ``code`` and yield its events as they happen (``farm.events.run_events``);
         the stream's ``result`` is then what ``run`` would have returned."""
+        more = {"rollback_to": branching.checkpoint_id(rollback_to)} if rollback_to else {}
         return EventStream(
-            self, code, timeout_s, max_output_bytes=max_output_bytes, exec_id=exec_id
+            self, code, timeout_s, max_output_bytes=max_output_bytes, exec_id=exec_id, **more
         )
 
     # --- the calls' three steps: also used by farm.client.stream and farm.client.journal_replay ---
@@ -163,6 +172,7 @@ class Session:
         exec_id: str | None = None,
         stream: bool = False,
         replay_of: str | None = None,
+        rollback_to: str | None = None,
     ) -> ExecRequest:
         """The one place a cell's request is built (sync and async callers alike): ``stream``
         publishes its events, ``replay_of`` names the run it replays."""
@@ -177,6 +187,7 @@ class Session:
             stream=stream,
             replay_of=replay_of,
             calls=self.callbacks.names if self.callbacks is not None else None,
+            rollback_to=rollback_to,
         )
 
     def send(
@@ -188,6 +199,7 @@ class Session:
         exec_id: str | None = None,
         stream: bool = False,
         replay_of: str | None = None,
+        rollback_to: str | None = None,
     ) -> Call:
         """Send one exec (its request: ``exec_request``)."""
         request = self.exec_request(
@@ -197,6 +209,7 @@ class Session:
             exec_id=exec_id,
             stream=stream,
             replay_of=replay_of,
+            rollback_to=rollback_to,
         )
         wire = request.model_dump(mode="json")
         pending, mark = snapshots.routed_send(self, TASK_EXEC, wire)
@@ -215,6 +228,8 @@ class Session:
         result = ExecResult.model_validate(snapshots.wait_result(self, call))
         if result.state_lost:
             self._kernel_epoch = result.epoch
+        elif call.request.rollback_to is not None and result.kind != ErrorKind.SANDBOX_LOST:
+            self.epoch = self._kernel_epoch = result.epoch  # it rolled back: a new epoch
         return result
 
     def settle(

@@ -48,6 +48,9 @@ class ExecRequest(CellRequest):
     stream: bool = Field(default=False, description="publish its events to the run's stream")
     replay_of: str | None = Field(default=None, description="the run it replays (a restore)")
     calls: list[str] | None = Field(default=None, description="host callbacks it may call")
+    rollback_to: str | None = Field(
+        default=None, description="a checkpoint to roll back to (kept) before the run"
+    )
 
 
 class RunRequest(CellRequest):

@@ -42,6 +42,12 @@ class RunRequest(Model):
     max_output_bytes: int | None = Field(None, ge=1)
 
 
+class SessionRunRequest(RunRequest):
+    rollback_to: str | None = Field(
+        None, description="a checkpoint of the session to return to (kept) before the run"
+    )
+
+
 class OneShotRequest(RunRequest):
     image: str = "default"
     limits: BoxLimits | None = None

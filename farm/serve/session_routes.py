@@ -23,7 +23,7 @@ from farm.errors import FarmError
 from farm.models import CommandResult, ExecResult
 from farm.serve.access import Sessions, Slots, caller, idempotent_id
 from farm.serve.problem_documents import Problem, ProblemError, for_farm_error, problem_json
-from farm.serve.schemas import ExecRequest, RunRequest, SessionCreate, SessionInfo
+from farm.serve.schemas import ExecRequest, SessionCreate, SessionInfo, SessionRunRequest
 from farm.serve.tokens import Token
 
 router = APIRouter(prefix="/v1/sessions", tags=["sessions"])
@@ -119,7 +119,7 @@ async def restart_session(session_id: str, token: Caller, request: Request) -> S
 )
 async def run(
     session_id: str,
-    body: RunRequest,
+    body: SessionRunRequest,
     token: Caller,
     request: Request,
     idempotency_key: IdempotencyKey = None,
@@ -145,6 +145,7 @@ async def run(
             body.timeout_s,
             max_output_bytes=body.max_output_bytes,
             exec_id=exec_id,
+            rollback_to=body.rollback_to,
         )
         took_ms = (time.perf_counter() - started) * 1000
     timing = {"Server-Timing": f"run;dur={took_ms:.2f}"}  # the farm's share of the request
@@ -152,12 +153,16 @@ async def run(
 
 
 async def _events(
-    slots: Slots, token: Token, session: Session, body: RunRequest, exec_id: str | None
+    slots: Slots, token: Token, session: Session, body: SessionRunRequest, exec_id: str | None
 ) -> AsyncIterator[str]:
     """The run's events as SSE; a loss the stream raises ends it with a ``problem`` event."""
     async with slots.hold(token):
         stream = session.stream(
-            body.code, body.timeout_s, max_output_bytes=body.max_output_bytes, exec_id=exec_id
+            body.code,
+            body.timeout_s,
+            max_output_bytes=body.max_output_bytes,
+            exec_id=exec_id,
+            rollback_to=body.rollback_to,
         )
         events = iter(stream)
         done: Any = object()

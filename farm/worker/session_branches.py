@@ -10,21 +10,17 @@ docs/design/fork.md.
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from typing import Any
 
-from farm.events import run_events
 from farm.kernel.wire.branch_frames import Branch, Branched
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.models import BranchRequest, Malformed, arrived
 from farm.worker.box_gate import KERNEL_WAIT_S, Ticket, weight
-from farm.worker.session_calls import SessionCalls
+from farm.worker.session_calls import BRANCH_TIMEOUT_S, SessionCalls, journal_branch
 from farm.worker.worker_host import WorkerHost
 
 log = logging.getLogger(__name__)
 
-BRANCH_TIMEOUT_S = 120.0  # a checkpoint copies the box's files; a fork opens boxes
 FORK_ROOM_WAIT_S = 2.0  # how long a fork's boxes wait for room at the worker's gate
 
 
@@ -69,11 +65,11 @@ def branch(worker: WorkerHost, calls: SessionCalls, raw: object) -> dict[str, An
         held.lost = f"its sandbox failed during a {request.op} ({exc})"
         return refusal("session_lost", held.lost)
     if request.op == "fork":
-        _journal(worker, reply)
+        journal_branch(worker, reply)
         return _forked(worker, reply, tickets)
     held.epoch = reply["epoch"]
     worker.registry.put_session(*worker.session_entry(session_id, held.epoch))
-    _journal(worker, reply)
+    journal_branch(worker, reply)
     log.info("session %s: %s on worker %s", session_id, request.op, worker.id)
     return dict(reply)
 
@@ -102,19 +98,3 @@ def _forked(worker: WorkerHost, reply: Branched, tickets: list[Ticket]) -> dict[
         worker.gate.release(ticket)
     where = {"worker": worker.id, "generation": worker.generation, "queue": worker.queue}
     return {**reply, **where}
-
-
-def _journal(worker: WorkerHost, reply: Branched) -> None:
-    """The op in the session's journal: a replay after a loss of state then knows which cells
-    a rollback undid (``journal_replay.live_cells``)."""
-    event = run_events.Branch(
-        exec_id=uuid.uuid4().hex,
-        session_id=reply["session_id"],
-        seq=0,
-        ts=time.time(),
-        op=reply["op"],
-        epoch=reply["epoch"],
-        checkpoint_id=reply.get("checkpoint_id"),
-        forks=[forked["session_id"] for forked in reply.get("forks", [])],
-    )
-    worker.journal.append([event])

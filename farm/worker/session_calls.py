@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from errno import EINVAL
 from typing import Any
 
-from farm.kernel.wire.client import KernelError, KernelRequestError
+from farm.events import run_events
+from farm.kernel.wire.branch_frames import Branch, Branched
+from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
 from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
 from farm.kernel.wire.protocol import INPUT_CODES
 from farm.models import (
@@ -42,6 +45,7 @@ from farm.worker.worker_host import HeldSession, WorkerHost
 log = logging.getLogger(__name__)
 
 DUPLICATE_POLL_S = 0.05
+BRANCH_TIMEOUT_S = 120.0  # a checkpoint copies the box's files; a fork opens boxes
 # Kernel refusals of a request that was whole and valid but not acceptable: bad input.
 
 
@@ -100,12 +104,23 @@ class SessionCalls:
         if refused is not None:
             return self._failure(request, ErrorKind.INPUT, "InputTooLarge", refused), held
         self.worker.egress.running(session_id, recorder)
+        epoch = request.epoch
         try:
             with self.worker.kernel() as kernel:
+                if request.rollback_to is not None:
+                    try:
+                        epoch = self._roll_back(kernel, session_id, held, request.rollback_to)
+                    except KernelRequestError as exc:
+                        if exc.code != "no_such_checkpoint":
+                            raise
+                        why = str(exc)
+                        return self._failure(
+                            request, ErrorKind.INPUT, "UnknownCheckpoint", why
+                        ), held
                 raw = kernel.execute(
                     session_id,
                     request.code,
-                    epoch=request.epoch,
+                    epoch=epoch,
                     timeout_s=request.timeout_s,
                     exec_id=request.exec_id,
                     max_output_bytes=request.max_output_bytes,
@@ -126,6 +141,17 @@ class SessionCalls:
         held.epoch = raw["epoch"]
         held.last_used = time.monotonic()
         return {**raw, "worker": self.worker.id}, held
+
+    def _roll_back(self, kernel: KernelClient, session_id: str, held: HeldSession, cp: str) -> int:
+        """Back to the checkpoint a call starts from (``ExecRequest.rollback_to``), over the
+        run's own kernel connection: the session's new epoch, journaled before the run."""
+        rollback: Branch = {
+            "type": "branch", "op": "rollback", "session_id": session_id, "checkpoint_id": cp
+        }  # fmt: skip
+        reply = kernel.branch(rollback, BRANCH_TIMEOUT_S)
+        held.epoch = reply["epoch"]
+        journal_branch(self.worker, reply)
+        return held.epoch
 
     def command(self, raw: object) -> dict[str, Any]:
         """Run a command in the session's box (``session.exec``), claimed like a cell."""
@@ -341,3 +367,19 @@ def _oversized(code: str, max_frame: int = DEFAULT_MAX_FRAME) -> str | None:
         f"the cell is {size} bytes as a kernel frame, over the limit of {max_frame} bytes; "
         "pass large data as files (session.files) instead; nothing was run"
     )
+
+
+def journal_branch(worker: WorkerHost, reply: Branched) -> None:
+    """A branch op in the session's journal: a replay after a loss of state then knows which
+    cells a rollback undid (``journal_replay.live_cells``)."""
+    event = run_events.Branch(
+        exec_id=uuid.uuid4().hex,
+        session_id=reply["session_id"],
+        seq=0,
+        ts=time.time(),
+        op=reply["op"],
+        epoch=reply["epoch"],
+        checkpoint_id=reply.get("checkpoint_id"),
+        forks=[forked["session_id"] for forked in reply.get("forks", [])],
+    )
+    worker.journal.append([event])

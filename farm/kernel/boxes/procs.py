@@ -57,21 +57,31 @@ def uid_pids(uid: int) -> list[int]:
 def kill(pid: int, uid: int) -> bool:
     """SIGKILL ``pid`` if it is still a live process of ``uid``; whether it is still there
     (dying, or a zombie not yet reaped)."""
+    pidfd = kill_held(pid, uid)
+    if pidfd is None:
+        return False
+    os.close(pidfd)
+    return True
+
+
+def kill_held(pid: int, uid: int) -> int | None:
+    """``kill``, keeping the pidfd (the caller closes it): it reads as ready once the process
+    has ended, which is what a caller waiting for the end polls. ``None``: not a process of
+    ``uid`` (gone, or its pid reused)."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
-        return False
+        return None
     try:
         seen = status(pid)
-        if seen is None or seen[0] != uid:
-            return False
-        if seen[1] != "Z":
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        return True
+        if seen is not None and seen[0] == uid:
+            if seen[1] != "Z":
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return pidfd
     except ProcessLookupError:
-        return False
-    finally:
-        os.close(pidfd)
+        pass
+    os.close(pidfd)
+    return None
 
 
 def kill_uid(uid: int) -> int:

@@ -183,12 +183,17 @@ class Checkpoints:
                 os.killpg(group, signal.SIGKILL)
         deadline = self.loop.time() + KILL_S
         if spawner.pool.isolation != "dirs":  # the box's uid is its own: all of it goes
-            while left := _alive(session.box.uid, keep):
-                for pid in left:
-                    procs.kill(pid, session.box.uid)
+            while left := _alive(session.box.uid, keep):  # again: one may have forked meanwhile
                 if self.loop.time() > deadline:
                     return False
-                await asyncio.sleep(0.002)  # they are dying; poll of a deadline
+                held = [procs.kill_held(pid, session.box.uid) for pid in left]
+                dying = [fd for fd in held if fd is not None]
+                try:
+                    if not await _ended(dying, deadline, self.loop):
+                        return False
+                finally:
+                    for fd in dying:
+                        os.close(fd)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.exited.wait(), max(deadline - self.loop.time(), 0.01))
         return proc.exit is not None
@@ -272,6 +277,28 @@ def _end(cp: Held) -> None:
         signal.pidfd_send_signal(cp.pidfd, signal.SIGKILL)
     with contextlib.suppress(OSError):
         os.close(cp.pidfd)
+
+
+async def _ended(pidfds: list[int], deadline: float, loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether every process of ``pidfds`` ended by ``deadline`` (a pidfd reads as ready once
+    its process has exited): woken by each end, not by a poll."""
+    for pidfd in pidfds:
+        if select.select([pidfd], [], [], 0)[0]:
+            continue
+        ended: asyncio.Future[None] = loop.create_future()
+
+        def readable(done: asyncio.Future[None] = ended) -> None:
+            if not done.done():
+                done.set_result(None)
+
+        loop.add_reader(pidfd, readable)
+        try:
+            await asyncio.wait_for(ended, max(deadline - loop.time(), 0.0))
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(pidfd)
+    return True
 
 
 def _alive(uid: int, keep: set[int]) -> list[int]:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from farm.kernel.supervisor.session_state import OomCounter
 from farm.kernel.wire.client import KernelClient
 from farm.local.processes import pid_alive
 from farm.models import ExecResult
@@ -201,6 +202,22 @@ def test_session_processes_volunteer_for_the_oom_killer(own_cells: Cells) -> Non
     kernel_pid = own_cells.client.ping()["pid"]
     with open(f"/proc/{kernel_pid}/oom_score_adj") as f:
         assert int(f.read()) < 800
+
+
+def test_the_oom_counter_follows_its_file_read_again_each_time(tmp_path: Path) -> None:
+    old = tmp_path / "memory.events"  # a kernel before 4.13: no oom_kill line
+    old.write_text("low 0\nhigh 0\nmax 0\noom 0\n")
+    v1 = tmp_path / "memory.oom_control"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    counter = OomCounter((str(tmp_path / "missing"), str(old), str(v1)))
+    try:
+        assert counter.read() == 3
+        v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")  # the same inode
+        assert counter.read() == 4
+    finally:
+        counter.close()
+    assert counter.read() is None
+    assert OomCounter((str(tmp_path / "missing"), str(old))).read() is None
 
 
 def test_closing_a_session_twice_is_a_clear_error(client: KernelClient) -> None:

@@ -45,7 +45,7 @@ from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .requests import CommandCall
 from .session_process import SessionProcess
-from .session_state import Session, oom_kills, revoke
+from .session_state import OomCounter, Session, revoke
 from .spawner import Spawner
 from .streaming import Emit
 
@@ -84,6 +84,7 @@ class SessionManager:
         self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
         self.loop = asyncio.get_running_loop()
         self.checkpoints = Checkpoints(self)
+        self.ooms = OomCounter()
 
     async def open(
         self,
@@ -220,13 +221,13 @@ class SessionManager:
         self.spawner.close()
         for session_id in list(self.sessions):
             self.close(session_id)
+        self.ooms.close()
 
-    @staticmethod
-    def _oom_since(before: int | None) -> bool:
+    def _oom_since(self, before: int | None) -> bool:
         """Did the sandbox's cgroup OOM-kill anything since ``before`` (read as the cell was
         sent)? Counted per cell, so an OOM kill in another box earlier (a neighbour's fork bomb
         children) is never blamed on a cell that killed itself; one file read per cell."""
-        now = oom_kills()
+        now = self.ooms.read()
         return before is not None and now is not None and now > before
 
     async def _replace(self, session: Session) -> None:
@@ -330,7 +331,7 @@ class SessionManager:
                 f"{session.epoch}): its variables were lost; {NOT_RUN}"
             )
         proc = session.proc
-        ooms_before = oom_kills()
+        ooms_before = self.ooms.read()
         if proc.exit is None:
             proc.start_cell(request["max_output_bytes"], emit, request.get("calls"))
             frame: CellFrame = {

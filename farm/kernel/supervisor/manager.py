@@ -384,31 +384,21 @@ class SessionManager:
     ) -> tuple[CellDone | None, Kind | None, bool]:
         """Wait for the cell's reply (it was sent), interrupting and killing as the rules say."""
         reply_task = asyncio.ensure_future(proc.cell_reply())
-        flood_task = asyncio.ensure_future(proc.flood.wait())
-        # A checkpoint shares the control socket: its end is no sign of the process's end
-        exit_task = asyncio.ensure_future(proc.exited.wait())
         reason: Kind | None = None
         killed = False
-        try:
-            done, _ = await asyncio.wait(
-                {reply_task, flood_task, exit_task},
-                timeout=request["timeout_s"],
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if exit_task in done and reply_task not in done:
-                done, _ = await asyncio.wait({reply_task}, timeout=0.05)  # its last frame
-            if reply_task not in done and not exit_task.done():
-                reason = KIND_OUTPUT_LIMIT if flood_task in done else KIND_TIMEOUT
-                proc.abandon_call()
-                proc.signal(signal.SIGINT, group=False)
-                done, _ = await asyncio.wait({reply_task}, timeout=self.grace_s)
-                if reply_task not in done:
-                    killed = True
-                    proc.signal(signal.SIGKILL, group=True)
-                    await asyncio.wait({reply_task}, timeout=5.0)
-        finally:
-            flood_task.cancel()
-            exit_task.cancel()
+        await proc.until(reply_task, request["timeout_s"])
+        # A checkpoint shares the control socket: its end is no sign of the process's end
+        if proc.exited.is_set() and not reply_task.done():
+            await asyncio.wait({reply_task}, timeout=0.05)  # its last frame
+        if not reply_task.done() and not proc.exited.is_set():
+            reason = KIND_OUTPUT_LIMIT if proc.flood.is_set() else KIND_TIMEOUT
+            proc.abandon_call()
+            proc.signal(signal.SIGINT, group=False)
+            done, _ = await asyncio.wait({reply_task}, timeout=self.grace_s)
+            if reply_task not in done:
+                killed = True
+                proc.signal(signal.SIGKILL, group=True)
+                await asyncio.wait({reply_task}, timeout=5.0)
         if not reply_task.done():
             reply_task.cancel()
             return None, reason, killed

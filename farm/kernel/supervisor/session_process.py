@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from ..boxes.box_protocol import Exited
@@ -50,6 +51,7 @@ class SessionProcess:
         self.flood = asyncio.Event()
         self.exit: Exited | None = None
         self.broken: str | None = None  # a malformed frame it sent (user code can write one)
+        self.waker: Callable[[], None] | None = None  # wakes the wait on the running cell
         self.exited = asyncio.Event()
         self.events: CellEvents | None = None
         self.calls = 0  # host calls of this process so far (their ids)
@@ -58,6 +60,46 @@ class SessionProcess:
         self.closed = False
         self.reader: asyncio.StreamReader
         self.writer: asyncio.StreamWriter
+
+    @property
+    def exited(self) -> asyncio.Event:
+        """Set once the process ended (the zygote's report, or a pidfd's for a process that a
+        rollback made the session's); it wakes the wait on the running cell (``until``)."""
+        return self._exited
+
+    @exited.setter
+    def exited(self, event: asyncio.Event) -> None:
+        # whoever gives the process a new event (``checkpoints``) gets one that wakes too
+        self._exited = _Ended(self)
+        if event.is_set():
+            self._exited.set()
+
+    def wake(self) -> None:
+        if self.waker is not None:
+            self.waker()
+
+    async def until(self, reply: asyncio.Future[Any], timeout_s: float) -> None:
+        """Wait for the first of: ``reply`` done, a flood of output, the process's end, or
+        ``timeout_s``. One future that whichever comes first resolves: no task per condition,
+        whose bookkeeping was a good part of a warm cell's cost in the supervisor."""
+        if reply.done() or self.flood.is_set() or self.exited.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(*_: object) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        self.waker = wake
+        reply.add_done_callback(wake)
+        timer = loop.call_later(timeout_s, wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waker = None
+            reply.remove_done_callback(wake)
 
     async def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self.reader, self.writer = await asyncio.open_unix_connection(sock=self.ctl)
@@ -76,6 +118,7 @@ class SessionProcess:
             self.events.output(buf)
         if buf.total > self.flood_limit:
             self.flood.set()
+            self.wake()
 
     def start_cell(self, cap: int, emit: Emit | None, calls: list[str] | None = None) -> None:
         for buf in self.fds.values():
@@ -198,3 +241,15 @@ class SessionProcess:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.writer.close()
+
+
+class _Ended(asyncio.Event):
+    """``SessionProcess.exited``: setting it also wakes the wait on the running cell."""
+
+    def __init__(self, proc: SessionProcess) -> None:
+        super().__init__()
+        self.proc = proc
+
+    def set(self) -> None:
+        super().set()
+        self.proc.wake()

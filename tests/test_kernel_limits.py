@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from farm.kernel.supervisor.cell import fit
 from farm.kernel.supervisor.session_state import OomCounter
 from farm.kernel.wire.client import KernelClient
+from farm.kernel.wire.framing import encode
 from farm.local.processes import pid_alive
 from farm.models import ExecResult
 from farm.sandbox.process import ProcessSandbox
@@ -218,6 +221,36 @@ def test_the_oom_counter_follows_its_file_read_again_each_time(tmp_path: Path) -
         counter.close()
     assert counter.read() is None
     assert OomCounter((str(tmp_path / "missing"), str(old))).read() is None
+
+
+def a_result(stdout: str, data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "exec_id": "e",
+        "session_id": "s",
+        "epoch": 1,
+        "status": "ok",
+        "stdout": stdout,
+        "stderr": "",
+        "value": {"text": "v", "data": data},
+        "error": None,
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "duration_s": 0.0,
+        "cpu_s": 0.0,
+        "max_rss_kb": 0,
+        "state_lost": False,
+    }
+
+
+@pytest.mark.parametrize("data", [{"text/plain": "v"}, {"application/json": {"k": [1, 2]}}])
+def test_a_result_is_cut_to_its_frame_only_when_it_does_not_fit(data: dict[str, Any]) -> None:
+    max_frame = 64 * 1024
+    small = a_result("x" * 1000, data)
+    assert fit(dict(small), max_frame) == small
+    escapes = a_result("\x01" * 20_000, data)  # 20 000 characters, 120 000 bytes of JSON
+    cut = fit(escapes, max_frame)
+    assert cut["stdout_truncated"] and "did not fit in one frame" in cut["stderr"]
+    assert len(encode({"type": "exec_result", "result": cut})) <= max_frame
 
 
 def test_closing_a_session_twice_is_a_clear_error(client: KernelClient) -> None:

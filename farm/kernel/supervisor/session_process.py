@@ -131,8 +131,9 @@ class SessionProcess:
     async def cell_reply(self) -> CellDone | None:
         """Read the session's frames until its ``cell_done``. A ``display`` on the way goes
         out as an event (dropped when nobody asked for events) and is answered, which lets the
-        session go on: a request from sandboxed code that needs a real answer (a host
-        callback) would be one more frame type here, answered once the host replied."""
+        session go on; a host ``call`` goes out as an event, answered once the host replied.
+        The end wakes the wait on the cell (``until``) at once, not a loop turn later by the
+        task's done callback."""
         while True:
             try:
                 frame = from_session(await read_frame(self.reader))
@@ -140,6 +141,7 @@ class SessionProcess:
                 self.broken = str(exc)  # the manager replaces this process, saying why
                 raise
             if frame is None or frame["type"] == "cell_done":
+                self.wake()
                 return frame
             if frame["type"] == "call":
                 self._forward_call(frame)

@@ -58,6 +58,16 @@ def test_code_ignoring_the_interrupt_is_killed_and_reported_as_state_lost(
     assert after.error is not None and after.error.ename == "NameError"  # fresh namespace
 
 
+def test_code_that_exits_on_the_interrupt_is_reported_as_its_exit_not_a_kill(
+    own_cells: Cells,
+) -> None:
+    own_cells.run("import os, signal, time\nsignal.signal(signal.SIGINT, lambda *a: os._exit(3))")
+    result = own_cells.run("while True:\n    time.sleep(0.01)", timeout_s=0.5)
+    assert result.error is not None and result.error.kind == "state_lost"
+    assert "exited with code 3 during this call" in result.error.evalue
+    assert own_cells.value("1 + 1") == "2"
+
+
 def test_a_call_with_an_old_epoch_runs_nothing(own_cells: Cells) -> None:
     own_cells.run("import os; os._exit(3)")
     client = own_cells.client

@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
+from .. import KIND_OOM, NOT_RUN
 from ..boxes import egress
 from ..boxes.pool import Box, BoxPool, Caps, LimitsError
 from ..boxes.trees import kill_tree
@@ -32,19 +32,18 @@ from ..wire.protocol import (
     Execute,
     FileReply,
     FileRequest,
-    Kind,
     SessionClosed,
     SessionOpened,
 )
-from ..wire.session_frames import CellDone, CellFrame
+from ..wire.session_frames import CellFrame
 from .admission import host_left
 from .cell import Cell, kill_notes, over_budget
+from .cell_watch import read_reply
 from .checkpoints import Checkpoints
 from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .requests import CommandCall
-from .session_process import SessionProcess
 from .session_state import OomCounter, Session, revoke
 from .spawner import Spawner
 from .streaming import Emit
@@ -352,7 +351,7 @@ class SessionManager:
             return cell.lost(f"{death} between calls; its variables are gone; {NOT_RUN}")
         if proc.events is not None:
             proc.events.started()
-        reply, reason, killed = await self._run(proc, request)
+        reply, reason, killed = await read_reply(proc, request["timeout_s"], self.grace_s)
         cell.finish(proc)
         if proc.events is not None:
             proc.events.finish()
@@ -378,31 +377,3 @@ class SessionManager:
         if sigkill and self._oom_since(ooms_before):
             return cell.lost(f"{what}: out of memory; its variables are gone", kind=KIND_OOM)
         return cell.lost(f"{what} during this call; its variables are gone")
-
-    async def _run(
-        self, proc: SessionProcess, request: Execute
-    ) -> tuple[CellDone | None, Kind | None, bool]:
-        """Wait for the cell's reply (it was sent), interrupting and killing as the rules say."""
-        reply_task = asyncio.ensure_future(proc.cell_reply())
-        reason: Kind | None = None
-        killed = False
-        await proc.until(reply_task, request["timeout_s"])
-        # A checkpoint shares the control socket: its end is no sign of the process's end
-        if proc.exited.is_set() and not reply_task.done():
-            await asyncio.wait({reply_task}, timeout=0.05)  # its last frame
-        if not reply_task.done() and not proc.exited.is_set():
-            reason = KIND_OUTPUT_LIMIT if proc.flood.is_set() else KIND_TIMEOUT
-            proc.abandon_call()
-            proc.signal(signal.SIGINT, group=False)
-            done, _ = await asyncio.wait({reply_task}, timeout=self.grace_s)
-            if reply_task not in done:
-                killed = True
-                proc.signal(signal.SIGKILL, group=True)
-                await asyncio.wait({reply_task}, timeout=5.0)
-        if not reply_task.done():
-            reply_task.cancel()
-            return None, reason, killed
-        try:
-            return reply_task.result(), reason, killed
-        except (FrameError, ConnectionError, OSError):
-            return None, reason, killed

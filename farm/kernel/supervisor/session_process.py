@@ -51,7 +51,7 @@ class SessionProcess:
         self.flood = asyncio.Event()
         self.exit: Exited | None = None
         self.broken: str | None = None  # a malformed frame it sent (user code can write one)
-        self.waker: Callable[[], None] | None = None  # wakes the wait on the running cell
+        self.waker: Callable[[], None] | None = None  # the running cell's watch (cell_watch)
         self.exited = asyncio.Event()
         self.events: CellEvents | None = None
         self.calls = 0  # host calls of this process so far (their ids)
@@ -64,7 +64,7 @@ class SessionProcess:
     @property
     def exited(self) -> asyncio.Event:
         """Set once the process ended (the zygote's report, or a pidfd's for a process that a
-        rollback made the session's); it wakes the wait on the running cell (``until``)."""
+        rollback made the session's); it pokes the running cell's watch (``cell_watch``)."""
         return self._exited
 
     @exited.setter
@@ -77,29 +77,6 @@ class SessionProcess:
     def wake(self) -> None:
         if self.waker is not None:
             self.waker()
-
-    async def until(self, reply: asyncio.Future[Any], timeout_s: float) -> None:
-        """Wait for the first of: ``reply`` done, a flood of output, the process's end, or
-        ``timeout_s``. One future that whichever comes first resolves: no task per condition,
-        whose bookkeeping was a good part of a warm cell's cost in the supervisor."""
-        if reply.done() or self.flood.is_set() or self.exited.is_set():
-            return
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-
-        def wake(*_: object) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        self.waker = wake
-        reply.add_done_callback(wake)
-        timer = loop.call_later(timeout_s, wake)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self.waker = None
-            reply.remove_done_callback(wake)
 
     async def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self.reader, self.writer = await asyncio.open_unix_connection(sock=self.ctl)
@@ -131,9 +108,7 @@ class SessionProcess:
     async def cell_reply(self) -> CellDone | None:
         """Read the session's frames until its ``cell_done``. A ``display`` on the way goes
         out as an event (dropped when nobody asked for events) and is answered, which lets the
-        session go on; a host ``call`` goes out as an event, answered once the host replied.
-        The end wakes the wait on the cell (``until``) at once, not a loop turn later by the
-        task's done callback."""
+        session go on; a host ``call`` goes out as an event, answered once the host replied."""
         while True:
             try:
                 frame = from_session(await read_frame(self.reader))
@@ -141,7 +116,6 @@ class SessionProcess:
                 self.broken = str(exc)  # the manager replaces this process, saying why
                 raise
             if frame is None or frame["type"] == "cell_done":
-                self.wake()
                 return frame
             if frame["type"] == "call":
                 self._forward_call(frame)
@@ -246,7 +220,7 @@ class SessionProcess:
 
 
 class _Ended(asyncio.Event):
-    """``SessionProcess.exited``: setting it also wakes the wait on the running cell."""
+    """``SessionProcess.exited``: setting it also pokes the running cell's watch."""
 
     def __init__(self, proc: SessionProcess) -> None:
         super().__init__()

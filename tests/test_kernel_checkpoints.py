@@ -5,6 +5,7 @@ are in tests/test_checkpoints.py."""
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import pytest
@@ -78,6 +79,23 @@ def test_a_rollback_may_spend_its_checkpoint(cells: Cells) -> None:
         branch(cells, "rollback", checkpoint_id=cp)
     cells.run("x = 5")
     assert cells.value("x") == "5"
+
+
+def test_a_process_that_dies_in_a_cell_while_a_checkpoint_shares_its_socket_is_lost_at_once(
+    cells: Cells,
+) -> None:
+    """The checkpoint keeps the control socket open, so only the process's exit (the zygote's
+    report, or after a rollback a pidfd's) wakes the wait on the cell, well before its timeout."""
+    die = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"
+    for rollback in (False, True):
+        cp = branch(cells, "checkpoint")["checkpoint_id"]
+        if rollback:
+            branch(cells, "rollback", checkpoint_id=cp)
+        t0 = time.monotonic()
+        result = cells.run(die, timeout_s=120)
+        assert result.error is not None and result.error.kind == "state_lost"
+        assert time.monotonic() - t0 < 60  # not the cell's timeout
+        assert cells.value("1 + 1") == "2"
 
 
 def test_branch_frames_validate_on_the_host(client: KernelClient) -> None:

@@ -79,6 +79,22 @@ def test_streamed_output_keeps_the_caps_and_matches_the_cut_result(
     assert len(chunks) < 50  # batched, not one event per print
 
 
+def test_a_character_split_between_chunks_and_a_torn_end_stream_as_the_result_says(
+    client: KernelClient, cells: Cells
+) -> None:
+    code = (
+        "import os, time\n"
+        "os.write(1, 'é'.encode()[:1])\n"  # half a character, flushed on its own
+        "time.sleep(0.2)\n"
+        "os.write(1, 'é'.encode()[1:] + b'ok' + 'é'.encode()[:1])"  # ends torn
+    )
+    result, events = run_collect(client, cells, code)
+    assert result.stdout == "éok\ufffd"
+    assert streamed(events, "stdout") == result.stdout
+    quiet, quiet_events = run_collect(client, cells, "x = 1")  # silent: no stream at all
+    assert quiet.stdout == "" and not any(e["type"] == "stream" for e in quiet_events)
+
+
 def test_many_small_prints_are_batched(client: KernelClient, cells: Cells) -> None:
     result, events = run_collect(client, cells, "for i in range(3000):\n    print(i)")
     assert streamed(events, "stdout") == result.stdout

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from farm.kernel.supervisor.cell import fit
+from farm.kernel.supervisor.session_state import OomCounter
 from farm.kernel.wire.client import KernelClient
+from farm.kernel.wire.framing import encode
 from farm.local.processes import pid_alive
 from farm.models import ExecResult
 from farm.sandbox.process import ProcessSandbox
@@ -52,6 +56,16 @@ def test_code_ignoring_the_interrupt_is_killed_and_reported_as_state_lost(
     assert result.epoch == 2
     after = own_cells.run("secret")
     assert after.error is not None and after.error.ename == "NameError"  # fresh namespace
+
+
+def test_code_that_exits_on_the_interrupt_is_reported_as_its_exit_not_a_kill(
+    own_cells: Cells,
+) -> None:
+    own_cells.run("import os, signal, time\nsignal.signal(signal.SIGINT, lambda *a: os._exit(3))")
+    result = own_cells.run("while True:\n    time.sleep(0.01)", timeout_s=0.5)
+    assert result.error is not None and result.error.kind == "state_lost"
+    assert "exited with code 3 during this call" in result.error.evalue
+    assert own_cells.value("1 + 1") == "2"
 
 
 def test_a_call_with_an_old_epoch_runs_nothing(own_cells: Cells) -> None:
@@ -201,6 +215,52 @@ def test_session_processes_volunteer_for_the_oom_killer(own_cells: Cells) -> Non
     kernel_pid = own_cells.client.ping()["pid"]
     with open(f"/proc/{kernel_pid}/oom_score_adj") as f:
         assert int(f.read()) < 800
+
+
+def test_the_oom_counter_follows_its_file_read_again_each_time(tmp_path: Path) -> None:
+    old = tmp_path / "memory.events"  # a kernel before 4.13: no oom_kill line
+    old.write_text("low 0\nhigh 0\nmax 0\noom 0\n")
+    v1 = tmp_path / "memory.oom_control"
+    v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    counter = OomCounter((str(tmp_path / "missing"), str(old), str(v1)))
+    try:
+        assert counter.read() == 3
+        v1.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 4\n")  # the same inode
+        assert counter.read() == 4
+    finally:
+        counter.close()
+    assert counter.read() is None
+    assert OomCounter((str(tmp_path / "missing"), str(old))).read() is None
+
+
+def a_result(stdout: str, data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "exec_id": "e",
+        "session_id": "s",
+        "epoch": 1,
+        "status": "ok",
+        "stdout": stdout,
+        "stderr": "",
+        "value": {"text": "v", "data": data},
+        "error": None,
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "duration_s": 0.0,
+        "cpu_s": 0.0,
+        "max_rss_kb": 0,
+        "state_lost": False,
+    }
+
+
+@pytest.mark.parametrize("data", [{"text/plain": "v"}, {"application/json": {"k": [1, 2]}}])
+def test_a_result_is_cut_to_its_frame_only_when_it_does_not_fit(data: dict[str, Any]) -> None:
+    max_frame = 64 * 1024
+    small = a_result("x" * 1000, data)
+    assert fit(dict(small), max_frame) == small
+    escapes = a_result("\x01" * 20_000, data)  # 20 000 characters, 120 000 bytes of JSON
+    cut = fit(escapes, max_frame)
+    assert cut["stdout_truncated"] and "did not fit in one frame" in cut["stderr"]
+    assert len(encode({"type": "exec_result", "result": cut})) <= max_frame
 
 
 def test_closing_a_session_twice_is_a_clear_error(client: KernelClient) -> None:

@@ -109,7 +109,11 @@ class Repl:
             last_expr = None
             if tree.body and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(code):
                 last_expr = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined]
-            body = compile(tree, CELL_FILE, "exec", flags=_FLAGS, dont_inherit=True)
+            body = (  # none for a lone expression (most quick cells): it costs a compile
+                compile(tree, CELL_FILE, "exec", flags=_FLAGS, dont_inherit=True)
+                if tree.body
+                else None
+            )
             expr = (
                 compile(last_expr, CELL_FILE, "eval", flags=_FLAGS, dont_inherit=True)
                 if last_expr is not None
@@ -118,7 +122,8 @@ class Repl:
         except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
             return None, error_dict(exc, user_frames_only=False)
         try:
-            self._run_code(body)
+            if body is not None:
+                self._run_code(body)
             if expr is None:
                 return None, None
             value = self._run_code(expr)

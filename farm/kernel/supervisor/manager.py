@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from .. import KIND_OOM, KIND_OUTPUT_LIMIT, KIND_TIMEOUT, NOT_RUN
+from .. import KIND_OOM, NOT_RUN
 from ..boxes import egress
 from ..boxes.pool import Box, BoxPool, Caps, LimitsError
 from ..boxes.trees import kill_tree
@@ -32,20 +32,19 @@ from ..wire.protocol import (
     Execute,
     FileReply,
     FileRequest,
-    Kind,
     SessionClosed,
     SessionOpened,
 )
-from ..wire.session_frames import CellDone, CellFrame
+from ..wire.session_frames import CellFrame
 from .admission import host_left
 from .cell import Cell, kill_notes, over_budget
+from .cell_watch import read_reply
 from .checkpoints import Checkpoints
 from .judges import Judges
 from .links import RequestError
 from .memwatch import MemoryWatch, Watched
 from .requests import CommandCall
-from .session_process import SessionProcess
-from .session_state import Session, oom_kills, revoke
+from .session_state import OomCounter, Session, revoke
 from .spawner import Spawner
 from .streaming import Emit
 
@@ -84,6 +83,7 @@ class SessionManager:
         self.spare_opens = 0  # opens that took a ready process (no fork while the host waits)
         self.loop = asyncio.get_running_loop()
         self.checkpoints = Checkpoints(self)
+        self.ooms = OomCounter()
 
     async def open(
         self,
@@ -220,13 +220,13 @@ class SessionManager:
         self.spawner.close()
         for session_id in list(self.sessions):
             self.close(session_id)
+        self.ooms.close()
 
-    @staticmethod
-    def _oom_since(before: int | None) -> bool:
+    def _oom_since(self, before: int | None) -> bool:
         """Did the sandbox's cgroup OOM-kill anything since ``before`` (read as the cell was
         sent)? Counted per cell, so an OOM kill in another box earlier (a neighbour's fork bomb
         children) is never blamed on a cell that killed itself; one file read per cell."""
-        now = oom_kills()
+        now = self.ooms.read()
         return before is not None and now is not None and now > before
 
     async def _replace(self, session: Session) -> None:
@@ -330,7 +330,7 @@ class SessionManager:
                 f"{session.epoch}): its variables were lost; {NOT_RUN}"
             )
         proc = session.proc
-        ooms_before = oom_kills()
+        ooms_before = self.ooms.read()
         if proc.exit is None:
             proc.start_cell(request["max_output_bytes"], emit, request.get("calls"))
             frame: CellFrame = {
@@ -351,7 +351,7 @@ class SessionManager:
             return cell.lost(f"{death} between calls; its variables are gone; {NOT_RUN}")
         if proc.events is not None:
             proc.events.started()
-        reply, reason, killed = await self._run(proc, request)
+        reply, reason, killed = await read_reply(proc, request["timeout_s"], self.grace_s)
         cell.finish(proc)
         if proc.events is not None:
             proc.events.finish()
@@ -377,41 +377,3 @@ class SessionManager:
         if sigkill and self._oom_since(ooms_before):
             return cell.lost(f"{what}: out of memory; its variables are gone", kind=KIND_OOM)
         return cell.lost(f"{what} during this call; its variables are gone")
-
-    async def _run(
-        self, proc: SessionProcess, request: Execute
-    ) -> tuple[CellDone | None, Kind | None, bool]:
-        """Wait for the cell's reply (it was sent), interrupting and killing as the rules say."""
-        reply_task = asyncio.ensure_future(proc.cell_reply())
-        flood_task = asyncio.ensure_future(proc.flood.wait())
-        # A checkpoint shares the control socket: its end is no sign of the process's end
-        exit_task = asyncio.ensure_future(proc.exited.wait())
-        reason: Kind | None = None
-        killed = False
-        try:
-            done, _ = await asyncio.wait(
-                {reply_task, flood_task, exit_task},
-                timeout=request["timeout_s"],
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if exit_task in done and reply_task not in done:
-                done, _ = await asyncio.wait({reply_task}, timeout=0.05)  # its last frame
-            if reply_task not in done and not exit_task.done():
-                reason = KIND_OUTPUT_LIMIT if flood_task in done else KIND_TIMEOUT
-                proc.abandon_call()
-                proc.signal(signal.SIGINT, group=False)
-                done, _ = await asyncio.wait({reply_task}, timeout=self.grace_s)
-                if reply_task not in done:
-                    killed = True
-                    proc.signal(signal.SIGKILL, group=True)
-                    await asyncio.wait({reply_task}, timeout=5.0)
-        finally:
-            flood_task.cancel()
-            exit_task.cancel()
-        if not reply_task.done():
-            reply_task.cancel()
-            return None, reason, killed
-        try:
-            return reply_task.result(), reason, killed
-        except (FrameError, ConnectionError, OSError):
-            return None, reason, killed

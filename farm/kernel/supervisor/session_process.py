@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from ..boxes.box_protocol import Exited
@@ -50,6 +51,7 @@ class SessionProcess:
         self.flood = asyncio.Event()
         self.exit: Exited | None = None
         self.broken: str | None = None  # a malformed frame it sent (user code can write one)
+        self.waker: Callable[[], None] | None = None  # the running cell's watch (cell_watch)
         self.exited = asyncio.Event()
         self.events: CellEvents | None = None
         self.calls = 0  # host calls of this process so far (their ids)
@@ -58,6 +60,23 @@ class SessionProcess:
         self.closed = False
         self.reader: asyncio.StreamReader
         self.writer: asyncio.StreamWriter
+
+    @property
+    def exited(self) -> asyncio.Event:
+        """Set once the process ended (the zygote's report, or a pidfd's for a process that a
+        rollback made the session's); it pokes the running cell's watch (``cell_watch``)."""
+        return self._exited
+
+    @exited.setter
+    def exited(self, event: asyncio.Event) -> None:
+        # whoever gives the process a new event (``checkpoints``) gets one that wakes too
+        self._exited = _Ended(self)
+        if event.is_set():
+            self._exited.set()
+
+    def wake(self) -> None:
+        if self.waker is not None:
+            self.waker()
 
     async def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         self.reader, self.writer = await asyncio.open_unix_connection(sock=self.ctl)
@@ -76,6 +95,7 @@ class SessionProcess:
             self.events.output(buf)
         if buf.total > self.flood_limit:
             self.flood.set()
+            self.wake()
 
     def start_cell(self, cap: int, emit: Emit | None, calls: list[str] | None = None) -> None:
         for buf in self.fds.values():
@@ -88,8 +108,7 @@ class SessionProcess:
     async def cell_reply(self) -> CellDone | None:
         """Read the session's frames until its ``cell_done``. A ``display`` on the way goes
         out as an event (dropped when nobody asked for events) and is answered, which lets the
-        session go on: a request from sandboxed code that needs a real answer (a host
-        callback) would be one more frame type here, answered once the host replied."""
+        session go on; a host ``call`` goes out as an event, answered once the host replied."""
         while True:
             try:
                 frame = from_session(await read_frame(self.reader))
@@ -198,3 +217,15 @@ class SessionProcess:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.writer.close()
+
+
+class _Ended(asyncio.Event):
+    """``SessionProcess.exited``: setting it also pokes the running cell's watch."""
+
+    def __init__(self, proc: SessionProcess) -> None:
+        super().__init__()
+        self.proc = proc
+
+    def set(self) -> None:
+        super().set()
+        self.proc.wake()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import time
 
@@ -19,18 +20,38 @@ from .session_process import SessionProcess
 _OOM_EVENT_FILES = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 
 
-def oom_kills() -> int | None:
-    """The cgroup's OOM-kill counter, to tell a memory kill from any other SIGKILL."""
-    for path in _OOM_EVENT_FILES:
+class OomCounter:
+    """The cgroup's OOM-kill counter, to tell a memory kill from any other SIGKILL. Read once
+    per cell: the file is opened once and read again with ``pread`` (a cgroup file is made
+    afresh at offset 0), one system call instead of an open, a text layer and a close."""
+
+    def __init__(self, paths: tuple[str, ...] = _OOM_EVENT_FILES) -> None:
+        self.fd: int | None = None
+        for path in paths:  # the first that has the counter (an old memory.events has not)
+            with contextlib.suppress(OSError):
+                self.fd = os.open(path, os.O_RDONLY)
+                if self.read() is not None:
+                    return
+                self.close()
+
+    def read(self) -> int | None:
+        if self.fd is None:
+            return None
         try:
-            with open(path) as f:
-                for line in f:
-                    key, _, value = line.partition(" ")
-                    if key == "oom_kill":
-                        return int(value)
-        except (OSError, ValueError):
-            continue
-    return None
+            data = os.pread(self.fd, 4096, 0)
+        except OSError:
+            return None
+        for line in data.split(b"\n"):
+            key, _, value = line.partition(b" ")
+            if key == b"oom_kill":
+                with contextlib.suppress(ValueError):
+                    return int(value)
+        return None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class Session:

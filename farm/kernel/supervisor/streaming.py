@@ -22,6 +22,7 @@ TICK_S = 0.1
 MAX_DISPLAYS = 200
 DISPLAY_BYTES = 16 * 1024 * 1024
 
+_DECODER = codecs.getincrementaldecoder("utf-8")
 Emit = Callable[[CellEvent], None]  # an event of the running cell, sent as an ``event`` frame
 
 
@@ -33,7 +34,13 @@ class _Tap:
         self.buf = buf
         self.sent = 0  # bytes of the buffer's head streamed so far
         self.pending = bytearray()
-        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.used: codecs.IncrementalDecoder | None = None  # made at the first output
+
+    @property
+    def decoder(self) -> codecs.IncrementalDecoder:
+        if self.used is None:
+            self.used = _DECODER(errors="replace")
+        return self.used
 
     def take(self) -> str:
         text = self.decoder.decode(bytes(self.pending))
@@ -43,6 +50,8 @@ class _Tap:
     def rest(self) -> str:
         """What the result keeps beyond the streamed head, decoded to finish the stream."""
         buf = self.buf
+        if self.used is None and not self.pending and buf.total == 0:
+            return ""  # a silent cell (most quick ones): no decoder made, none to finish
         self.pending += bytes(buf.head[self.sent :])
         self.sent = len(buf.head)
         if buf.truncated:

@@ -222,6 +222,9 @@ def _effective_caps() -> int:
     return 0
 
 
+MALLOC_TUNING = "GLIBC_TUNABLES"  # the host's (``sandbox.backend.KERNEL_ENV``), the kernel's own
+
+
 def _reexec_without_env_token(argv: list[str]) -> None:
     token = os.environ.pop(TOKEN_ENV)
     read_fd, write_fd = os.pipe()
@@ -251,6 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if TOKEN_ENV in os.environ:
         _reexec_without_env_token(argv)
+    # glibc read its tuning at this process's start (huge pages for the heap: cheaper forks of
+    # the zygote, sessions and checkpoints, which inherit it); what boxes exec does not
+    os.environ.pop(MALLOC_TUNING, None)
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(),

@@ -19,6 +19,7 @@ from farm.settings import BoxSettings
 # 2 MiB instead of 512, so the forks that a checkpoint, a rollback and every box cost are cheaper
 # when a process holds much memory (a 100 MB session forks in ~1 ms instead of ~9 ms here), for
 # ~0.4 MB more resident memory per process. glibc < 2.35, musl and hosts with THP off ignore it.
+# The kernel drops it once started: what boxes exec runs with the image's defaults.
 KERNEL_ENV = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
 
 

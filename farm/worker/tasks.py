@@ -43,6 +43,8 @@ from farm.worker.worker_state import Worker
 
 log = logging.getLogger(__name__)
 
+LAUNCH_WAIT_S = 5.0  # at most this long before Celery's setup; the start goes on beside it
+
 
 class NotAWorker(FarmError):
     """A farm task ran in a process that has no started farm worker."""
@@ -171,24 +173,27 @@ def make_worker_app(
     return app
 
 
-def started_worker(settings: FarmSettings) -> Worker:
-    """A ``Worker`` started: its generation taken, its sandbox answering, registered."""
-    worker = Worker(settings)
-    worker.start()
-    return worker
-
-
 def starting(settings: FarmSettings) -> Future[Worker]:
-    """``started_worker`` in a thread of its own (a daemon's, as Celery's start may fail)."""
+    """A ``Worker`` starting in a thread of its own (a daemon's, as Celery's start may fail):
+    its generation taken, its sandbox answering, registered. Returns once its sandbox's
+    container or process exists (or the start failed, or ``LAUNCH_WAIT_S`` passed): what
+    the caller does next (Celery's setup) would compete with the start for the interpreter,
+    while the container's and the kernel's start need this process only to wait."""
     future: Future[Worker] = Future()
+    launched = threading.Event()
 
     def run() -> None:
         try:
-            future.set_result(started_worker(settings))
+            worker = Worker(settings)
+            worker.start(launched.set)
+            future.set_result(worker)
         except BaseException as exc:
             future.set_exception(exc)
+        finally:
+            launched.set()
 
     threading.Thread(target=run, name="farm-worker-start", daemon=True).start()
+    launched.wait(LAUNCH_WAIT_S)
     return future
 
 

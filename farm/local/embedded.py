@@ -80,6 +80,7 @@ class LocalFarm:
         self.spare = spare  # keep a worker process started ahead for serve_image (Spare)
         self._spare: Spare | None = None
         self._spares = 0
+        self._bundling: threading.Thread | None = None
 
     @property
     def broker_url(self) -> str:
@@ -104,6 +105,7 @@ class LocalFarm:
     def start(self) -> LocalFarm:
         try:
             self._start_redis()
+            self._bundle_ahead()
             for image, count in self.images.items():
                 prepared = self._prepare(ImageName.parse(image))
                 for _ in range(count):
@@ -117,6 +119,21 @@ class LocalFarm:
 
     def _start_redis(self) -> None:
         self.redis = RedisServer(self.dir, tls=self.tls).start()
+
+    def _bundle_ahead(self) -> None:
+        """Make the kernel bundle (``farm.sandbox.bundle``) in a thread while the first workers
+        start: an image without farm's kernel served later finds it made, bytecode included
+        (a few hundred ms of CPU to compile, off that image's first result)."""
+        if self.backend == "process":
+            return
+        from farm.sandbox.bundle import kernel_bundle
+
+        def make() -> None:
+            with contextlib.suppress(OSError):  # the first worker that needs it makes it
+                kernel_bundle(self.dir / "sockets")
+
+        self._bundling = threading.Thread(target=make, name="farm-kernel-bundle", daemon=True)
+        self._bundling.start()
 
     def add_worker(self, image: str | ImageName | ServedImage = "default", **env: str) -> str:
         """Start one more worker process; returns its worker id. A ``ServedImage`` (what
@@ -267,6 +284,8 @@ class LocalFarm:
                 proc.wait(STOP_TIMEOUT_S)
         if self.backend != "process":
             self._remove_containers()
+        if self._bundling is not None:
+            self._bundling.join(STOP_TIMEOUT_S)  # before its directory goes
         self.redis.stop()  # an ephemeral broker: nothing to save
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -7,7 +7,7 @@ import ctypes
 import os
 import signal
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 
@@ -51,8 +51,14 @@ _launcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="farm-launcher"
 def popen_tied(args: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
     """``subprocess.Popen`` of a child that dies with this process (``die_with_parent``),
     forked from the launcher thread whatever thread calls this."""
+    return popen_tied_soon(args, **kwargs).result()
+
+
+def popen_tied_soon(args: list[str], **kwargs: Any) -> Future[subprocess.Popen[bytes]]:
+    """``popen_tied`` without waiting for the child's exec (the launcher's ``Popen`` waits
+    for it): the caller goes on meanwhile."""
 
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen(args, preexec_fn=die_with_parent, **kwargs)
 
-    return _launcher.submit(start).result()
+    return _launcher.submit(start)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from types import TracebackType
 
 from farm.kernel.wire.client import KernelClient, KernelError
@@ -38,8 +39,10 @@ class Sandbox(ABC):
     started_at: float | None = None
 
     @abstractmethod
-    def start(self) -> None:
-        """Start the kernel and return once it answers; leave nothing behind on failure."""
+    def start(self, launched: Callable[[], None] | None = None) -> None:
+        """Start the kernel and return once it answers; leave nothing behind on failure.
+        ``launched`` is called once the kernel's container or process exists, before its
+        start: what remains is the daemon's and the kernel's work, not this process's."""
 
     @abstractmethod
     def stop(self) -> None:

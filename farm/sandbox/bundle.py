@@ -3,16 +3,20 @@
 Any image with ``python3`` (>= 3.9) can be a sandbox: the docker backend mounts this directory
 read-only at ``/opt/farm`` and starts ``python3 -m farm.kernel`` with the image's own
 interpreter, under every hardening flag of a farm image. The bundle holds the kernel (stdlib
-only) and an empty ``farm/__init__.py``, as a farm image does. It lives in the sandboxes'
-socket directory, which the Docker engine resolves on the same host (``FARM_SOCKET_DIR``), one
-directory per kernel digest, made once and atomically (a rename).
+only) and an empty ``farm/__init__.py``, as a farm image does, with the bytecode of this
+interpreter (an image whose ``python3`` has the same cache tag skips compiling the kernel at
+every start; any other compiles it as before). It lives in the sandboxes' socket directory,
+which the Docker engine resolves on the same host (``FARM_SOCKET_DIR``), one directory per
+kernel digest and cache tag, made once and atomically (a rename).
 """
 
 from __future__ import annotations
 
+import compileall
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,7 +42,7 @@ def kernel_digest(kernel_dir: Path | None = None, *extra: Path, root: Path | Non
 def kernel_bundle(under: Path) -> Path:
     """The bundle of this process's kernel under ``under`` (made if missing)."""
     kernel_dir = Path(farm.kernel.__file__).parent
-    target = under / f"kernel-{kernel_digest(kernel_dir)[:16]}"
+    target = under / f"kernel-{kernel_digest(kernel_dir)[:16]}-{sys.implementation.cache_tag}"
     if target.is_dir():
         return target
     under.mkdir(parents=True, exist_ok=True)
@@ -46,6 +50,8 @@ def kernel_bundle(under: Path) -> Path:
     package = staging / "farm"
     shutil.copytree(kernel_dir, package / "kernel", ignore=shutil.ignore_patterns("__pycache__"))
     (package / "__init__.py").write_text("")
+    # timestamp-checked bytecode (copytree kept the sources' times); paths as mounted
+    compileall.compile_dir(package, ddir=f"{MOUNT}/farm", quiet=1)
     for path in [staging, *staging.rglob("*")]:  # readable by the container's root, read-only
         os.chmod(path, 0o755 if path.is_dir() else 0o644)
     try:

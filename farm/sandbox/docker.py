@@ -18,6 +18,7 @@ import shutil
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -199,14 +200,17 @@ class DockerSandbox(Sandbox):
             kwargs["security_opt"].append(f"seccomp={lim.seccomp_profile.read_text()}")
         return kwargs
 
-    def start(self) -> None:
+    def start(self, launched: Callable[[], None] | None = None) -> None:
         try:
             self._prepare_dir()
             served = self._resolve()
             kwargs = self._run_kwargs(self._uid_base())
             if not served.kernel_built_in:
                 self._mount_kernel(kwargs)  # any image with python3: bring the kernel
-            self.container = self.docker.containers.run(served.image_id, **kwargs)
+            self.container = self.docker.containers.create(served.image_id, **kwargs)
+            if launched is not None:
+                launched()
+            self.container.start()
             self._wait_ready()
         except docker.errors.ImageNotFound as exc:  # removed since it was resolved
             self.stop()

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from farm.errors import SandboxStartError
 from farm.kernel.wire import auth
@@ -77,7 +78,7 @@ class ProcessSandbox(Sandbox):
     def token(self) -> str:
         return self._token
 
-    def start(self) -> None:
+    def start(self, launched: Callable[[], None] | None = None) -> None:
         global _warned
         if not _warned:  # once per process, however many sandboxes it starts or restarts
             _warned = True
@@ -110,6 +111,8 @@ class ProcessSandbox(Sandbox):
         self.proc = popen_tied(
             cmd, stdout=subprocess.PIPE, env=env, start_new_session=True, cwd=self.workspace
         )
+        if launched is not None:
+            launched()
         try:
             ready = self._wait_ready(self.proc)
             self.address = str(ready["listen"])

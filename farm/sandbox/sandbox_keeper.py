@@ -65,9 +65,10 @@ class SandboxKeeper:
     def kernel(self) -> KernelClient:
         return self.sandbox.kernel()
 
-    def start(self) -> None:
-        """Start the first sandbox (raising if it cannot start) and the watchdog."""
-        self._launch()
+    def start(self, launched: Callable[[], None] | None = None) -> None:
+        """Start the first sandbox (raising if it cannot start; ``launched``: ``Sandbox.start``)
+        and the watchdog."""
+        self._launch(launched)
         self._thread = threading.Thread(target=self._watch, name="farm-watchdog", daemon=True)
         self._thread.start()
 
@@ -87,9 +88,9 @@ class SandboxKeeper:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _launch(self) -> None:
+    def _launch(self, launched: Callable[[], None] | None = None) -> None:
         sandbox = self.factory()
-        sandbox.start()
+        sandbox.start(launched)
         health = sandbox.health(self.ping_timeout_s)  # its capacity, known before any work
         with self._lock:
             self._sandbox = sandbox

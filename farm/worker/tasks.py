@@ -1,7 +1,7 @@
 """The worker's Celery app and tasks, built on demand: importing any ``farm.worker`` module
 builds nothing. ``celery -A farm.worker worker`` (through ``farm.worker.app``) and ``farm worker``
-both end in ``worker_app()``, which starts the worker's sandbox once Celery is set up and
-consumes the image's shared queue plus this generation's direct queue.
+both end in ``worker_app()``, which starts the worker's sandbox beside Celery's start and
+consumes the image's shared queue plus this generation's direct queue once it answers.
 
 Tasks are thin: they hand their JSON argument, unread, to the ``Worker``'s calls, which check it
 against its request model (``farm.models.worker_requests``), and return their JSON answer.
@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from celery import Celery
+from celery import Celery, bootsteps
 from celery.concurrency import get_implementation
 from celery.signals import celeryd_after_setup, worker_shutdown
 
@@ -35,12 +35,15 @@ from farm.celeryconf import (
     make_app,
 )
 from farm.errors import FarmError
+from farm.image_name import ImageName
 from farm.settings import FarmSettings
 from farm.worker.session_branches import branch
 from farm.worker.startup import check_broker
 from farm.worker.worker_state import Worker
 
 log = logging.getLogger(__name__)
+
+LAUNCH_WAIT_S = 5.0  # at most this long before Celery's setup; the start goes on beside it
 
 
 class NotAWorker(FarmError):
@@ -51,13 +54,14 @@ def make_worker_app(
     settings: FarmSettings | None = None, worker: Worker | None = None, *, early: bool = False
 ) -> Celery:
     """A Celery app with farm's tasks. Without ``worker``, the ``Worker`` is made and started
-    when Celery's worker is set up (``celeryd_after_setup``) and stopped at its shutdown;
-    ``early`` starts it now instead, in a thread, while Celery sets up (``farm worker``: its
-    sandbox's start is most of a worker's), and Celery's setup waits for it."""
+    in a thread, beside Celery's own start: from now when ``early`` (``farm worker``: its
+    sandbox's start is most of a worker's), else once Celery is set up
+    (``celeryd_after_setup``); it is stopped at Celery's shutdown. Celery's consumer connects
+    meanwhile and takes no message before the ``Worker`` has started (``Serving``)."""
     settings = settings or FarmSettings()
     app = make_app(settings)
     state: dict[str, Worker] = {"worker": worker} if worker is not None else {}
-    ahead = starting(settings) if early and worker is None else None
+    ahead: list[Future[Worker]] = [starting(settings)] if early and worker is None else []
 
     def current() -> Worker:
         held = state.get("worker")
@@ -74,32 +78,52 @@ def make_worker_app(
             allowed = {get_implementation("threads"), get_implementation("solo")}
             if get_implementation(instance.pool_cls) not in allowed:
                 # Prefork children would each hold a different part of the sessions.
-                if ahead is not None:
+                if ahead:
                     with contextlib.suppress(Exception):  # its own failure is said below
-                        ahead.result().stop("Celery's pool cannot serve it")
+                        ahead[0].result().stop("Celery's pool cannot serve it")
                 raise SystemExit(
                     f"farm workers need `--pool threads` (or solo), not {instance.pool_cls}: "
                     "one process must own the sandbox and every session on it"
                 )
-            try:
-                started = ahead.result() if ahead is not None else started_worker(settings)
-            except FarmError as exc:  # no sandbox at all (a bad image): say so and stop, now
-                log.error("farm worker %s cannot start: %s", settings.worker_name, exc)
-                raise SystemExit(f"farm worker cannot start its sandbox: {exc}") from exc
-            state["worker"] = started
-            queues = instance.app.amqp.queues
-            for queue in started.queues:
-                queues.select_add(queue)
-            # Only these: Celery would also consume its default queue, farm.default, and a
-            # worker of another image would open the default image's sessions in its own.
-            queues.select(started.queues)
-            started.intake.start()  # map chunks: taken while it has room, beside its queues
+            if not ahead:
+                ahead.append(starting(settings))
+            # Only the image's queue, until Serving adds the worker's own: Celery would also
+            # consume its default queue, farm.default, and a worker of another image would
+            # open the default image's sessions in its own.
+            queues, shared = instance.app.amqp.queues, ImageName(settings.image).queue
+            queues.select_add(shared)
+            queues.select([shared])
+
+        worker_name = settings.worker_name
+
+        class Serving(bootsteps.StartStopStep):  # type: ignore[misc]
+            """The consumer's last step before its event loop, which takes the messages: it
+            waits for the started ``Worker`` (a worker's messages need its sandbox) and
+            consumes its queues. A sandbox that cannot start ends the worker, saying why."""
+
+            requires = ("celery.worker.consumer.tasks:Tasks",)
+
+            def start(self, c: Any) -> None:
+                if "worker" in state:  # the consumer restarts after a lost connection
+                    return
+                try:
+                    started = ahead[0].result()
+                except FarmError as exc:  # no sandbox at all (a bad image): say so and stop
+                    log.error("farm worker %s cannot start: %s", worker_name, exc)
+                    raise SystemExit(f"farm worker cannot start its sandbox: {exc}") from exc
+                state["worker"] = started
+                for queue in started.queues:
+                    c.app.amqp.queues.select_add(queue)
+                    c.add_task_queue(queue)
+                started.intake.start()  # map chunks: taken while it has room, beside its queues
+
+        app.steps["consumer"].add(Serving)
 
         @worker_shutdown.connect(weak=False)
         def stop(**kwargs: Any) -> None:
             held = state.pop("worker", None)
-            if held is None and ahead is not None and ahead.done() and not ahead.exception():
-                held = ahead.result()  # started, but Celery ended before it took it
+            if held is None and ahead and ahead[0].done() and not ahead[0].exception():
+                held = ahead[0].result()  # started, but Celery ended before it took it
             if held is not None:
                 held.stop("graceful shutdown")
 
@@ -149,24 +173,27 @@ def make_worker_app(
     return app
 
 
-def started_worker(settings: FarmSettings) -> Worker:
-    """A ``Worker`` started: its generation taken, its sandbox answering, registered."""
-    worker = Worker(settings)
-    worker.start()
-    return worker
-
-
 def starting(settings: FarmSettings) -> Future[Worker]:
-    """``started_worker`` in a thread of its own (a daemon's, as Celery's start may fail)."""
+    """A ``Worker`` starting in a thread of its own (a daemon's, as Celery's start may fail):
+    its generation taken, its sandbox answering, registered. Returns once its sandbox's
+    container or process exists (or the start failed, or ``LAUNCH_WAIT_S`` passed): what
+    the caller does next (Celery's setup) would compete with the start for the interpreter,
+    while the container's and the kernel's start need this process only to wait."""
     future: Future[Worker] = Future()
+    launched = threading.Event()
 
     def run() -> None:
         try:
-            future.set_result(started_worker(settings))
+            worker = Worker(settings)
+            worker.start(launched.set)
+            future.set_result(worker)
         except BaseException as exc:
             future.set_exception(exc)
+        finally:
+            launched.set()
 
     threading.Thread(target=run, name="farm-worker-start", daemon=True).start()
+    launched.wait(LAUNCH_WAIT_S)
     return future
 
 

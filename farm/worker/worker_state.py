@@ -18,7 +18,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,10 +96,12 @@ class Worker:
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, launched: Callable[[], None] | None = None) -> None:
+        """Take a generation, start the sandbox (``launched``: ``Sandbox.start``) and
+        register, ready."""
         self.generation = self.registry.next_generation(self.id)
         self.queue = direct_queue(self.id, self.generation)
-        self.keeper.start()
+        self.keeper.start(launched)
         self._size_gate()
         self._http = metrics.serve(
             self.settings.metrics_host, self.settings.metrics_port, self.readiness

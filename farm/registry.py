@@ -235,16 +235,18 @@ class Registry:
         result: dict[str, Any],
         session: tuple[str, dict[str, Any], float] | None = None,
         events: Entries | None = None,
+        reply: tuple[str, str, int] | None = None,
     ) -> str:
         """Record the outcome; with ``session`` (id, fields, ttl) also refresh that session's
-        entry, and add the run's last ``events`` to its journal first, all in one script
+        entry, and add the run's last ``events`` to its journal first, and with ``reply`` (key,
+        body, ttl) store and publish its task's result last, all in one script
         (``farm.events.exec_finish``): one round trip. Returns the journal's error, or ``""``."""
         record = json.dumps({"state": "done", "result": result})
         if session is not None:
             session_id, fields, ttl_s = session
             session = (f"{PREFIX}session:{session_id}", fields, ttl_s)
         exec_record = (f"{PREFIX}exec:{exec_id}", record, EXEC_TTL_S)
-        return self._finisher.finish(exec_record, session, events)
+        return self._finisher.finish(exec_record, session, events, reply)
 
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")

@@ -5,7 +5,11 @@ gets it as from Celery, Celery stores it no second time, and what never reaches 
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
 from typing import Any
+
+from celery.app.task import Context
 
 from farm.celeryconf import TASK_EXEC
 from farm.client import Farm
@@ -32,6 +36,13 @@ def test_a_cells_result_comes_from_the_finish_script_not_from_celery(inproc_farm
         meta = inproc_farm.app.backend.get_task_meta(pending.id, cache=False)
         assert meta["status"] == "SUCCESS" and meta["task_id"] == pending.id
         assert meta["result"] == reply and reply["value"]["text"] == "43"
+        # the very fields Celery's own store would write (the date apart)
+        backend = inproc_farm.app.backend
+        raw = json.loads(inproc_farm.registry.redis.get(backend.get_key_for_task(pending.id)))
+        celerys = backend._get_result_meta(reply, "SUCCESS", None, Context({"id": pending.id}))
+        assert datetime.fromisoformat(raw.pop("date_done")).tzinfo is not None
+        del celerys["date_done"]
+        assert raw == {**celerys, "task_id": pending.id}
         assert inproc_farm.registry.exec_record(wire["exec_id"]) == {
             "state": "done",
             "result": reply,

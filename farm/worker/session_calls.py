@@ -81,9 +81,8 @@ class SessionCalls:
         if held is not None:  # the kernel ran it: the session lives on, at this epoch
             refresh = self.worker.session_entry(request.session_id, held.epoch)
         # one script: the journal is complete before the record, and both before the result
-        stored = reply.encode(result) if reply is not None else None
         error = self.worker.registry.finish_exec(
-            exec_id, result, session=refresh, events=events, reply=stored
+            exec_id, result, session=refresh, events=events, reply=reply.encode if reply else None
         )
         if reply is not None:
             reply.stored()

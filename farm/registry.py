@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -235,16 +235,21 @@ class Registry:
         result: dict[str, Any],
         session: tuple[str, dict[str, Any], float] | None = None,
         events: Entries | None = None,
+        reply: Callable[[str], tuple[str, str, int]] | None = None,
     ) -> str:
         """Record the outcome; with ``session`` (id, fields, ttl) also refresh that session's
-        entry, and add the run's last ``events`` to its journal first, all in one script
-        (``farm.events.exec_finish``): one round trip. Returns the journal's error, or ``""``."""
-        record = json.dumps({"state": "done", "result": result})
+        entry, and add the run's last ``events`` to its journal first, and with ``reply`` (from
+        the result's JSON: key, body, ttl) store and publish its task's result last, all in one
+        script (``farm.events.exec_finish``): one round trip, the result encoded once. Returns
+        the journal's error, or ``""``."""
+        encoded = json.dumps(result)
+        record = f'{{"state": "done", "result": {encoded}}}'
         if session is not None:
             session_id, fields, ttl_s = session
             session = (f"{PREFIX}session:{session_id}", fields, ttl_s)
         exec_record = (f"{PREFIX}exec:{exec_id}", record, EXEC_TTL_S)
-        return self._finisher.finish(exec_record, session, events)
+        stored = reply(encoded) if reply is not None else None
+        return self._finisher.finish(exec_record, session, events, stored)
 
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")

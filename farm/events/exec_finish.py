@@ -2,9 +2,10 @@
 
 ``finish`` runs one Lua script (one command, one round trip) that adds the run's closing events
 to its journal (and its live stream), then sets the exec record to ``done``, then refreshes the
-session's entry. The script is atomic, so whoever reads the record finds the journal complete.
+session's entry, then (given its task's ``reply``) stores and publishes the Celery result. The
+script is atomic, so whoever reads the record, or the result, finds the journal complete.
 The journal stays best effort: its commands are ``pcall``ed, a failure among them is returned
-(for the log), and the record and the session entry are written all the same.
+(for the log), and the record, the session entry and the reply are written all the same.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ if TYPE_CHECKING:
 
     from farm.events.journal import Entries
 
-# KEYS: the exec record, the session entry, each event stream, then the journals' index.
-# ARGV: record, its TTL (s), the session's TTL (ms), 2 x its fields, field, value...; then the
-# number of streams and for each its bound, TTL (ms), entry count and entries; then (only with
-# streams) the index's member, score and bound.
+# KEYS: the exec record, the session entry, the reply's key (only with one), each event stream,
+# then the journals' index.
+# ARGV: record, its TTL (s), the session's TTL (ms), 2 x its fields, field, value...; then 1 and
+# the reply and its TTL (s, 0: none), or 0; then the number of streams and for each its bound,
+# TTL (ms), entry count and entries; then (only with streams) the index's member, score and bound.
 SCRIPT = """
 local at = 0
 local function nxt() at = at + 1; return ARGV[at] end
 local record, record_ttl, session_ttl = nxt(), nxt(), nxt()
 local fields = {}
 for _ = 1, tonumber(nxt()) do fields[#fields + 1] = nxt() end
+local replies = tonumber(nxt())
+local reply, reply_ttl
+if replies > 0 then reply, reply_ttl = nxt(), tonumber(nxt()) end
 local streams = tonumber(nxt())
 local failed = ''
 local function try(...)
@@ -33,12 +38,12 @@ local function try(...)
   if type(reply) == 'table' and reply.err then failed = reply.err end
 end
 for s = 1, streams do
-  local key, bound, ttl = KEYS[2 + s], nxt(), nxt()
+  local key, bound, ttl = KEYS[2 + replies + s], nxt(), nxt()
   for _ = 1, tonumber(nxt()) do try('XADD', key, 'MAXLEN', '~', bound, '*', 'e', nxt()) end
   try('PEXPIRE', key, ttl)
 end
 if streams > 0 then
-  local index, member, score, bound = KEYS[3 + streams], nxt(), nxt(), tonumber(nxt())
+  local index, member, score, bound = KEYS[3 + replies + streams], nxt(), nxt(), tonumber(nxt())
   try('ZADD', index, score, member)
   try('ZREMRANGEBYRANK', index, 0, -bound - 1)
 end
@@ -46,6 +51,14 @@ redis.call('SET', KEYS[1], record, 'EX', record_ttl)
 if #fields > 0 then
   redis.call('HSET', KEYS[2], unpack(fields))
   redis.call('PEXPIRE', KEYS[2], session_ttl)
+end
+if replies > 0 then
+  if reply_ttl > 0 then
+    redis.call('SET', KEYS[3], reply, 'EX', reply_ttl)
+  else
+    redis.call('SET', KEYS[3], reply)
+  end
+  redis.call('PUBLISH', KEYS[3], reply)
 end
 return failed
 """
@@ -62,9 +75,11 @@ class Finisher:
         record: tuple[str, str, int],
         session: tuple[str, dict[str, Any], float] | None,
         events: Entries | None,
+        reply: tuple[str, str, int] | None = None,
     ) -> str:
         """Write ``events``, then ``record`` (key, JSON, TTL in s), then ``session`` (key,
-        fields, TTL in s); returns the journal's error, ``""`` when there was none."""
+        fields, TTL in s), then ``reply`` (key, body, TTL in s: set, and published on the key
+        as a channel); returns the journal's error, ``""`` when there was none."""
         key, body, ttl_s = record
         keys = [key, session[0] if session is not None else key]
         args: list[Any] = [body, ttl_s, int(session[2] * 1000) if session is not None else 0]
@@ -72,6 +87,11 @@ class Finisher:
         args.append(2 * len(fields))
         for name, value in fields.items():
             args += [name, str(value)]
+        if reply is not None:
+            keys.append(reply[0])
+            args += [1, reply[1], reply[2]]
+        else:
+            args.append(0)
         streams = events.streams if events is not None else ()
         args.append(len(streams))
         for stream, bound, ttl_ms, rows in streams:

@@ -40,6 +40,7 @@ from farm.worker import metrics
 from farm.worker.box_gate import OPEN_WAIT_S
 from farm.worker.opens import SessionOpens
 from farm.worker.recorder import ExecRecorder
+from farm.worker.task_reply import TaskReply
 from farm.worker.worker_host import HeldSession, WorkerHost
 
 log = logging.getLogger(__name__)
@@ -54,15 +55,16 @@ class SessionCalls:
         self.worker = worker
         self.opens = opens
 
-    def execute(self, raw: object) -> dict[str, Any]:
-        """A cell in a session (``farm.exec``)."""
+    def execute(self, raw: object, reply: TaskReply | None = None) -> dict[str, Any]:
+        """A cell in a session (``farm.exec``); with its task's ``reply``, the result is stored
+        and published in the script that records the run (else Celery stores it)."""
         try:
             request = arrived(ExecRequest, raw)
         except Malformed as exc:
             return self._refused(raw, exc).model_dump(mode="json")
-        return self._execute(request)
+        return self._execute(request, reply)
 
-    def _execute(self, request: ExecRequest) -> dict[str, Any]:
+    def _execute(self, request: ExecRequest, reply: TaskReply | None = None) -> dict[str, Any]:
         exec_id = request.exec_id
         if request.generation != self.worker.generation:
             return self._lost(request, "the worker generation this call was sent to is gone")
@@ -79,7 +81,11 @@ class SessionCalls:
         if held is not None:  # the kernel ran it: the session lives on, at this epoch
             refresh = self.worker.session_entry(request.session_id, held.epoch)
         # one script: the journal is complete before the record, and both before the result
-        error = self.worker.registry.finish_exec(exec_id, result, session=refresh, events=events)
+        error = self.worker.registry.finish_exec(
+            exec_id, result, session=refresh, events=events, reply=reply.encode if reply else None
+        )
+        if reply is not None:
+            reply.stored()
         recorder.published(error)
         metrics.observe_exec(
             result["status"], (result.get("error") or {}).get("kind"), time.perf_counter() - t0

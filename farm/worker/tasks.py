@@ -39,6 +39,7 @@ from farm.image_name import ImageName
 from farm.settings import FarmSettings
 from farm.worker.session_branches import branch
 from farm.worker.startup import check_broker
+from farm.worker.task_reply import replying
 from farm.worker.worker_state import Worker
 
 log = logging.getLogger(__name__)
@@ -129,10 +130,11 @@ def make_worker_app(
 
     # shared=False: Celery otherwise lends a decorated task to every app of the process, so a
     # second worker in one process (the in-process tests) would answer with the first's tasks.
-    @app.task(name=TASK_EXEC, shared=False)
-    def exec_code(request: object) -> dict[str, Any]:
+    @app.task(name=TASK_EXEC, shared=False, bind=True)
+    def exec_code(task: Any, request: object) -> dict[str, Any]:
         worker = current()
-        return worker.snapshots.guarded(request, worker.calls.execute, "exec")
+        execute = functools.partial(worker.calls.execute, reply=replying(task))
+        return worker.snapshots.guarded(request, execute, "exec")
 
     @app.task(name=TASK_CLOSE, shared=False)
     def close_session(request: object) -> dict[str, Any]:

@@ -12,8 +12,12 @@ import json
 import logging
 import os
 import platform
+import shutil
 import socket
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,3 +90,31 @@ def emit(table: str, data: dict[str, Any], *, as_json: bool) -> int:
     else:
         print(table)
     return 0
+
+
+@contextmanager
+def environments(specs: dict[str, tuple[list[str], list[str]]]) -> Iterator[None]:
+    """Environments ``name: (pip, preload)`` built as farm images (``farm-sandbox:NAME``, the
+    wheels downloaded once by the host); removed, with their build directories, on exit."""
+    from farm.sandbox.catalog import build_image
+    from farm.sandbox.environments import CONTEXT_DIR, WHEELS_DIR
+    from farm.sandbox.envspec import make_spec
+    from farm.sandbox.images import default_repo_root, docker_client
+
+    root = default_repo_root()
+    try:
+        for name, (pip, preload) in specs.items():
+            t0 = time.perf_counter()
+            build_image(name, make_spec(name=name, pip=pip, preload=preload))
+            print(f"built farm-sandbox:{name} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+        yield
+    finally:
+        with docker_client(None) as client:
+            for image in client.images.list(name="farm-sandbox"):
+                for ref in image.tags:
+                    if any(ref.startswith(f"farm-sandbox:{name}") for name in specs):
+                        client.images.remove(ref)
+        for name in specs:
+            shutil.rmtree(root / WHEELS_DIR / name, ignore_errors=True)
+            shutil.rmtree(root / CONTEXT_DIR / name, ignore_errors=True)
+            (root / CONTEXT_DIR / f"{name}.lock").unlink(missing_ok=True)

@@ -22,20 +22,13 @@ removed on exit, also on errors.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from benchlib import emit, machine, parse_args
+from benchlib import emit, environments, machine, parse_args
 
 from farm.client import Farm
-from farm.sandbox.catalog import build_image
-from farm.sandbox.environments import CONTEXT_DIR, WHEELS_DIR
-from farm.sandbox.envspec import make_spec
-from farm.sandbox.images import default_repo_root, docker_client
 
 NAMES = {"warm": f"bench-warm-{os.getpid()}", "cold": f"bench-cold-{os.getpid()}"}
 PIP = ["numpy", "pandas"]
@@ -54,31 +47,6 @@ MEMORY = (  # kB: VmData and VmRSS (status), Pss (smaps_rollup, after its addres
     "rollup = dict(line.split(':', 1) for line in list(open('/proc/self/smaps_rollup'))[1:])\n"
     "[kb(status['VmData']), kb(status['VmRSS']), kb(rollup['Pss'])]"
 )
-
-
-@contextmanager
-def images() -> Iterator[None]:
-    """Both environments built (the second from the wheels the first downloaded); removed,
-    with their build directories, on exit."""
-    root = default_repo_root()
-    try:
-        for kind, name in NAMES.items():
-            preload = PIP if kind == "warm" else []
-            t0 = time.perf_counter()
-            build_image(name, make_spec(name=name, pip=PIP, preload=preload))
-            print(f"built farm-sandbox:{name} in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
-        yield
-    finally:
-        with docker_client(None) as client:
-            for name in NAMES.values():
-                for image in client.images.list(name="farm-sandbox"):
-                    for ref in image.tags:
-                        if ref.startswith(f"farm-sandbox:{name}"):
-                            client.images.remove(ref)
-        for name in NAMES.values():
-            shutil.rmtree(root / WHEELS_DIR / name, ignore_errors=True)
-            shutil.rmtree(root / CONTEXT_DIR / name, ignore_errors=True)
-            (root / CONTEXT_DIR / f"{name}.lock").unlink(missing_ok=True)
 
 
 def rate(farm: Farm, items: list[str], image: str) -> float:
@@ -118,7 +86,10 @@ def measure(plan: tuple[int, int, int]) -> dict[str, Any]:
     rates: dict[str, dict[str, list[float]]] = {
         kind: {"importing": [], "trivial": []} for kind in NAMES
     }
-    with images(), Farm.local(images={name: 1 for name in NAMES.values()}) as farm:
+    with (
+        environments({NAMES[kind]: (PIP, PIP if kind == "warm" else []) for kind in NAMES}),
+        Farm.local(images={name: 1 for name in NAMES.values()}) as farm,
+    ):
         for name in NAMES.values():  # warm-up: spares made, connections open
             rate(farm, work[:20], name)
         for _ in range(rounds):

@@ -139,6 +139,12 @@ def problem_items() -> list[dict[str, Any]]:
             [{"stdin": "", "expected_file": "secret.out"}],
             files={"secret.out": "False\n"},
         ),
+        item(
+            "kernel-env",
+            "python3",
+            "import os\nprint(os.environ.get('GLIBC_TUNABLES'))\n",
+            [{"stdin": "", "expected": "None"}],
+        ),
         item("unknown-language", "cobol", "DISPLAY 'HI'.", SUM_TESTS),
         item("attack/kill-runner", "cpp17", KILL_RUNNER, SUM_TESTS, limits={"time_s": 1.0}),
     ] + [
@@ -355,6 +361,15 @@ def test_an_unknown_language_is_refused_not_retried(
     record = records["unknown-language"]
     assert record.status == "error" and record.kind == "input" and record.attempts == 1
     assert "cobol" in (record.message or "")
+
+
+def test_a_program_runs_without_the_kernel_s_malloc_tuning(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    """The kernel's ``GLIBC_TUNABLES`` (huge pages for its forks) is not a judged program's: it
+    cost a Python test ~0.9 ms of CPU and would move its memory."""
+    result = records["kernel-env"].judge
+    assert result is not None and result.verdict == Verdict.AC, result
 
 
 def test_attacks_get_verdicts_and_leave_no_trace(

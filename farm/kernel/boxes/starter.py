@@ -5,7 +5,7 @@ The runner keeps every id 0, so no test can signal it; a test can signal the sta
 uid), never read or write it (not dumpable). Its answers are used only when whole: a starter
 killed, stopped or failing at any step is the runner's cue to drop it and run that test again
 itself (``testrun.spawn``). The runner watches each test by its pidfd as before; the starter
-only reports ``wait4``'s status and usage. Why: docs/design/judge.md, "What a test costs".
+only reports ``wait4``'s status and usage. Why: docs/design/judge.md, "The item's starter".
 """
 
 from __future__ import annotations

@@ -80,6 +80,20 @@ KILL_RUNNER = (
     "int main(){for(int i=0;i<100000;i++)kill(getppid(),SIGKILL);kill(-1,SIGKILL);"
     'long long a,b;if(scanf("%lld %lld",&a,&b)!=2)return 1;printf("%lld\\n",a+b);}\n'
 )
+# Stops its parent (an item's starter, or the runner), then every process of its uid it may.
+STOP_PARENT = (
+    "#include <csignal>\n#include <cstdio>\n#include <unistd.h>\n"
+    "int main(){kill(getppid(),SIGSTOP);kill(-1,SIGSTOP);"
+    'long long a,b;if(scanf("%lld %lld",&a,&b)!=2)return 1;printf("%lld\\n",a+b);}\n'
+)
+# Leaves a child that kills whatever it can once the program ended: the starter, while the
+# runner has it reap the program (docs/design/judge.md, "What a test costs").
+KILL_AFTER = (
+    "import os, signal\nme = os.getpid()\nif os.fork() == 0:\n"
+    "    while os.getppid() == me:\n        pass\n"
+    "    for _ in range(20000):\n        os.kill(-1, signal.SIGKILL)\n    os._exit(0)\n"
+    "a, b = map(int, input().split())\nprint(a + b)\n"
+)
 # Runs after the attacks: sees no trace of them.
 WITNESS = (
     "import os\n"
@@ -139,8 +153,16 @@ def problem_items() -> list[dict[str, Any]]:
             [{"stdin": "", "expected_file": "secret.out"}],
             files={"secret.out": "False\n"},
         ),
+        item(
+            "kernel-env",
+            "python3",
+            "import os\nprint(os.environ.get('GLIBC_TUNABLES'))\n",
+            [{"stdin": "", "expected": "None"}],
+        ),
         item("unknown-language", "cobol", "DISPLAY 'HI'.", SUM_TESTS),
         item("attack/kill-runner", "cpp17", KILL_RUNNER, SUM_TESTS, limits={"time_s": 1.0}),
+        item("attack/stop-parent", "cpp17", STOP_PARENT, SUM_TESTS, limits={"time_s": 1.0}),
+        item("attack/kill-after", "python3", KILL_AFTER, SUM_TESTS, limits={"time_s": 1.0}),
     ] + [
         item(f"attack/{name}", "python3", source, SUM_TESTS, limits={"time_s": 1.0})
         for name, source in ATTACKS.items()
@@ -357,17 +379,28 @@ def test_an_unknown_language_is_refused_not_retried(
     assert "cobol" in (record.message or "")
 
 
+def test_a_program_runs_without_the_kernel_s_malloc_tuning(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    """The kernel's ``GLIBC_TUNABLES`` (huge pages for its forks) is not a judged program's: it
+    cost a Python test ~0.9 ms of CPU and would move its memory."""
+    result = records["kernel-env"].judge
+    assert result is not None and result.verdict == Verdict.AC, result
+
+
 def test_attacks_get_verdicts_and_leave_no_trace(
     judge_farm: Farm, records: dict[str | int, BatchRecord]
 ) -> None:
     bomb = records["attack/fork-bomb"].judge
     assert bomb is not None and bomb.verdict in (Verdict.TLE, Verdict.MLE, Verdict.RE), bomb
-    for name in ("attack/left-child", "attack/writes-outside", "attack/kill-runner"):
+    signalling = ("attack/kill-runner", "attack/stop-parent", "attack/kill-after")
+    for name in ("attack/left-child", "attack/writes-outside", *signalling):
         result = records[name].judge
         assert result is not None and result.verdict == Verdict.AC, (name, result)
         assert [t.verdict for t in result.tests] == ["AC"] * 3
         assert all(t.wall_s < 5 for t in result.tests)  # a child left running is not waited for
-    assert records["attack/kill-runner"].attempts == 1  # its runner was never killed
+    for name in signalling:  # a starter killed or stopped is dropped: never the runner, never IE
+        assert records[name].attempts == 1, name
     witness = judge_farm.judge("python3", WITNESS, [{"stdin": "", "expected": "[]"}])
     assert witness.verdict == Verdict.AC, witness.tests[0].message
 

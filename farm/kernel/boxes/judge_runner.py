@@ -29,6 +29,7 @@ from ..wire.protocol import (
 )
 from . import checking, interaction, pycheck, testrun
 from .box_protocol import BoxInfo
+from .starter import Starter
 
 BUILD_DIR = ".judge"
 COMPILE_OUTPUT_BYTES = 8 << 20  # a compiler's messages past this: a flood, killed
@@ -37,6 +38,10 @@ MESSAGE_TAIL = 4 * 1024  # and the last, with how many were cut between them
 ARTIFACT_BYTES = 32 << 20
 OUTPUTS_BYTES = 8 << 20  # the outputs returned (special judge, keep_outputs), all tests
 STACK_BYTES = 256 << 20
+STARTER_TESTS = 3  # an item of this many tests starts them from a starter: its fork pays
+# The kernel's own tuning (sandbox.backend.KERNEL_ENV), not the judged programs': a submission,
+# its compile and a problem's programs run in the image's environment, not the farm's.
+KERNEL_ONLY_ENV = ("GLIBC_TUNABLES",)
 
 
 def outcome(
@@ -116,11 +121,33 @@ def _tests(
         out_of_memory=tuple(words.encode() for words in language.get("out_of_memory") or ()),
     )
     testrun.confine(box, limits)  # the runner's limits are the tests' from here on
+    starter = None
+    interactive = programs is not None and "interactor" in programs.found
+    if isolation != "dirs" and not interactive and len(spec["tests"]) >= STARTER_TESTS:
+        starter = Starter(box)  # "dirs": no uid to change, subprocess uses vfork already
+    try:
+        return _each(spec, run_argv, box, isolation, limits, compiled, programs, artifact, starter)
+    finally:
+        if starter is not None:
+            starter.close()
+
+
+def _each(
+    spec: JudgeSpec,
+    run_argv: list[str],
+    box: BoxInfo,
+    isolation: str,
+    limits: testrun.Limits,
+    compiled: CompileOutcome,
+    programs: checking.Programs | None,
+    artifact: dict[str, str] | None,
+    starter: Starter | None,
+) -> JudgeOutcome:
     results: list[JudgeTestOutcome] = []
     kept = 0
     verdict: Verdict = "AC"
     for index, test in enumerate(spec["tests"]):
-        result = _test(index, test, spec, run_argv, box, isolation, limits, programs)
+        result = _test(index, test, spec, run_argv, box, isolation, limits, programs, starter)
         kept += len(result.get("output", ""))
         if kept > OUTPUTS_BYTES or result["verdict"] == "IE":  # IE: the problem's program failed
             why = f"the outputs to return are over {OUTPUTS_BYTES >> 20} MB"
@@ -299,6 +326,7 @@ def _test(
     isolation: str,
     limits: testrun.Limits,
     programs: checking.Programs | None = None,
+    starter: Starter | None = None,
 ) -> JudgeTestOutcome:
     stdin_path = None
     if test.get("stdin_path"):
@@ -318,6 +346,7 @@ def _test(
         stdin_path=stdin_path,
         stdin_data=data if stdin_path is None else None,
         keep_stdout=limits.output_bytes,
+        starter=starter,
     )
     result: JudgeTestOutcome = {
         "index": index,
@@ -376,6 +405,8 @@ def serve(spec: JudgeSpec, box: BoxInfo, isolation: str) -> int:
     """In the runner process (root, in the box, stdout a pipe to the supervisor): judge, write
     the outcome as one JSON object, and return the exit code."""
     os.umask(0o077)
+    for name in KERNEL_ONLY_ENV:
+        os.environ.pop(name, None)
     try:
         result = judge(spec, box, isolation)
     except Exception as exc:  # a failure of farm's own: IE, which the host retries

@@ -16,11 +16,14 @@ import resource
 import select
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import starter as starters
 from . import uids
 from .box_protocol import BoxInfo
+from .starter import Starter, StarterFailed
 from .trees import kill_tree, tree
 
 POLL_S = 0.005
@@ -154,13 +157,23 @@ def tree_usage(pid: int) -> tuple[int, float]:
 
 
 def wait(
-    pid: int, limits: Limits, started: float, outputs: tuple[int, ...] = ()
+    pid: int,
+    limits: Limits,
+    started: float,
+    outputs: tuple[int, ...] = (),
+    reap: Callable[[int], tuple[int, Any]] | None = None,
 ) -> tuple[int, Any, float, int, str | None]:
     """Wait for ``pid``: its wait status, rusage, wall time since ``started`` (taken before
     it was started), the peak resident memory of its tree as sampled (kB), and why the
     runner killed it (``memory``, ``cpu``, ``wall``, or ``output``: the memfds ``outputs``
-    together past ``limits.output_bytes``)."""
-    pidfd = os.pidfd_open(pid)
+    together past ``limits.output_bytes``). ``reap`` (a starter's) gives the status and
+    usage of a ``pid`` that is not the runner's child, once its pidfd said it ended."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        if reap is None:
+            raise
+        raise StarterFailed(f"no process {pid}") from None
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
     killed: str | None = None
@@ -184,33 +197,51 @@ def wait(
             if outputs and sum(os.fstat(fd).st_size for fd in outputs) > limits.output_bytes:
                 killed = "output"
                 break
+        wall = time.monotonic() - started
         if killed is not None:
             kill_tree(pid)
-        _, status, usage = os.wait4(pid, 0)
+        if reap is not None:
+            status, usage = reap(pid)
+        else:
+            _, status, usage = os.wait4(pid, 0)
     finally:
         os.close(pidfd)
-    return status, usage, time.monotonic() - started, peak, killed
+    return status, usage, wall, peak, killed
 
 
 def sweep_leftovers() -> None:
-    """Kill and reap every process below the runner (a program's children, orphans it left):
-    the next run starts alone."""
-    try:
-        if os.waitpid(-1, os.WNOHANG) == (0, 0):
-            pass  # a child runs: look for them all below
-    except ChildProcessError:  # no child at all: the program left nothing (the usual case)
-        return
+    """Kill and reap every process below the runner (a program's children, orphans it left)
+    but the item's starter (``starter.live``, whose runs are reaped by then): the next run
+    starts alone."""
     me = os.getpid()
+    spare = starters.live()
+    if not spare:
+        try:
+            if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                pass  # a child runs: look for them all below
+        except ChildProcessError:  # no child at all: the program left nothing (the usual case)
+            return
+    elif _children(me) == set(spare):  # orphans come back to the runner, a subreaper
+        return
     deadline = time.monotonic() + KILL_WAIT_S
     while time.monotonic() < deadline:
-        for child in tree(me) - {me}:
+        for child in tree(me) - {me, *spare}:
             kill_tree(child)
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0] > 0:
                 pass
-        if len(tree(me)) <= 1:
+        if not tree(me) - {me, *spare}:
             return
         time.sleep(0.001)  # they are dying: poll of a deadline
+
+
+def _children(pid: int) -> set[int] | None:
+    """The children of single-threaded ``pid`` now, or ``None`` where ``/proc`` does not say."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return {int(x) for x in f.read().split()}
+    except (OSError, ValueError):
+        return None
 
 
 def read_all(fd: int, limit: int, tail: int = 0) -> tuple[bytes, int]:
@@ -235,11 +266,41 @@ def run(
     keep_stderr: int = 4096,
     keep_tail: int = 0,
     watch_output: bool = False,
+    starter: Starter | None = None,
 ) -> Measured:
     """Run ``argv`` once in the box, in the runner's working directory, and measure it (see
     the module's docstring). Of each output it keeps the head (``keep_stdout``,
     ``keep_stderr``) and the last ``keep_tail`` bytes; ``watch_output`` kills it once both
-    outputs hold over ``limits.output_bytes`` (a compile's: no ``RLIMIT_FSIZE`` bounds it)."""
+    outputs hold over ``limits.output_bytes`` (a compile's: no ``RLIMIT_FSIZE`` bounds it).
+    A ``starter`` starts it; should the starter fail (the program may have killed it), the
+    run is thrown away and done again without one."""
+    options: dict[str, Any] = {
+        "stdin_path": stdin_path,
+        "stdin_data": stdin_data,
+        "keep": (keep_stdout, keep_stderr, keep_tail),
+        "watch_output": watch_output,
+    }
+    if starter is not None and starter.alive:
+        try:
+            return _run(argv, box, isolation, limits, starter=starter, **options)
+        except StarterFailed:
+            sweep_leftovers()  # the starter is gone: whatever it started comes back here
+    return _run(argv, box, isolation, limits, starter=None, **options)
+
+
+def _run(
+    argv: list[str],
+    box: BoxInfo,
+    isolation: str,
+    limits: Limits,
+    *,
+    stdin_path: str | None,
+    stdin_data: bytes | None,
+    keep: tuple[int, int, int],
+    watch_output: bool,
+    starter: Starter | None,
+) -> Measured:
+    keep_stdout, keep_stderr, keep_tail = keep
     out_fd = os.memfd_create("stdout", os.MFD_CLOEXEC)
     err_fd = os.memfd_create("stderr", os.MFD_CLOEXEC)
     in_fd = None
@@ -252,14 +313,18 @@ def run(
             os.write(in_fd, stdin_data)
             os.lseek(in_fd, 0, os.SEEK_SET)
         inherited = resident_kb()  # what the child starts with, before its execve
-        try:
-            started = time.monotonic()  # spawn returns once exec succeeded: it may have run
-            pid = spawn(argv, box, isolation, stdin_fd=in_fd, out_fd=out_fd, err_fd=err_fd)
-        except OSError as exc:  # not found, not executable, the directory taken away
-            return Measured(127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0)
+        started = time.monotonic()  # a spawn returns once exec succeeded: it may have run
+        if starter is not None:  # its refusal (not found, say) is the runner's to meet again
+            pid, inherited = starter.start(argv, in_fd, out_fd, err_fd)
+        else:
+            try:
+                pid = spawn(argv, box, isolation, stdin_fd=in_fd, out_fd=out_fd, err_fd=err_fd)
+            except OSError as exc:  # not found, not executable, the directory taken away
+                return Measured(127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0)
         first = resident_kb(pid)  # a program done before the first sample still shows
         watched = (out_fd, err_fd) if watch_output else ()
-        status, usage, wall, peak, killed = wait(pid, limits, started, watched)
+        reap = starter.reap if starter is not None else None
+        status, usage, wall, peak, killed = wait(pid, limits, started, watched, reap)
         sweep_leftovers()
         stdout, size = read_all(out_fd, keep_stdout, keep_tail)
         stderr, _ = read_all(err_fd, keep_stderr, keep_tail)

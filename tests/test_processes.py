@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -43,6 +44,22 @@ def test_a_child_started_from_a_thread_that_ends_lives_on(tmp_path: Path) -> Non
 
 
 @contextmanager
+def a_parent(script: str) -> Iterator[tuple[Any, ...]]:
+    """A Python process running ``script``, which prints a line of pids, then waits on its
+    stdin: yields the process and those pids. The process is killed at the end of the block."""
+    script += "\nimport sys\nsys.stdin.read()\n"
+    with subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        try:
+            yield parent, *(int(pid) for pid in parent.stdout.readline().split())
+        finally:
+            parent.kill()
+            parent.wait(30)
+
+
+@contextmanager
 def redis_of_a_parent(
     tmp_path: Path, prelude: str = ""
 ) -> Iterator[tuple[subprocess.Popen[str], int]]:
@@ -54,13 +71,8 @@ def redis_of_a_parent(
         "from farm.local.redis_server import RedisServer\n"
         f"server = RedisServer(pathlib.Path({str(tmp_path)!r})).start()\n"
         "print(server.proc.pid, flush=True)\n"
-        "sys.stdin.read()\n"
     )
-    with subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    ) as parent:
-        assert parent.stdout is not None
-        child = int(parent.stdout.readline())
+    with a_parent(script) as (parent, child):
         try:
             yield parent, child
         finally:
@@ -150,13 +162,13 @@ def still_running(processes: dict[int, str]) -> list[int]:
     return alive
 
 
-def test_a_process_sandbox_dies_with_its_worker_killed_by_sigkill(tmp_path: Path) -> None:
+def test_a_process_sandbox_dies_with_its_worker_killed_by_sigkill() -> None:
     """A worker of the ``process`` backend killed with SIGKILL (a ``LocalFarm.close`` that
     escalates) takes its kernel, the kernel's zygote and its boxes along: they used to run on
     with PPID 1. The worker starts its sandbox from a thread that ends, as ``farm.worker`` does
     while Celery sets up, so a tie to that thread would not do either."""
     script = (
-        "import sys, threading\n"
+        "import threading\n"
         "from farm.sandbox.process import ProcessSandbox\n"
         "box = {}\n"
         "t = threading.Thread(target=lambda: box.update(s=ProcessSandbox()))\n"
@@ -166,13 +178,9 @@ def test_a_process_sandbox_dies_with_its_worker_killed_by_sigkill(tmp_path: Path
         "with box['s'].kernel() as client:\n"
         "    client.open_session(session_id='s1')\n"
         "print(box['s'].proc.pid, flush=True)\n"
-        "sys.stdin.read()\n"
     )
-    with subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    ) as parent:
-        assert parent.stdout is not None
-        tree = descendants(int(parent.stdout.readline()))
+    with a_parent(script) as (parent, kernel):
+        tree = descendants(kernel)
         try:
             assert len(tree) >= 3, tree  # the kernel, its zygote, a session's box
             parent.kill()

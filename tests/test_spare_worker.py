@@ -5,8 +5,6 @@ or its owner killed) leaving no process or container behind."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from farm.client import Farm
 from farm.local.embedded import LocalFarm
 from farm.local.processes import pid_alive
+from tests.test_processes import a_parent
 from tests.waiting import wait_for
 
 
@@ -48,22 +47,21 @@ def test_a_farm_without_a_spare_starts_workers_on_demand_the_usual_way() -> None
 
 
 def test_a_spare_dies_with_the_process_that_owns_its_farm() -> None:
+    """The spare, and the worker, go when the farm's owner is killed (SIGKILL): the worker
+    gets SIGTERM from its tie and stops, though the farm's redis-server is gone too."""
     script = (
-        "import sys\n"
         "from farm.local.embedded import LocalFarm\n"
         "local = LocalFarm(1, backend='process').start()\n"
-        "print(local.spare_pid, flush=True)\n"
-        "sys.stdin.read()\n"
+        "print(local.spare_pid, *[w.pid for w in local.workers.values()], flush=True)\n"
     )
-    with subprocess.Popen(
-        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    ) as owner:
-        assert owner.stdout is not None
-        spare = int(owner.stdout.readline())
-        assert pid_alive(spare)
+    with a_parent(script) as started:
+        owner, spare, *workers = started
+        assert pid_alive(spare) and workers and all(map(pid_alive, workers))
         owner.kill()
         owner.wait(30)
         assert wait_for(lambda: not pid_alive(spare), 30), "the spare outlived its farm's owner"
+        gone = wait_for(lambda: not any(map(pid_alive, workers)), 60)
+        assert gone, "a worker outlived its farm's owner"
 
 
 @pytest.mark.docker

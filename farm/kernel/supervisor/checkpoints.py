@@ -220,8 +220,7 @@ class Checkpoints:
     def _adopt(self, session: Session, proc: SessionProcess, pid: int) -> None:
         """``proc`` is now ``pid``, a process no zygote reports the exit of: a pidfd does."""
         self._unwatch(session.id)
-        proc.pid, proc.exit, proc.broken = pid, None, None
-        proc.exited = asyncio.Event()
+        proc.renew(pid)
         pidfd = os.pidfd_open(pid)
         self.watched[session.id] = pidfd
 

@@ -52,7 +52,7 @@ class SessionProcess:
         self.exit: Exited | None = None
         self.broken: str | None = None  # a malformed frame it sent (user code can write one)
         self.waker: Callable[[], None] | None = None  # the running cell's watch (cell_watch)
-        self.exited = asyncio.Event()
+        self.exited: asyncio.Event = _Ended(self)  # it pokes the running cell's watch
         self.events: CellEvents | None = None
         self.calls = 0  # host calls of this process so far (their ids)
         self.allowed: frozenset[str] = frozenset()  # the callbacks the running cell may call
@@ -61,18 +61,10 @@ class SessionProcess:
         self.reader: asyncio.StreamReader
         self.writer: asyncio.StreamWriter
 
-    @property
-    def exited(self) -> asyncio.Event:
-        """Set once the process ended (the zygote's report, or a pidfd's for a process that a
-        rollback made the session's); it pokes the running cell's watch (``cell_watch``)."""
-        return self._exited
-
-    @exited.setter
-    def exited(self, event: asyncio.Event) -> None:
-        # whoever gives the process a new event (``checkpoints``) gets one that wakes too
-        self._exited = _Ended(self)
-        if event.is_set():
-            self._exited.set()
+    def renew(self, pid: int) -> None:
+        """The session goes on in ``pid`` (a rollback's): not ended, with a fresh ``exited``."""
+        self.pid, self.exit, self.broken = pid, None, None
+        self.exited = _Ended(self)
 
     def wake(self) -> None:
         if self.waker is not None:

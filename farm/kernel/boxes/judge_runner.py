@@ -39,9 +39,6 @@ ARTIFACT_BYTES = 32 << 20
 OUTPUTS_BYTES = 8 << 20  # the outputs returned (special judge, keep_outputs), all tests
 STACK_BYTES = 256 << 20
 STARTER_TESTS = 3  # an item of this many tests starts them from a starter: its fork pays
-# The kernel's own tuning (sandbox.backend.KERNEL_ENV), not the judged programs': a submission,
-# its compile and a problem's programs run in the image's environment, not the farm's.
-KERNEL_ONLY_ENV = ("GLIBC_TUNABLES",)
 
 
 def outcome(
@@ -405,8 +402,6 @@ def serve(spec: JudgeSpec, box: BoxInfo, isolation: str) -> int:
     """In the runner process (root, in the box, stdout a pipe to the supervisor): judge, write
     the outcome as one JSON object, and return the exit code."""
     os.umask(0o077)
-    for name in KERNEL_ONLY_ENV:
-        os.environ.pop(name, None)
     try:
         result = judge(spec, box, isolation)
     except Exception as exc:  # a failure of farm's own: IE, which the host retries

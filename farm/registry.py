@@ -251,6 +251,22 @@ class Registry:
         stored = reply(encoded) if reply is not None else None
         return self._finisher.finish(exec_record, session, events, stored)
 
+    def finish_branch(
+        self,
+        result: dict[str, Any],
+        session: tuple[str, dict[str, Any], float] | None,
+        events: Entries,
+        reply: Callable[[str], tuple[str, str, int]] | None = None,
+    ) -> str:
+        """The end of a branch op (a checkpoint, rollback, drop or fork: no exec record) in the
+        same one script as ``finish_exec``: its journal event, the session's entry (its epoch),
+        then its task's result. Returns the journal's error, or ``""``."""
+        if session is not None:
+            session_id, fields, ttl_s = session
+            session = (f"{PREFIX}session:{session_id}", fields, ttl_s)
+        stored = reply(json.dumps(result)) if reply is not None else None
+        return self._finisher.finish(None, session, events, stored)
+
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")
         return json.loads(raw) if raw else None

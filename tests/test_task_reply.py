@@ -61,3 +61,18 @@ def test_a_request_the_script_never_sees_is_stored_by_celery(inproc_farm: Farm) 
         release(pending)
         assert reply["error"]["kind"] == "input"
         assert setex_calls(inproc_farm) == before + 1
+
+
+def test_a_branch_ops_answer_epoch_and_event_come_from_one_script(inproc_farm: Farm) -> None:
+    with inproc_farm.session() as session:
+        session.run("x = 1")
+        before = setex_calls(inproc_farm)
+        cp = session.checkpoint()
+        session.run("x = 2")
+        session.rollback(cp)
+        assert setex_calls(inproc_farm) == before  # Celery stored neither answer
+        assert session.run("x").value.text == "1"  # type: ignore[union-attr]
+        entry = inproc_farm.registry.session(session.id)
+        assert entry is not None and int(entry["epoch"]) == cp.epoch + 1
+        ops = [e.op for e in inproc_farm.journal.events(session.id) if e.type == "branch"]
+        assert ops == ["checkpoint", "rollback"]

@@ -1,8 +1,9 @@
 """The end of a session call in Redis, in one script: its last events, its record, its session.
 
 ``finish`` runs one Lua script (one command, one round trip) that adds the run's closing events
-to its journal (and its live stream), then sets the exec record to ``done``, then refreshes the
-session's entry, then (given its task's ``reply``) stores and publishes the Celery result. The
+to its journal (and its live stream), then sets the exec record to ``done`` (a call with one:
+a branch op has none), then refreshes the session's entry, then (given its task's ``reply``)
+stores and publishes the Celery result. The
 script is atomic, so whoever reads the record, or the result, finds the journal complete.
 The journal stays best effort: its commands are ``pcall``ed, a failure among them is returned
 (for the log), and the record, the session entry and the reply are written all the same.
@@ -17,11 +18,12 @@ if TYPE_CHECKING:
 
     from farm.events.journal import Entries
 
-# KEYS: the exec record, the session entry, the reply's key (only with one), each event stream,
-# then the journals' index.
-# ARGV: record, its TTL (s), the session's TTL (ms), 2 x its fields, field, value...; then 1 and
-# the reply and its TTL (s, 0: none), or 0; then the number of streams and for each its bound,
-# TTL (ms), entry count and entries; then (only with streams) the index's member, score and bound.
+# KEYS: the exec record (any key when there is none), the session entry, the reply's key (only
+# with one), each event stream, then the journals' index.
+# ARGV: record, its TTL (s; 0: no record), the session's TTL (ms), 2 x its fields, field,
+# value...; then 1 and the reply and its TTL (s, 0: none), or 0; then the number of streams and
+# for each its bound, TTL (ms), entry count and entries; then (only with streams) the index's
+# member, score and bound.
 SCRIPT = """
 local at = 0
 local function nxt() at = at + 1; return ARGV[at] end
@@ -47,7 +49,7 @@ if streams > 0 then
   try('ZADD', index, score, member)
   try('ZREMRANGEBYRANK', index, 0, -bound - 1)
 end
-redis.call('SET', KEYS[1], record, 'EX', record_ttl)
+if tonumber(record_ttl) > 0 then redis.call('SET', KEYS[1], record, 'EX', record_ttl) end
 if #fields > 0 then
   redis.call('HSET', KEYS[2], unpack(fields))
   redis.call('PEXPIRE', KEYS[2], session_ttl)
@@ -72,7 +74,7 @@ class Finisher:
 
     def finish(
         self,
-        record: tuple[str, str, int],
+        record: tuple[str, str, int] | None,
         session: tuple[str, dict[str, Any], float] | None,
         events: Entries | None,
         reply: tuple[str, str, int] | None = None,
@@ -80,6 +82,8 @@ class Finisher:
         """Write ``events``, then ``record`` (key, JSON, TTL in s), then ``session`` (key,
         fields, TTL in s), then ``reply`` (key, body, TTL in s: set, and published on the key
         as a channel); returns the journal's error, ``""`` when there was none."""
+        if record is None:  # the first key is then only a place: the script writes none there
+            record = (session[0] if session is not None else reply[0] if reply else "-", "", 0)
         key, body, ttl_s = record
         keys = [key, session[0] if session is not None else key]
         args: list[Any] = [body, ttl_s, int(session[2] * 1000) if session is not None else 0]

@@ -2,9 +2,10 @@
 
 A ``BranchRequest`` is checked on arrival (malformed: an ``input`` refusal). A rollback moves the
 session's epoch, written to the registry before the answer, so that a call of the line left
-behind is refused as ``state_lost``. A refusal is ``{"error": {"code", "message"}}`` and the
-session lives on; the client raises its typed error (``farm.errors.error_for_branch``). Design:
-docs/design/fork.md.
+behind is refused as ``state_lost``; the op's journal event, the session's entry and (given the
+task's ``TaskReply``) the answer are written by one script (``Registry.finish_branch``). A
+refusal is ``{"error": {"code", "message"}}`` and the session lives on; the client raises its
+typed error (``farm.errors.error_for_branch``). Design: docs/design/fork.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from farm.kernel.wire.branch_frames import Branch, Branched
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.models import BranchRequest, Malformed, arrived
 from farm.worker.box_gate import KERNEL_WAIT_S, Ticket, weight
-from farm.worker.session_calls import BRANCH_TIMEOUT_S, SessionCalls, journal_branch
+from farm.worker.session_calls import BRANCH_TIMEOUT_S, SessionCalls, branch_event
+from farm.worker.task_reply import TaskReply
 from farm.worker.worker_host import WorkerHost
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,11 @@ def refusal(code: str, message: str) -> dict[str, Any]:
     return {"error": {"code": code, "message": message}}
 
 
-def branch(worker: WorkerHost, calls: SessionCalls, raw: object) -> dict[str, Any]:
-    """Do one branch op on a session held here: the kernel's ``branched`` reply, or why not."""
+def branch(
+    worker: WorkerHost, calls: SessionCalls, raw: object, reply: TaskReply | None = None
+) -> dict[str, Any]:
+    """Do one branch op on a session held here: the kernel's ``branched`` reply, or why not;
+    with its task's ``reply``, the answer is stored and published by the op's last script."""
     try:
         request = arrived(BranchRequest, raw)
     except Malformed as exc:
@@ -56,7 +61,7 @@ def branch(worker: WorkerHost, calls: SessionCalls, raw: object) -> dict[str, An
         return refusal("budget_exceeded", f"worker {worker.id} has no room for the forks")
     try:
         with worker.kernel() as kernel:
-            reply = kernel.branch(branch_request(request), BRANCH_TIMEOUT_S)
+            done = kernel.branch(branch_request(request), BRANCH_TIMEOUT_S)
     except KernelError as exc:
         for ticket in tickets:
             worker.gate.release(ticket)
@@ -64,14 +69,22 @@ def branch(worker: WorkerHost, calls: SessionCalls, raw: object) -> dict[str, An
             return refusal(exc.code, str(exc))
         held.lost = f"its sandbox failed during a {request.op} ({exc})"
         return refusal("session_lost", held.lost)
+    entry = None
     if request.op == "fork":
-        journal_branch(worker, reply)
-        return _forked(worker, reply, tickets)
-    held.epoch = reply["epoch"]
-    worker.registry.put_session(*worker.session_entry(session_id, held.epoch))
-    journal_branch(worker, reply)
+        result = _forked(worker, done, tickets)
+    else:
+        held.epoch = done["epoch"]
+        entry = worker.session_entry(session_id, held.epoch)
+        result = dict(done)
+    event = branch_event(done)
+    events = worker.journal.entries(session_id, event.exec_id, [event.model_dump_json()], None)
+    error = worker.registry.finish_branch(result, entry, events, reply.encode if reply else None)
+    if reply is not None:
+        reply.stored()
+    if error:
+        log.warning("session %s: the journal missed a %s (%s)", session_id, request.op, error)
     log.info("session %s: %s on worker %s", session_id, request.op, worker.id)
-    return dict(reply)
+    return result
 
 
 def _room(worker: WorkerHost, n: int) -> list[Ticket] | None:

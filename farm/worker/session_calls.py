@@ -378,7 +378,12 @@ def _oversized(code: str, max_frame: int = DEFAULT_MAX_FRAME) -> str | None:
 def journal_branch(worker: WorkerHost, reply: Branched) -> None:
     """A branch op in the session's journal: a replay after a loss of state then knows which
     cells a rollback undid (``journal_replay.live_cells``)."""
-    event = run_events.Branch(
+    worker.journal.append([branch_event(reply)])
+
+
+def branch_event(reply: Branched) -> run_events.Branch:
+    """The journal's event of a branch op, from the kernel's reply."""
+    return run_events.Branch(
         exec_id=uuid.uuid4().hex,
         session_id=reply["session_id"],
         seq=0,
@@ -388,4 +393,3 @@ def journal_branch(worker: WorkerHost, reply: Branched) -> None:
         checkpoint_id=reply.get("checkpoint_id"),
         forks=[forked["session_id"] for forked in reply.get("forks", [])],
     )
-    worker.journal.append([event])

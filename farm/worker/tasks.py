@@ -162,10 +162,10 @@ def make_worker_app(
     def snapshot(request: object) -> dict[str, Any]:
         return current().snapshots.take(request)
 
-    @app.task(name=TASK_BRANCH, shared=False)
-    def branch_session(request: object) -> dict[str, Any]:
+    @app.task(name=TASK_BRANCH, shared=False, bind=True)
+    def branch_session(task: Any, request: object) -> dict[str, Any]:
         worker = current()
-        return branch(worker, worker.calls, request)
+        return branch(worker, worker.calls, request, replying(task))
 
     @app.task(name=TASK_ECHO, shared=False)
     def echo(payload: Any) -> Any:

@@ -183,7 +183,8 @@ class Checkpoints:
                 os.killpg(group, signal.SIGKILL)
         deadline = self.loop.time() + KILL_S
         if spawner.pool.isolation != "dirs":  # the box's uid is its own: all of it goes
-            while left := _alive(session.box.uid, keep):  # again: one may have forked meanwhile
+            left = [proc.pid] if proc.exit is None else []  # most often the only one: no scan
+            while left or (left := _alive(session.box.uid, keep)):  # one may have forked
                 if self.loop.time() > deadline:
                     return False
                 held = [procs.kill_held(pid, session.box.uid) for pid in left]
@@ -194,6 +195,7 @@ class Checkpoints:
                 finally:
                     for fd in dying:
                         os.close(fd)
+                left = []
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(proc.exited.wait(), max(deadline - self.loop.time(), 0.01))
         return proc.exit is not None

@@ -17,6 +17,7 @@ import pytest
 from farm.client import Farm, Session
 from farm.errors import BudgetExceeded, StateLost, TooManyCheckpoints, UnknownCheckpoint
 from tests.test_cotenancy import value
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.reliability]
 
@@ -85,6 +86,27 @@ def test_a_rollback_ends_processes_started_since_and_keeps_sockets(session: Sess
     assert value(session, f"({alive})({after_pid})") is False
     connected = "socket.create_connection(('127.0.0.1', 8123), timeout=2) is not None"
     assert value(session, connected) is True
+
+
+def test_a_rollback_ends_the_boxs_daemons_and_goes_on_in_the_standby(session: Session) -> None:
+    """A process that left every group of the session (``setsid``) ends at a rollback too (the
+    box's uid is searched), while the checkpoint's standby, spared as a member of the held
+    copy's group, is the process that goes on."""
+    session.run(
+        "import os, subprocess\n"
+        "kids = lambda p: open(f'/proc/{p}/task/{p}/children').read().split()\n"
+        "group = lambda p: open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[2]\n"
+        "standby = lambda c: [k for k in kids(c) if group(k) == c]"
+    )
+    cp = session.checkpoint()
+    (copy,) = value(session, "kids(os.getpid())")
+    assert wait_for(lambda: len(value(session, f"standby('{copy}')")) == 1, 10)
+    (standby,) = value(session, f"standby('{copy}')")
+    daemon = "subprocess.Popen(['sleep', '600'], start_new_session=True).pid"
+    daemon_pid = value(session, daemon)
+    session.rollback(cp)
+    assert value(session, "str(os.getpid())") == standby
+    assert value(session, f"os.path.exists('/proc/{daemon_pid}')") is False
 
 
 def test_checkpoints_are_bounded_and_a_drop_frees_one(session: Session) -> None:

@@ -116,3 +116,82 @@ def test_branch_frames_validate_on_the_host(client: KernelClient) -> None:
         assert got["value"] is not None and got["value"]["text"] == "84"
         client.close_session(forked["session_id"])
     client.close_session(cells.id)
+
+
+KIDS = (
+    "import os\n"
+    "def kids(p):\n"
+    "    return [int(k) for k in open(f'/proc/{p}/task/{p}/children').read().split()]\n"
+    "def group(p):\n"
+    "    return int(open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[2])\n"
+    "def standbys(copy):\n"
+    "    return [k for k in kids(copy) if group(k) == copy]\n"
+)
+
+
+def standby_of(cells: Cells, copy: int) -> list[int]:
+    """The held copy's standbys, as the box's own code finds them."""
+    return [int(pid) for pid in eval(cells.value(f"standbys({copy})") or "[]")]
+
+
+def test_a_rollback_that_keeps_its_checkpoint_goes_on_in_the_standby(cells: Cells) -> None:
+    """The copy forks a standby once it holds; a rollback wakes that standby, and the copy
+    forks the next one: every rollback after the first too."""
+    cells.run(KIDS + "x = 1")
+    cp = branch(cells, "checkpoint")["checkpoint_id"]
+    (copy,) = [int(pid) for pid in eval(cells.value("kids(os.getpid())") or "[]")]
+    assert wait_for(lambda: len(standby_of(cells, copy)) == 1, 10)
+    for _ in range(3):
+        (standby,) = standby_of(cells, copy)
+        cells.run("x = 2")
+        branch(cells, "rollback", checkpoint_id=cp)
+        assert cells.value("(x, os.getpid(), os.getpgrp() == os.getpid())") == (
+            f"(1, {standby}, True)"  # the standby, in a group of its own now
+        )
+        assert wait_for(lambda s=standby: standby_of(cells, copy) not in ([], [s]), 10)
+
+
+def test_a_standby_the_box_kills_or_signals_costs_only_a_fork(cells: Cells) -> None:
+    """The box's code can find the standby and signal it (one uid here): a wake-up from it is
+    ignored, a stop is undone, what else it sent is dropped before the standby goes on as the
+    session, and a SIGKILL leaves the copy to fork the session's process itself."""
+    cells.run(KIDS + "import signal\nx = 1")
+    cp = branch(cells, "checkpoint")["checkpoint_id"]
+    (copy,) = [int(pid) for pid in eval(cells.value("kids(os.getpid())") or "[]")]
+    assert wait_for(lambda: len(standby_of(cells, copy)) == 1, 10)
+    (standby,) = standby_of(cells, copy)
+    pokes = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGSTOP")
+    cells.run("".join(f"os.kill({standby}, signal.{sig})\n" for sig in pokes) + "x = 2")
+    assert standby_of(cells, copy) == [standby]  # still holding: the wake-up was not its own
+    t0 = time.monotonic()
+    branch(cells, "rollback", checkpoint_id=cp)  # the stopped standby is continued, goes on
+    assert time.monotonic() - t0 < 30  # not the minute a silent process is waited for
+    assert cells.value("(x, os.getpid())") == f"(1, {standby})"  # SIGTERM was not the session's
+    assert wait_for(lambda: len(standby_of(cells, copy)) == 1, 10)
+    (standby,) = standby_of(cells, copy)
+    cells.run(f"os.kill({standby}, signal.SIGKILL)\nx = 3")
+    branch(cells, "rollback", checkpoint_id=cp)
+    assert cells.value("x") == "1"
+    assert wait_for(lambda: standby_of(cells, copy) not in ([], [standby]), 10)
+    branch(cells, "rollback", checkpoint_id=cp)
+    assert cells.value("x") == "1"
+
+
+def test_a_dropped_checkpoint_takes_its_standby_along(cells: Cells) -> None:
+    cells.run(KIDS + "x = 1")
+    gone = "lambda p: not os.path.exists(f'/proc/{p}') or open(f'/proc/{p}/stat').read()"
+    cells.run(f"gone = {gone}")
+    for spent in (False, True):
+        cp = branch(cells, "checkpoint")["checkpoint_id"]
+        (copy,) = [int(pid) for pid in eval(cells.value("kids(os.getpid())") or "[]")]
+        assert wait_for(lambda c=copy: len(standby_of(cells, c)) == 1, 10)
+        (standby,) = standby_of(cells, copy)
+        if spent:  # the standby goes on as the session, and the copy ends
+            cells.run("x = 2")
+            branch(cells, "rollback", checkpoint_id=cp, keep=False)
+            assert cells.value("(x, os.getpid())") == f"(1, {standby})"
+            assert wait_for(lambda c=copy: cells.value(f"gone({c})") == "True", 10)
+        else:
+            branch(cells, "drop", checkpoint_id=cp)
+            pair = f"[gone({copy}), gone({standby})]"
+            assert wait_for(lambda p=pair: cells.value(p) == "[True, True]", 10)

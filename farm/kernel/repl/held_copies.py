@@ -3,9 +3,11 @@
 A checkpoint is a ``fork`` of the session process between cells, in a process group of its
 own, holding a copy of the box's files in its memory and every signal blocked, until the
 supervisor (and only the supervisor: a signal from the box's own uid is ignored) wakes it for
-a rollback. Woken, it puts the files back, forks the process that goes on as the session
-(the checkpoint stays held, for a later rollback) and drains the control socket, which it
-shares with the session. Design: docs/design/fork.md.
+a rollback. It keeps a standby ready: a child in its group (a group no other process can join:
+its session is the copy's alone), which a rollback that keeps the checkpoint wakes instead
+(``GO``): it puts the files back, drains the control socket and goes on as the session; then
+the copy makes the next standby (``REFILL``). Without a standby the copy forks that process
+itself. Design: docs/design/fork.md.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from ..boxes.uids import PR_SET_PDEATHSIG, prctl
 from ..wire.framing import send_frame
 from . import state_export
 from .box_files import Entry, restore, snapshot
@@ -83,43 +86,109 @@ def _hold(
     ctl: socket.socket, files: dict[str, list[Entry]], waker: int, old: set[int | signal.Signals]
 ) -> None:
     """Wait for the supervisor's signal; then files back, the control socket drained, and the
-    session goes on: in a child (``KEEP``: the copy holds on, for a later rollback) or in
-    this process (``TAKE``: the checkpoint is spent). A failure is said on the socket and the
-    copy keeps holding (the supervisor then gives the session a fresh process). Every signal
-    is blocked (since the fork); ``old`` is the session's mask, back in the process that goes
-    on."""
-    while True:
-        keep = _woken(waker) == KEEP
+    session goes on: in the standby (woken by the supervisor itself), in a child (``KEEP``,
+    when there was no standby: the copy holds on, for a later rollback) or in this process
+    (``TAKE``: the checkpoint is spent). A failure is said on the socket and the copy keeps
+    holding (the supervisor then gives the session a fresh process). Every signal is blocked
+    (since the fork); ``old`` is the session's mask, back in the process that goes on."""
+    standby = _standby(ctl, files, waker, old)
+    while standby >= 0:
+        sig = _woken(waker, (KEEP, TAKE, REFILL))
         reap()
-        try:
-            for root, entries in files.items():
-                restore(root, entries)
-            _drain(ctl)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork() if keep else 0
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                send_frame(ctl, {"type": "restored", "error": f"{type(exc).__name__}: {exc}"})
+        if sig == REFILL:  # the standby went on as the session (or died): the next one
+            standby = _standby(ctl, files, waker, old)
             continue
-        if pid == 0:
-            if keep:
-                children.clear()
-                os.setsid()
-            signal.pthread_sigmask(signal.SIG_SETMASK, old)
-            send_frame(ctl, {"type": "restored", "pid": os.getpid()})
+        if sig == TAKE:  # this process goes on: the standby has no use left
+            _retire(standby)
+        if _go_on(ctl, files, old, fork=sig == KEEP):
             return
+        if sig == KEEP and (standby == 0 or _gone(standby)):  # it was killed meanwhile
+            standby = _standby(ctl, files, waker, old)
+
+
+def _retire(standby: int) -> None:
+    """Before this copy goes on itself: its standby killed (a ``REFILL`` still pending is
+    dropped with every other signal sent to the copy, by ``_go_on``)."""
+    if standby > 0:  # its zombie is reaped with the others' (``reap``)
+        with contextlib.suppress(OSError):
+            os.kill(standby, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] != 0
+    except ChildProcessError:
+        return True
+
+
+def _standby(
+    ctl: socket.socket, files: dict[str, list[Entry]], waker: int, old: set[int | signal.Signals]
+) -> int:
+    """Fork the standby: its pid here (0 when the box has no room: a rollback then forks);
+    -1 in the standby once it goes on as the session (it then returns out of ``handle``)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            parent, pid = os.getpid(), os.fork()
+    except OSError:
+        return 0
+    if pid:
         children.add(pid)
+        return pid
+    children.clear()
+    try:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a dropped checkpoint takes it along
+        if os.getppid() != parent:
+            os._exit(0)
+        while True:
+            _woken(waker, (GO,))
+            if _go_on(ctl, files, old, fork=False):
+                return -1
+    except BaseException:  # a standby never returns into the copy's loop
+        os._exit(1)
+
+
+def _go_on(
+    ctl: socket.socket, files: dict[str, list[Entry]], old: set[int | signal.Signals], fork: bool
+) -> bool:
+    """Files back, the socket drained, then the session goes on: here (``fork`` False), or in
+    a child while this process holds on. True where the session goes on."""
+    try:
+        for root, entries in files.items():
+            restore(root, entries)
+        _drain(ctl)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork() if fork else 0
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            send_frame(ctl, {"type": "restored", "error": f"{type(exc).__name__}: {exc}"})
+        return False
+    if pid:
+        children.add(pid)
+        return False
+    if fork:
+        children.clear()
+    if os.getpgrp() != os.getpid():  # its own group, apart from the copy's and its standby's
+        os.setsid()
+    prctl(PR_SET_PDEATHSIG, 0)  # a standby's: the session outlives its checkpoint
+    while pending := signal.sigpending():  # sent to the held process, not to the session:
+        signal.sigtimedwait(pending, 0)  # dropped, as a fork's child starts with none
+    signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    send_frame(ctl, {"type": "restored", "pid": os.getpid()})
+    return True
 
 
 KEEP, TAKE = signal.SIGUSR2, signal.SIGUSR1  # a rollback that keeps the checkpoint, or spends it
+GO = signal.SIGUSR1  # to a standby: go on as the session
+REFILL = signal.SIGRTMIN + 1  # to a copy: its standby went on (or died); fork the next
 
 
-def _woken(waker: int) -> int:
+def _woken(waker: int, signals: tuple[int, ...]) -> int:
     """The supervisor's wake-up signal: sent by another uid (root: the box's own uid can
     signal this process too) or, where all share one uid, by the supervisor's pid."""
     while True:
-        info = signal.sigwaitinfo({KEEP, TAKE})
+        info = signal.sigwaitinfo(signals)
         if info.si_code == SI_USER and (info.si_uid != os.getuid() or info.si_pid == waker):
             return info.si_signo
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..boxes import procs
-from ..repl.held_copies import KEEP, TAKE
+from ..repl.held_copies import GO, KEEP, REFILL, TAKE
 from ..wire.branch_frames import Branched, BranchOp
 from ..wire.framing import FrameError, encode, read_frame
 from .links import RequestError
@@ -110,8 +110,10 @@ class Checkpoints:
                                bytes=cp.bytes)  # fmt: skip
 
     async def rollback(self, session_id: str, checkpoint_id: str, keep: bool = True) -> Branched:
-        """Back to the checkpoint; with ``keep`` it stays held (its copy forks the process
-        that goes on), else it is spent (the copy itself goes on: one fork less)."""
+        """Back to the checkpoint: its standby goes on as the session (then the copy forks the
+        next standby, or with ``keep`` False ends: the checkpoint is spent). Without a standby
+        (none forked yet, or the box killed it) the copy forks the process that goes on, or
+        (spent) goes on itself."""
         session = self.manager.session(session_id)
         async with session.lock:
             cp = self._find(session, checkpoint_id)
@@ -123,10 +125,17 @@ class Checkpoints:
                 session.proc = proc
             await _reattach(proc, self.loop)
             session.epoch += 1  # a call of the line left behind must not run in this one
-            signal.pidfd_send_signal(cp.pidfd, KEEP if keep else TAKE)
+            standby = _standby(cp.pid)
+            if standby is not None:  # ready forked: it goes on (the copy makes the next)
+                try:
+                    _wake(standby, GO)
+                finally:
+                    os.close(standby)
+            else:
+                _wake(cp.pidfd, KEEP if keep else TAKE)
             reply = await ask(proc, None)
             inner = _number(reply.get("pid"))
-            if keep:
+            if keep or standby is not None:
                 pid = child_pid(cp.pid, inner)
             else:
                 pid = cp.pid if inner and _innermost(cp.pid) == inner else None
@@ -134,9 +143,14 @@ class Checkpoints:
                 proc.exit = proc.exit or {"op": "exited", "pid": proc.pid, "code": None}
                 why = reply.get("error", "the held copy did not take over")
                 raise RequestError("unavailable", f"rollback failed: {why}")
-            if not keep:  # the process is the session's now: no longer a checkpoint
+            if not keep:  # spent: the session's process now, or gone with its copy
                 del self.held[session.id][cp.id]
-                os.close(cp.pidfd)
+                if standby is not None:
+                    _end(cp)
+                else:
+                    os.close(cp.pidfd)
+            elif standby is not None:
+                signal.pidfd_send_signal(cp.pidfd, REFILL)
             self._adopt(session, proc, pid)
             session.last_used = time.monotonic()
             return self._reply(session, "rollback", checkpoint_id=cp.id)
@@ -161,7 +175,8 @@ class Checkpoints:
         return any(cp.line is line for cp in self.held.get(session_id, {}).values())
 
     def keep(self, session: Session) -> set[int]:
-        """The pids a reset of the session's box spares (its live checkpoints)."""
+        """The pids a reset of the session's box spares: its live checkpoints, and with them
+        the processes of their groups (their standbys, even one being forked now)."""
         self._forget_dead(session)
         return {cp.pid for cp in self.held.get(session.id, {}).values()}
 
@@ -267,6 +282,12 @@ async def ask(
     return reply if isinstance(reply, dict) else {"error": "the socket closed"}
 
 
+def _wake(pidfd: int, sig: int) -> None:
+    """Wake a held process: continued first, in case the box's code stopped it (same uid)."""
+    signal.pidfd_send_signal(pidfd, signal.SIGCONT)
+    signal.pidfd_send_signal(pidfd, sig)
+
+
 def _number(field: Any) -> int:
     """A count or pid from a session process's frame: its code may have written the frame,
     so anything but a plain non-negative int is 0 (never a reply the host would refuse)."""
@@ -303,12 +324,26 @@ async def _ended(pidfds: list[int], deadline: float, loop: asyncio.AbstractEvent
 
 
 def _alive(uid: int, keep: set[int]) -> list[int]:
-    """Live (not zombie) processes of ``uid`` but ``keep``."""
-    return [
-        pid
-        for pid in procs.uid_pids(uid)
-        if pid not in keep and (procs.status(pid) or (0, "Z"))[1] != "Z"
-    ]
+    """Live (not zombie) processes of ``uid`` but ``keep`` and the members of their groups."""
+    alive = []
+    for pid in procs.uid_pids(uid):
+        if pid in keep:
+            continue
+        seen = _stat(pid)
+        if seen is not None and seen[0] != "Z" and int(seen[2]) not in keep:
+            alive.append(pid)
+    return alive
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command's name: state, ppid, process group,
+    session...; ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 3 else None
 
 
 async def _reattach(proc: SessionProcess, loop: asyncio.AbstractEventLoop) -> None:
@@ -327,21 +362,50 @@ async def _reattach(proc: SessionProcess, loop: asyncio.AbstractEventLoop) -> No
         proc.drain(fd)  # its output up to its end: dropped at the next cell's start
 
 
-def child_pid(parent: int, inner: int) -> int | None:
-    """The pid here of ``parent``'s child whose pid in its own namespace is ``inner``."""
+def _standby(copy: int) -> int | None:
+    """A pidfd of the held copy's standby: its child in its process group, which no other
+    process can join (the group's session is the copy's), or ``None`` when it has none."""
+    for kid in _group_kids(copy):
+        try:
+            pidfd = os.pidfd_open(kid)
+        except ProcessLookupError:
+            continue
+        if kid in _group_kids(copy):  # still so with the pidfd held: not a pid reused since
+            return pidfd
+        os.close(pidfd)
+    return None
+
+
+def _group_kids(parent: int) -> list[int]:
+    """Live children of ``parent`` in its process group (a held copy's: its standby)."""
+    found = []
+    for kid in _children(parent):
+        seen = _stat(kid)
+        if seen is not None and seen[0] != "Z" and seen[1] == seen[2] == str(parent):
+            found.append(kid)
+    return found
+
+
+def _children(parent: int) -> list[int]:
+    kids: list[int] = []
     try:
         tasks = os.listdir(f"/proc/{parent}/task")
     except OSError:
-        return None
+        return kids
     for task in tasks:
         try:
             with open(f"/proc/{parent}/task/{task}/children") as f:
-                kids = [int(kid) for kid in f.read().split()]
+                kids += [int(kid) for kid in f.read().split()]
         except OSError:
             continue
-        for kid in kids:
-            if _innermost(kid) == inner:
-                return kid
+    return kids
+
+
+def child_pid(parent: int, inner: int) -> int | None:
+    """The pid here of ``parent``'s child whose pid in its own namespace is ``inner``."""
+    for kid in _children(parent):
+        if _innermost(kid) == inner:
+            return kid
     return None
 
 

@@ -129,17 +129,16 @@ def pinned_tag(tag: str, want: Mapping[str, str]) -> str:
 def own_sandbox_tag(tag: str = DEFAULT_TAG, repo_root: Path | None = None) -> str:
     """The pinned tag of this checkout's kernel for the default sandbox image ``tag``, or
     ``tag`` itself when the sources to hash are not here (an installed package, e.g. the worker
-    image) or Docker has no such image (built before pinning existed)."""
+    image) or Docker has no such image (built before pinning existed). Docker failing to
+    answer raises (``DockerUnavailable``, or the SDK's error): the plain tag may be another
+    checkout's kernel, so it is never a silent stand-in for the pinned one."""
     try:
         want = {LABEL_KERNEL_HASH: kernel_source_hash(repo_root or default_repo_root())}
-        pinned = pinned_tag(tag, want)
-        client = docker.from_env(timeout=PING_TIMEOUT_S)
-        try:
-            return pinned if image_exists(client, pinned) else tag
-        finally:
-            client.close()
-    except (ImageBuildError, OSError, docker.errors.DockerException):
+    except (ImageBuildError, OSError):
         return tag
+    pinned = pinned_tag(tag, want)
+    with docker_client(None) as client:
+        return pinned if image_exists(client, pinned) else tag
 
 
 def image_exists(client: docker.DockerClient, ref: str) -> bool:

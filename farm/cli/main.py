@@ -50,7 +50,7 @@ def up(
     backend: str = typer.Option("docker", help="docker | process (unisolated) | auto"),
 ) -> None:
     """Start a local farm in the background and record it (FARM_STATE_FILE)."""
-    from farm.local.embedded import start_background
+    from farm.local.farm_up import start_background
 
     settings = FarmSettings()
     try:
@@ -66,7 +66,7 @@ def up(
 @app.command()
 def down() -> None:
     """Stop the local farm `farm up` started, and remove what it made."""
-    from farm.local.embedded import stop_background
+    from farm.local.farm_up import stop_background
 
     if stop_background(FarmSettings().state_file):
         console.print("farm down: stopped")

@@ -6,9 +6,7 @@ Tests use it too, so the test farm is the real one.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -22,10 +20,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from farm.errors import LocalFarmError, SandboxUnavailable
+from farm.errors import SandboxUnavailable
 from farm.image_name import ImageName, ServedImage
 from farm.local.processes import pid_alive, popen_tied
-from farm.local.redis_server import RedisServer, ServerTLS, write_private
+from farm.local.redis_server import RedisServer, ServerTLS
 from farm.local.spares import Spare
 from farm.registry import Registry
 from farm.settings import FarmSettings
@@ -310,99 +308,3 @@ class LocalFarm:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def serve(workers: int, backend: str, state_file: Path) -> None:
-    """Run a local farm until SIGTERM/SIGINT, recording it in ``state_file`` (``farm up``)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    local = LocalFarm(workers, backend=backend).start()
-    try:
-        state_file.parent.mkdir(parents=True, exist_ok=True)
-        state = {
-            "pid": os.getpid(),
-            "broker_url": local.broker_url,
-            "backend": backend,
-            "workers": list(local.workers),
-            "dir": str(local.dir),
-            "started_at": time.time(),
-        }
-        tmp = state_file.with_suffix(".tmp")
-        write_private(tmp, json.dumps(state))  # it holds the broker's password: owner only
-        tmp.replace(state_file)
-        signal.sigwait({signal.SIGTERM, signal.SIGINT})
-    finally:
-        state_file.unlink(missing_ok=True)
-        local.close()
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m farm.local.embedded")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--backend", default="docker")
-    parser.add_argument("--state-file", type=Path, required=True)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    serve(args.workers, args.backend, args.state_file)
-
-
-if __name__ == "__main__":
-    main()
-
-
-def start_background(
-    workers: int, backend: str, state_file: Path, timeout_s: float = READY_TIMEOUT_S
-) -> dict[str, object]:
-    """Start ``serve`` detached (``farm up``); return its recorded state once it is ready."""
-    if state_file.exists():
-        old_pid = int(json.loads(state_file.read_text())["pid"])
-        if pid_alive(old_pid):
-            raise LocalFarmError(f"a local farm is already up (pid {old_pid}); `farm down`")
-        state_file.unlink()
-    state_file.parent.mkdir(parents=True, exist_ok=True)
-    log_path = state_file.with_suffix(".log")
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "farm.local.embedded",
-                "--workers",
-                str(workers),
-                "--backend",
-                backend,
-                "--state-file",
-                str(state_file),
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + timeout_s
-    while not state_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            if proc.poll() is None:
-                proc.terminate()
-            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
-            raise LocalFarmError(f"the local farm did not start; its log ({log_path}):\n{tail}")
-        time.sleep(0.1)  # poll interval of the deadline-bounded readiness check
-    state: dict[str, object] = json.loads(state_file.read_text())
-    return state
-
-
-def stop_background(state_file: Path, timeout_s: float = 60.0) -> bool:
-    """Stop the farm ``farm up`` started; False when none was recorded."""
-    if not state_file.exists():
-        return False
-    pid = int(json.loads(state_file.read_text())["pid"])
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        state_file.unlink(missing_ok=True)
-        return True
-    deadline = time.monotonic() + timeout_s
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)  # poll interval of the deadline-bounded shutdown wait
-    if pid_alive(pid):
-        os.kill(pid, signal.SIGKILL)
-    state_file.unlink(missing_ok=True)
-    return True

@@ -195,3 +195,45 @@ def test_a_dropped_checkpoint_takes_its_standby_along(cells: Cells) -> None:
             branch(cells, "drop", checkpoint_id=cp)
             pair = f"[gone({copy}), gone({standby})]"
             assert wait_for(lambda p=pair: cells.value(p) == "[True, True]", 10)
+
+
+def test_a_held_process_that_ends_is_no_answer_at_once_and_its_last_frame_is_read() -> None:
+    """``ask`` with the answering process's pidfd: a process that ends without a word ends the
+    wait at once (not after its minute); one that wrote its frame, then ended, is read."""
+    import asyncio
+    import socket
+    import subprocess
+    import sys
+
+    from farm.kernel.supervisor.held_answers import ask
+    from farm.kernel.supervisor.session_process import SessionProcess
+    from farm.kernel.wire.framing import encode
+
+    frame = encode({"type": "restored", "pid": 7})
+    says = "import os, sys; os.write(int(sys.argv[1]), " + repr(frame) + ")"
+
+    async def answer(code: str) -> tuple[dict[str, Any], float]:
+        here, there = socket.socketpair()
+        out, err = os.pipe(), os.pipe()
+        child = subprocess.Popen(
+            [sys.executable, "-c", code, str(there.fileno())], pass_fds=[there.fileno()]
+        )
+        proc = SessionProcess(child.pid, here, out[0], err[0])
+        await proc.attach(asyncio.get_running_loop())
+        pidfd = os.pidfd_open(child.pid)
+        try:
+            t0 = time.monotonic()
+            reply = await ask(proc, None, timeout_s=60, watch=pidfd)
+            return reply, time.monotonic() - t0
+        finally:
+            os.close(pidfd)
+            child.wait()
+            there.close()  # held open meanwhile, as a held copy holds the session's socket
+            proc.close(asyncio.get_running_loop())
+            for fd in (out[1], err[1]):
+                os.close(fd)
+
+    silent, waited = asyncio.run(answer("pass"))
+    assert silent == {"error": "the process to answer ended first"} and waited < 30
+    spoke, _ = asyncio.run(answer(says))
+    assert spoke == {"type": "restored", "pid": 7}

@@ -112,3 +112,60 @@ def kb_fields(path: str, names: tuple[str, ...]) -> int:
     what opening or reading it raises (a process gone, one that may not be read)."""
     with open(path) as f:
         return sum(int(line.split()[1]) for line in f if line.startswith(names))
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat``'s fields after the command's name: state, ppid, process group,
+    session...; ``None`` when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields if len(fields) > 3 else None
+
+
+def children(parent: int) -> list[int]:
+    """Pids of ``parent``'s children (of all its threads)."""
+    kids: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{parent}/task")
+    except OSError:
+        return kids
+    for task in tasks:
+        try:
+            with open(f"/proc/{parent}/task/{task}/children") as f:
+                kids += [int(kid) for kid in f.read().split()]
+        except OSError:
+            continue
+    return kids
+
+
+def group_children(parent: int) -> list[int]:
+    """Live children of ``parent`` in its process group (a held copy's: its standby)."""
+    found = []
+    for kid in children(parent):
+        seen = stat_fields(kid)
+        if seen is not None and seen[0] != "Z" and seen[1] == seen[2] == str(parent):
+            found.append(kid)
+    return found
+
+
+def child_pid(parent: int, inner: int) -> int | None:
+    """The pid here of ``parent``'s child whose pid in its own namespace is ``inner``."""
+    for kid in children(parent):
+        if innermost(kid) == inner:
+            return kid
+    return None
+
+
+def innermost(pid: int) -> int | None:
+    """``pid`` as its own (innermost) pid namespace numbers it."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None

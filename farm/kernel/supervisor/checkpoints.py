@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..boxes import procs
 from ..repl.held_copies import GO, KEEP, REFILL, TAKE
 from ..wire.branch_frames import Branched, BranchOp
-from ..wire.framing import FrameError, encode, read_frame
+from .held_answers import all_ended, ask, wake
 from .links import RequestError
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("farm.kernel")
 
 MAX_CHECKPOINTS = 8  # per session: each holds a copy of the box's files and a process
-HOLD_TIMEOUT_S = 60.0  # a checkpoint reads every file of the box into its memory
 KILL_S = 2.0  # the box's other processes gone before a held copy is woken
 
 
@@ -93,7 +92,7 @@ class Checkpoints:
                 why = str(reply.get("error", "no answer"))
                 code = "budget_exceeded" if reply.get("budget") else "unavailable"
                 raise RequestError(code, f"no checkpoint of session {session.id}: {why}")
-            pid = child_pid(proc.pid, _number(reply.get("pid")))
+            pid = procs.child_pid(proc.pid, _number(reply.get("pid")))
             if pid is None:
                 raise RequestError("unavailable", "the checkpoint ended as soon as it was made")
             cp = Held(
@@ -125,20 +124,15 @@ class Checkpoints:
                 session.proc = proc
             await _reattach(proc, self.loop)
             session.epoch += 1  # a call of the line left behind must not run in this one
-            standby = _standby(cp.pid)
-            if standby is not None:  # ready forked: it goes on (the copy makes the next)
-                try:
-                    _wake(standby, GO)
-                finally:
-                    os.close(standby)
-            else:
-                _wake(cp.pidfd, KEEP if keep else TAKE)
-            reply = await ask(proc, None)
+            reply, standby = await _wake_standby(proc, cp.pid)
+            if standby is None:  # none, or it was dying: the copy forks (or goes on itself)
+                wake(cp.pidfd, KEEP if keep else TAKE)
+                reply = await ask(proc, None, watch=cp.pidfd)
             inner = _number(reply.get("pid"))
             if keep or standby is not None:
-                pid = child_pid(cp.pid, inner)
+                pid = procs.child_pid(cp.pid, inner)
             else:
-                pid = cp.pid if inner and _innermost(cp.pid) == inner else None
+                pid = cp.pid if inner and procs.innermost(cp.pid) == inner else None
             if pid is None:  # the copy is still held; the next call gets a fresh process
                 proc.exit = proc.exit or {"op": "exited", "pid": proc.pid, "code": None}
                 why = reply.get("error", "the held copy did not take over")
@@ -205,7 +199,7 @@ class Checkpoints:
                 held = [procs.kill_held(pid, session.box.uid) for pid in left]
                 dying = [fd for fd in held if fd is not None]
                 try:
-                    if not await _ended(dying, deadline, self.loop):
+                    if not await all_ended(dying, deadline, self.loop):
                         return False
                 finally:
                     for fd in dying:
@@ -267,25 +261,21 @@ class Checkpoints:
         return reply
 
 
-async def ask(
-    proc: SessionProcess, order: dict[str, Any] | None, timeout_s: float = HOLD_TIMEOUT_S
-) -> dict[str, Any]:
-    """Send ``order`` (if any) to a session process between cells and read the one frame
-    that answers it (``{"error": ...}`` when none came)."""
-    if order is not None:
-        proc.writer.write(encode(order))
-        await proc.writer.drain()
+async def _wake_standby(proc: SessionProcess, copy: int) -> tuple[dict[str, Any], int | None]:
+    """Wake the standby of the held copy ``copy`` (it goes on as the session); its answer
+    and pid, or no pid when there was none, or it ended without answering (the box's code
+    killed it as it was found)."""
+    standby = _standby(copy)
+    if standby is None:
+        return {}, None
     try:
-        reply = await asyncio.wait_for(read_frame(proc.reader), timeout_s)
-    except (asyncio.TimeoutError, FrameError, ConnectionError, OSError) as exc:
-        return {"error": f"no answer ({type(exc).__name__})"}
-    return reply if isinstance(reply, dict) else {"error": "the socket closed"}
-
-
-def _wake(pidfd: int, sig: int) -> None:
-    """Wake a held process: continued first, in case the box's code stopped it (same uid)."""
-    signal.pidfd_send_signal(pidfd, signal.SIGCONT)
-    signal.pidfd_send_signal(pidfd, sig)
+        wake(standby, GO)
+        reply = await ask(proc, None, watch=standby)
+        if "error" in reply and select.select([standby], [], [], 0)[0]:
+            return reply, None
+        return reply, standby
+    finally:
+        os.close(standby)
 
 
 def _number(field: Any) -> int:
@@ -301,49 +291,30 @@ def _end(cp: Held) -> None:
         os.close(cp.pidfd)
 
 
-async def _ended(pidfds: list[int], deadline: float, loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether every process of ``pidfds`` ended by ``deadline`` (a pidfd reads as ready once
-    its process has exited): woken by each end, not by a poll."""
-    for pidfd in pidfds:
-        if select.select([pidfd], [], [], 0)[0]:
-            continue
-        ended: asyncio.Future[None] = loop.create_future()
-
-        def readable(done: asyncio.Future[None] = ended) -> None:
-            if not done.done():
-                done.set_result(None)
-
-        loop.add_reader(pidfd, readable)
-        try:
-            await asyncio.wait_for(ended, max(deadline - loop.time(), 0.0))
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            loop.remove_reader(pidfd)
-    return True
-
-
 def _alive(uid: int, keep: set[int]) -> list[int]:
     """Live (not zombie) processes of ``uid`` but ``keep`` and the members of their groups."""
     alive = []
     for pid in procs.uid_pids(uid):
         if pid in keep:
             continue
-        seen = _stat(pid)
+        seen = procs.stat_fields(pid)
         if seen is not None and seen[0] != "Z" and int(seen[2]) not in keep:
             alive.append(pid)
     return alive
 
 
-def _stat(pid: int) -> list[str] | None:
-    """``/proc/<pid>/stat``'s fields after the command's name: state, ppid, process group,
-    session...; ``None`` when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields if len(fields) > 3 else None
+def _standby(copy: int) -> int | None:
+    """A pidfd of the held copy's standby: its child in its process group, which no other
+    process can join (the group's session is the copy's), or ``None`` when it has none."""
+    for kid in procs.group_children(copy):
+        try:
+            pidfd = os.pidfd_open(kid)
+        except ProcessLookupError:
+            continue
+        if kid in procs.group_children(copy):  # so with the pidfd held: not a pid reused since
+            return pidfd
+        os.close(pidfd)
+    return None
 
 
 async def _reattach(proc: SessionProcess, loop: asyncio.AbstractEventLoop) -> None:
@@ -360,61 +331,3 @@ async def _reattach(proc: SessionProcess, loop: asyncio.AbstractEventLoop) -> No
     proc.reader, proc.writer = await asyncio.open_unix_connection(sock=ctl)
     for fd in proc.fds:
         proc.drain(fd)  # its output up to its end: dropped at the next cell's start
-
-
-def _standby(copy: int) -> int | None:
-    """A pidfd of the held copy's standby: its child in its process group, which no other
-    process can join (the group's session is the copy's), or ``None`` when it has none."""
-    for kid in _group_kids(copy):
-        try:
-            pidfd = os.pidfd_open(kid)
-        except ProcessLookupError:
-            continue
-        if kid in _group_kids(copy):  # still so with the pidfd held: not a pid reused since
-            return pidfd
-        os.close(pidfd)
-    return None
-
-
-def _group_kids(parent: int) -> list[int]:
-    """Live children of ``parent`` in its process group (a held copy's: its standby)."""
-    found = []
-    for kid in _children(parent):
-        seen = _stat(kid)
-        if seen is not None and seen[0] != "Z" and seen[1] == seen[2] == str(parent):
-            found.append(kid)
-    return found
-
-
-def _children(parent: int) -> list[int]:
-    kids: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{parent}/task")
-    except OSError:
-        return kids
-    for task in tasks:
-        try:
-            with open(f"/proc/{parent}/task/{task}/children") as f:
-                kids += [int(kid) for kid in f.read().split()]
-        except OSError:
-            continue
-    return kids
-
-
-def child_pid(parent: int, inner: int) -> int | None:
-    """The pid here of ``parent``'s child whose pid in its own namespace is ``inner``."""
-    for kid in _children(parent):
-        if _innermost(kid) == inner:
-            return kid
-    return None
-
-
-def _innermost(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
-    return None

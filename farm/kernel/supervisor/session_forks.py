@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..wire.branch_frames import Branched, Forked
-from .checkpoints import ask
+from .held_answers import ask
 from .links import RequestError
 
 if TYPE_CHECKING:

@@ -6,7 +6,8 @@ One ``Farm.local(workers=1)`` (a redis-server and a Celery worker owning a Docke
 Measured, each against a baseline taken in the same run:
 
 - ``checkpoint`` and ``rollback`` of a session holding 100 MB (a touched ``bytearray``), p50,
-  against a bare cell (``1``) of the same session: goal <= 10 ms each;
+  against a bare cell (``1``) of the same session: goal <= 10 ms each; the same straight at a
+  sandbox's kernel (no broker, no worker), so the kernel's share shows;
 - ``fork(1)`` p50 and ``fork(16)`` in all, against opening a fresh session: goals <= 50 ms and
   <= 300 ms;
 - "setup once, fork per item": items that each need a heavy setup, done as
@@ -31,6 +32,7 @@ from typing import Any
 from benchlib import Latency, emit, environments, machine, parse_args
 
 from farm.client import Farm, Session
+from farm.sandbox.docker import DockerSandbox
 
 HOLD = "big = bytearray(100 * 1024 * 1024)\nfor i in range(0, len(big), 4096): big[i] = 1"
 SETUP = (
@@ -61,9 +63,9 @@ FULL = Plan(rounds=20, items=8)
 QUICK = Plan(rounds=5, items=4)
 
 
-def timed(samples: Latency, fn: Any, *args: Any) -> Any:
+def timed(samples: Latency, fn: Any, *args: Any, **kwargs: Any) -> Any:
     t0 = time.perf_counter_ns()
-    out = fn(*args)
+    out = fn(*args, **kwargs)
     samples.samples_ns.append(time.perf_counter_ns() - t0)
     return out
 
@@ -88,6 +90,31 @@ def checkpoints(farm: Farm, plan: Plan) -> dict[str, Latency]:
             spend.samples_ns.append(time.perf_counter_ns() - t0)
         assert s.run("big[0]").value is not None
     return {"cell": cell, "checkpoint": take, "rollback": back, "spend": spend, "floor": floor}
+
+
+def at_the_kernel(plan: Plan) -> dict[str, Latency]:
+    """The same checkpoints and rollbacks straight at a sandbox's kernel (a ``DockerSandbox``
+    of the default image, no broker, no worker): the kernel's share of the farm's figures."""
+    cell, take, back = Latency("cell 1"), Latency("checkpoint"), Latency("rollback")
+    spend = Latency("rollback, keep=False")
+    with DockerSandbox(owner=f"bench-fork-{os.getpid()}") as box, box.kernel() as kernel:
+        sid = kernel.open_session()["session_id"]
+        epoch = kernel.execute(sid, HOLD, epoch=0)["epoch"]
+
+        def branch(op: str, **fields: Any) -> int:
+            message: Any = {"type": "branch", "op": op, "session_id": sid, **fields}
+            return int(kernel.branch(message)["epoch"])
+
+        for _ in range(plan.rounds * 2):
+            timed(cell, kernel.execute, sid, "1", epoch=epoch)
+            t0 = time.perf_counter_ns()
+            cp = kernel.branch({"type": "branch", "op": "checkpoint", "session_id": sid})
+            take.samples_ns.append(time.perf_counter_ns() - t0)
+            kernel.execute(sid, "big[0] = 2", epoch=epoch)
+            epoch = timed(back, branch, "rollback", checkpoint_id=cp["checkpoint_id"])
+            kernel.execute(sid, "big[0] = 3", epoch=epoch)
+            epoch = timed(spend, branch, "rollback", checkpoint_id=cp["checkpoint_id"], keep=False)
+    return {"cell": cell, "checkpoint": take, "rollback": back, "spend": spend}
 
 
 def forks(farm: Farm, plan: Plan) -> dict[str, Any]:
@@ -170,6 +197,7 @@ def main() -> int:
         once = setup_once(farm, plan, STDLIB)
         farm.session(image=PANDAS.image).close()
         pandas = setup_once(farm, plan, PANDAS)
+    kernel = at_the_kernel(plan)
     data = {
         "machine": machine(),
         "plan": plan.__dict__,
@@ -178,6 +206,7 @@ def main() -> int:
         "checkpoint_ms": ms(cps["checkpoint"]),
         "rollback_ms": ms(cps["rollback"]),
         "rollback_spent_ms": ms(cps["spend"]),
+        "kernel": {name: ms(latency) for name, latency in kernel.items()},
         "open_ms": ms(fk["open"]),
         "fork1_ms": ms(fk["fork1"]),
         "fork16_ms": fk["fork16_s"] * 1000,
@@ -204,6 +233,9 @@ def main() -> int:
         "  goal <= 10 ms",
         f"rollback, keep=False p50 {data['rollback_spent_ms']:7.1f} ms  "
         f"({data['rollback_spent_ms'] / data['cell_ms']:.1f}x a bare cell)  goal <= 10 ms",
+        "  at the kernel alone (a Docker sandbox, no broker or worker), p50: cell "
+        f"{data['kernel']['cell']:.2f}, checkpoint {data['kernel']['checkpoint']:.2f}, rollback "
+        f"{data['kernel']['rollback']:.2f}, keep=False {data['kernel']['spend']:.2f} ms",
         f"  floor: a bare fork+exit of that process in its box, p50 {data['bare_fork_ms']:.1f} ms"
         f" (checkpoint {data['checkpoint_ms'] / data['bare_fork_ms']:.1f}x, rollback "
         f"{data['rollback_ms'] / data['bare_fork_ms']:.1f}x)",

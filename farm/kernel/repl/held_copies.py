@@ -13,6 +13,7 @@ itself. Design: docs/design/fork.md.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
 import signal
@@ -21,7 +22,6 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from ..boxes.uids import PR_SET_PDEATHSIG, prctl
 from ..wire.framing import send_frame
 from . import state_export
 from .box_files import Entry, restore, snapshot
@@ -30,6 +30,14 @@ ORDERS = frozenset({"checkpoint", "export", "import"})
 SI_USER = 0  # a kill() from a process: si_pid and si_uid filled in by the kernel
 
 children: set[int] = set()  # this process's checkpoints: reaped here once dropped
+PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _death_signal(sig: int) -> None:
+    """The signal this process gets when its parent ends (``prctl(PR_SET_PDEATHSIG)``; 0: none)."""
+    if _libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
 def reap() -> None:
@@ -137,7 +145,7 @@ def _standby(
         return pid
     children.clear()
     try:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a dropped checkpoint takes it along
+        _death_signal(signal.SIGKILL)  # a dropped checkpoint takes it along
         if os.getppid() != parent:
             os._exit(0)
         while True:
@@ -171,7 +179,7 @@ def _go_on(
         children.clear()
     if os.getpgrp() != os.getpid():  # its own group, apart from the copy's and its standby's
         os.setsid()
-    prctl(PR_SET_PDEATHSIG, 0)  # a standby's: the session outlives its checkpoint
+    _death_signal(0)  # a standby's: the session outlives its checkpoint
     while pending := signal.sigpending():  # sent to the held process, not to the session:
         signal.sigtimedwait(pending, 0)  # dropped, as a fork's child starts with none
     signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -225,16 +225,25 @@ class SessionCalls:
         held, why = self.held(request.session_id, request.generation)
         if held is None:
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
+        parcels = self.worker.snapshots.parcels
+        fields = request.kernel_fields()
+        if request.parcel is not None:  # a write's bytes wait in Redis, raw
+            fields["blob"] = parcels.get(request.parcel)
+            if fields["blob"] is None:
+                why = f"the bytes to write (parcel {request.parcel}) expired before they arrived"
+                error = {"ename": "ParcelLost", "evalue": why, "errno": EINVAL, "path": ""}
+                return {"result": None, "error": {**error, "path": request.path}}
         try:
             with self.worker.kernel() as kernel:
-                reply = kernel.file(
-                    request.session_id, request.op, request.path, **request.kernel_fields()
-                )
+                reply = kernel.file(request.session_id, request.op, request.path, **fields)
         except KernelError as exc:
             why = f"its sandbox failed during a file operation ({exc})"
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
         held.last_used = time.monotonic()
-        return {"result": reply["result"], "error": reply["error"]}
+        done = {"result": reply["result"], "error": reply["error"]}
+        if "blob" in reply:  # a read's bytes go back the same way
+            done["parcel"] = parcels.put(reply["blob"])
+        return done
 
     def close(self, raw: object) -> dict[str, Any]:
         """Close a session (``farm.close_session``): ``closed`` says whether it was held."""

@@ -11,12 +11,13 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
 from farm.celeryconf import TASK_FILE
-from farm.client import Farm
+from farm.client import Farm, Session
 from farm.client.broker import Watch
 from farm.errors import FileOperationError
 from farm.kernel.wire.client import KernelClient, KernelRequestError
@@ -34,7 +35,7 @@ from farm.kernel.wire.framing import (
 from farm.kernel.wire.protocol import FILE_CHUNK
 from farm.models import FileRequest, frames
 from farm.sandbox.process import ProcessSandbox
-from farm.stores.parcels import PREFIX
+from farm.stores.parcels import PREFIX, Parcels
 
 EVERY_BYTE = bytes(range(256)) * 4096  # 1 MiB with every byte value, newlines and NULs too
 SENT = [("x", EVERY_BYTE), ("y", b"")]
@@ -216,22 +217,26 @@ def test_session_files_move_raw_through_redis_and_leave_nothing(inproc_farm: Far
         assert s.run("len(open('sub/big.bin', 'rb').read())").value.text == str(len(data))
 
 
-def test_a_write_whose_parcel_is_gone_is_a_clear_error(inproc_farm: Farm) -> None:
+def _write_naming(farm: Farm, s: Session, parcel: str) -> dict[str, Any]:
+    request = FileRequest(
+        op="write", path="f", offset=0, parcel=parcel, session_id=s.id, generation=s.generation
+    )
+    pending = farm.app.send_task(TASK_FILE, args=[request.model_dump(mode="json")], queue=s.queue)
+    reply: dict[str, Any] = farm.broker.wait(
+        pending, time.monotonic() + 60, Watch(worker=(s.worker, s.generation))
+    )
+    return reply
+
+
+def test_a_write_whose_parcel_is_gone_or_too_big_is_a_clear_error(inproc_farm: Farm) -> None:
+    parcels = Parcels(redis.Redis.from_url(inproc_farm.settings.redis_url))
     with inproc_farm.session() as s:
-        request = FileRequest(
-            op="write",
-            path="f",
-            offset=0,
-            parcel="0" * 32,  # never put
-            session_id=s.id,
-            generation=s.generation,
-        )
-        pending = inproc_farm.app.send_task(
-            TASK_FILE, args=[request.model_dump(mode="json")], queue=s.queue
-        )
-        watch = Watch(worker=(s.worker, s.generation))
-        reply = inproc_farm.broker.wait(pending, time.monotonic() + 60, watch)
-        assert reply["error"]["ename"] == "ParcelLost" and "expired" in reply["error"]["evalue"]
+        gone = _write_naming(inproc_farm, s, "0" * 32)  # never put
+        assert gone["error"]["ename"] == "ParcelLost" and "expired" in gone["error"]["evalue"]
+        big = parcels.put(b"\0" * (FILE_CHUNK + 1))
+        over = _write_naming(inproc_farm, s, big)
+        assert over["error"]["ename"] == "ParcelTooLarge", over
+        parcels.drop(big)
         with pytest.raises(FileOperationError):
             s.files.read("f")  # nothing was written
         assert s.run("'serving'").ok

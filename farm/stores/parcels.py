@@ -32,13 +32,20 @@ class Parcels:
         self.redis.set(PREFIX + parcel_id, data, px=max(int(ttl_s * 1000), 1))
         return parcel_id
 
-    def get(self, parcel_id: str) -> bytes | None:
+    def get(self, parcel_id: str, max_bytes: int) -> bytes | None:
         """The parcel's bytes; ``None`` when there is none (expired, taken, or an id that is
-        not one)."""
+        not one); one past ``max_bytes`` is a ``ValueError``, read no further than that."""
         if not ID.fullmatch(parcel_id):
             return None
-        found = self.redis.get(PREFIX + parcel_id)
-        return bytes(found) if found is not None else None  # type: ignore[arg-type]
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.exists(PREFIX + parcel_id)
+        pipe.getrange(PREFIX + parcel_id, 0, max_bytes)  # at most max_bytes + 1 bytes
+        exists, found = pipe.execute()
+        if not exists:
+            return None
+        if len(found) > max_bytes:
+            raise ValueError(f"a parcel of over {max_bytes} bytes: send smaller chunks")
+        return bytes(found)
 
     def take(self, parcel_id: str) -> bytes | None:
         """``get``, and the parcel deleted in the same transaction."""

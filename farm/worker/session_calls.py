@@ -22,7 +22,7 @@ from farm.events import run_events
 from farm.kernel.wire.branch_frames import Branch, Branched
 from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
 from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
-from farm.kernel.wire.protocol import INPUT_CODES
+from farm.kernel.wire.protocol import FILE_CHUNK, INPUT_CODES
 from farm.models import (
     CloseRequest,
     CommandRequest,
@@ -228,11 +228,13 @@ class SessionCalls:
         parcels = self.worker.snapshots.parcels
         fields = request.kernel_fields()
         if request.parcel is not None:  # a write's bytes wait in Redis, raw
-            fields["blob"] = parcels.get(request.parcel)
+            try:
+                fields["blob"] = parcels.get(request.parcel, FILE_CHUNK)
+            except ValueError as exc:
+                return _file_refused(request, "ParcelTooLarge", str(exc))
             if fields["blob"] is None:
                 why = f"the bytes to write (parcel {request.parcel}) expired before they arrived"
-                error = {"ename": "ParcelLost", "evalue": why, "errno": EINVAL, "path": ""}
-                return {"result": None, "error": {**error, "path": request.path}}
+                return _file_refused(request, "ParcelLost", why)
         try:
             with self.worker.kernel() as kernel:
                 reply = kernel.file(request.session_id, request.op, request.path, **fields)
@@ -398,3 +400,8 @@ def journal_branch(worker: WorkerHost, reply: Branched) -> None:
         forks=[forked["session_id"] for forked in reply.get("forks", [])],
     )
     worker.journal.append([event])
+
+
+def _file_refused(request: FileRequest, ename: str, why: str) -> dict[str, Any]:
+    error = {"ename": ename, "evalue": why, "errno": EINVAL, "path": request.path}
+    return {"result": None, "error": {**error, "kind": ErrorKind.INPUT.value}}

@@ -59,7 +59,13 @@ EXAMPLES: list[WorkerRequest] = [
         stdin=base64.b64encode(b"hello").decode(),
     ),
     FileRequest(
-        op="write", path="a.txt", data="aGk=", offset=0, session_id="s1", generation=1, scope="box"
+        op="write",
+        path="a.txt",
+        parcel="0" * 32,
+        offset=0,
+        session_id="s1",
+        generation=1,
+        scope="box",
     ),
     FileRequest(op="read", path="a.txt", offset=0, length=10, session_id="s1", generation=1),
     CloseRequest(session_id="s1"),
@@ -193,7 +199,12 @@ def test_malformed_commands_files_closes_and_runs_are_input_refusals(inproc_farm
         assert s.exec(["echo", "ok"]).stdout == "ok\n"
 
         write = FileRequest(
-            op="write", path="f", data="aGk=", offset=0, session_id=s.id, generation=s.generation
+            op="write",
+            path="f",
+            parcel="0" * 32,
+            offset=0,
+            session_id=s.id,
+            generation=s.generation,
         ).model_dump(mode="json")
         reply = send(inproc_farm, TASK_FILE, s.queue, {**write, "op": "chmod"}, watch)
         assert reply["error"]["kind"] == "input" and "op: " in reply["error"]["evalue"], reply

@@ -87,6 +87,10 @@ class Caller(Placed, Protocol):
 
 
 class FileChannel(Protocol):
-    """A session as its files see it: one chunk of a file operation, sent and answered."""
+    """A session as its files see it: one chunk of a file operation, sent and answered; the
+    chunk's bytes (``blob``) go and come back raw (``farm.stores.parcels``), a read's in the
+    reply's ``blob``."""
 
-    def file_operation(self, operation: FileOperation) -> dict[str, Any]: ...
+    def file_operation(
+        self, operation: FileOperation, blob: bytes | None = None
+    ) -> dict[str, Any]: ...

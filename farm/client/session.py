@@ -296,18 +296,31 @@ class Session:
             raise SessionLost(self.id, self.worker, result.error.evalue if result.error else "")
         return result
 
-    def file_operation(self, operation: FileOperation) -> dict[str, Any]:
-        """One chunk of a file operation (``farm.client.session_files`` builds them)."""
+    def file_operation(self, operation: FileOperation, blob: bytes | None = None) -> dict[str, Any]:
+        """One chunk of a file operation (``farm.client.session_files`` builds them); its
+        bytes travel raw beside the task's message (``farm.stores.parcels``)."""
+        parcels = self.farm.snapshots.parcels
+        parcel = parcels.put(blob) if blob is not None else None
         request = FileRequest(
-            **operation.model_dump(), session_id=self.id, generation=self.generation
+            **operation.model_dump(exclude={"parcel"}),
+            parcel=parcel,
+            session_id=self.id,
+            generation=self.generation,
         )
-        pending, mark = snapshots.routed_send(self, TASK_FILE, request.model_dump(mode="json"))
-        watch = Watch((self.worker, self.generation), None, mark, self.id)
-        reply: dict[str, Any] = self.farm.broker.wait(
-            pending, time.monotonic() + QUEUE_WAIT_S, watch
-        )
+        try:
+            sent = request.model_dump(mode="json")
+            pending, mark = snapshots.routed_send(self, TASK_FILE, sent)
+            watch = Watch((self.worker, self.generation), None, mark, self.id)
+            reply: dict[str, Any] = self.farm.broker.wait(
+                pending, time.monotonic() + QUEUE_WAIT_S, watch
+            )
+        finally:
+            if parcel is not None:
+                parcels.drop(parcel)
         if (reply.get("error") or {}).get("ename") == "SessionLost":
             raise SessionLost(self.id, self.worker, reply["error"]["evalue"])
+        if reply.get("parcel"):
+            reply["blob"] = parcels.take(str(reply.pop("parcel"))) or b""
         return reply
 
     # --- branching (``farm.client.branching``; docs/design/fork.md) ---

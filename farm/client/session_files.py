@@ -1,18 +1,16 @@
 """``session.files``: put files into a session's box and get them back, of any size.
 
 Each operation is done by the session's own process, as its box's uid, between its cells
-(``farm.kernel.tools.fileops``), and travels in chunks of ``CHUNK`` bytes: a 100 MiB file
-is 25 round trips of bounded frames, never one oversized message. ``scope="workspace"``
-(``session.files``) confines every path to the session's workspace, symlinks included;
-``scope="box"`` (for
-integrations that need ``/tmp`` and absolute paths, like the Inspect provider) lets the OS
-decide, which refuses another session's files all the same. Refusals raise
-``FileOperationError`` with the errno and the path.
+(``farm.kernel.tools.fileops``), in chunks of ``CHUNK`` bytes that travel raw (parcels in
+Redis, blobs in the kernel's frames: never base64, never one oversized message).
+``scope="workspace"`` (``session.files``) confines every path to the session's workspace,
+symlinks included; ``scope="box"`` (integrations that need ``/tmp`` and absolute paths, like
+the Inspect provider) lets the OS decide, which refuses another session's files all the same.
+Refusals raise ``FileOperationError`` with the errno and the path.
 """
 
 from __future__ import annotations
 
-import base64
 import io
 import os
 import tarfile
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from farm.errors import FileOperationError
+from farm.kernel.wire.protocol import FILE_CHUNK
 from farm.models import FileOperation
 from farm.models.worker_requests import FileScope
 
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
     from farm.client.exec_call import FileChannel
     from farm.kernel.wire.protocol import FileOp
 
-CHUNK = 4 * 1024 * 1024
+CHUNK = FILE_CHUNK
 
 
 class SessionFiles:
@@ -39,9 +38,10 @@ class SessionFiles:
         self.session = session
         self.scope = scope
 
-    def _op(self, op: FileOp, path: str, **fields: Any) -> Any:
+    def _op(self, op: FileOp, path: str, blob: bytes | None = None, **fields: Any) -> Any:
+        """The operation's result; a read's gets its bytes as ``data``."""
         operation = FileOperation(op=op, path=str(path), scope=self.scope, **fields)
-        reply = self.session.file_operation(operation)
+        reply = self.session.file_operation(operation, blob)
         error = reply.get("error")
         if error:
             raise FileOperationError(
@@ -50,6 +50,8 @@ class SessionFiles:
                 path=str(path),
                 ename=str(error["ename"]),
             )
+        if "blob" in reply:
+            return {**reply["result"], "data": reply["blob"]}
         return reply.get("result")
 
     def write(self, path: str, data: bytes | str) -> int:
@@ -57,16 +59,15 @@ class SessionFiles:
         raw = data.encode() if isinstance(data, str) else data
         size = 0
         for offset in range(0, max(len(raw), 1), CHUNK):
-            chunk = base64.b64encode(raw[offset : offset + CHUNK]).decode("ascii")
-            size = int(self._op("write", path, data=chunk, offset=offset)["size"])
+            chunk = raw[offset : offset + CHUNK]
+            size = int(self._op("write", path, chunk, offset=offset)["size"])
         return size
 
     def write_part(self, path: str, data: bytes, offset: int) -> int:
         """Write one piece (at most ``CHUNK`` bytes) of a file at ``offset``; offset 0 creates or
         truncates it. A stream of any size is written piece by piece this way (the HTTP API's
         PUT) without ever holding the whole file; returns the file's size so far."""
-        chunk = base64.b64encode(data).decode("ascii")
-        return int(self._op("write", path, data=chunk, offset=offset)["size"])
+        return int(self._op("write", path, data, offset=offset)["size"])
 
     def read_chunks(self, path: str) -> Iterator[bytes]:
         """The file's bytes, ``CHUNK`` at a time (the first read is checked before any yield, so
@@ -77,7 +78,7 @@ class SessionFiles:
     def _chunks(self, path: str, reply: dict[str, Any]) -> Iterator[bytes]:
         offset = 0
         while True:
-            data = base64.b64decode(reply["data"])
+            data: bytes = reply["data"]
             offset += len(data)
             if data:
                 yield data
@@ -99,7 +100,7 @@ class SessionFiles:
                     path=str(path),
                     ename="FileTooLarge",
                 )
-            parts.append(base64.b64decode(reply["data"]))
+            parts.append(reply["data"])
             offset += len(parts[-1])
             if reply["eof"] or not parts[-1]:
                 return b"".join(parts)

@@ -35,6 +35,7 @@ from farm.errors import (
 from farm.image_name import ImageName
 from farm.models import DrainRequest, ExecRequest, Opened, Refused, SnapshotRequest
 from farm.models.snapshot_info import DrainReport, SnapshotInfo
+from farm.stores.parcels import Parcels
 from farm.stores.snapshot_store import RedisSnapshotStore, header, paused_id
 
 if TYPE_CHECKING:
@@ -137,6 +138,11 @@ class Snapshots:
         if self._store is None:
             self._store = RedisSnapshotStore(self.farm.settings)
         return self._store
+
+    @property
+    def parcels(self) -> Parcels:
+        """File chunks beside Celery's messages, raw (``farm.stores.parcels``)."""
+        return Parcels(self.store.redis)
 
     def close(self) -> None:
         if self._store is not None:

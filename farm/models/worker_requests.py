@@ -94,21 +94,20 @@ class CommandRequest(WorkerRequest):
 
 class FileOperation(WorkerRequest):
     """One chunk of a file operation as ``session.files`` builds it (the kernel's
-    ``FileRequest``): ``data`` (base64) written at ``offset``, ``length`` bytes read from it."""
+    ``FileRequest``): the bytes of parcel ``parcel`` (``farm.stores.parcels``, raw in Redis)
+    written at ``offset``, ``length`` bytes read from it (its reply names their parcel)."""
 
     op: FileOp
     path: str
     scope: FileScope = "workspace"
     offset: int | None = None
     length: int | None = None
-    data: str | None = None
+    parcel: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$")
     source: str | None = Field(default=None, description="the archive ``extract`` unpacks")
 
     def kernel_fields(self) -> dict[str, Any]:
-        """The fields the kernel's file frame takes besides its op and path."""
-        return self.model_dump(
-            include={"scope", "offset", "length", "data", "source"}, exclude_none=True
-        )
+        """The fields the kernel's file frame takes besides its op, path and bytes."""
+        return self.model_dump(include={"scope", "offset", "length", "source"}, exclude_none=True)
 
 
 class FileRequest(FileOperation):

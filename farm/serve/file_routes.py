@@ -1,7 +1,7 @@
 """``/v1/sessions/{id}/files``: put, get, list and delete a session's files, of any size.
 
 Bodies stream both ways: a PUT's body is written as it arrives (``SessionFiles.write_part``) and
-a GET's comes from ``read_chunks``, one 4 MiB chunk at a time, so a file of gigabytes never sits in
+a GET's comes from ``read_chunks``, one 8 MiB chunk at a time, so a file of gigabytes never sits in
 the server's memory. Paths are the workspace's (``session.files``): the kernel refuses any that
 leaves it (a 400 problem of kind ``file`` with the OS's reason; 404 for a missing file).
 """

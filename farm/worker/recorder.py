@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 from farm.events.journal import Entries, Journal
 from farm.events.run_events import (
+    Branch,
     Display,
     Egress,
     Event,
@@ -25,6 +27,7 @@ from farm.events.run_events import (
     clip,
     closing_events,
 )
+from farm.kernel.wire.branch_frames import Branched
 from farm.kernel.wire.protocol import CellEvent
 from farm.models import ExecRequest, Value
 from farm.worker.hostcalls import HostCalls
@@ -185,3 +188,18 @@ class ExecRecorder:
         """What writing ``close``'s entries said: an error is logged, never raised."""
         if error:
             self._not_published(error)
+
+
+def branch_event(reply: Branched) -> Branch:
+    """A branch op's event in the session's journal (from the kernel's reply): a replay after
+    a loss of state then knows which cells a rollback undid (``journal_replay.live_cells``)."""
+    return Branch(
+        exec_id=uuid.uuid4().hex,
+        session_id=reply["session_id"],
+        seq=0,
+        ts=time.time(),
+        op=reply["op"],
+        epoch=reply["epoch"],
+        checkpoint_id=reply.get("checkpoint_id"),
+        forks=[forked["session_id"] for forked in reply.get("forks", [])],
+    )

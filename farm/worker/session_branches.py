@@ -17,7 +17,8 @@ from farm.kernel.wire.branch_frames import Branch, Branched
 from farm.kernel.wire.client import KernelError, KernelRequestError
 from farm.models import BranchRequest, Malformed, arrived
 from farm.worker.box_gate import KERNEL_WAIT_S, Ticket, weight
-from farm.worker.session_calls import BRANCH_TIMEOUT_S, SessionCalls, branch_event
+from farm.worker.recorder import branch_event
+from farm.worker.session_calls import BRANCH_TIMEOUT_S, SessionCalls
 from farm.worker.task_reply import TaskReply
 from farm.worker.worker_host import WorkerHost
 

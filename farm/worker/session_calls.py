@@ -14,15 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 from errno import EINVAL
 from typing import Any
 
-from farm.events import run_events
-from farm.kernel.wire.branch_frames import Branch, Branched
+from farm.kernel.wire.branch_frames import Branch
 from farm.kernel.wire.client import KernelClient, KernelError, KernelRequestError
 from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
-from farm.kernel.wire.protocol import INPUT_CODES
+from farm.kernel.wire.protocol import FILE_CHUNK, INPUT_CODES
 from farm.models import (
     CloseRequest,
     CommandRequest,
@@ -39,7 +37,7 @@ from farm.models import (
 from farm.worker import metrics
 from farm.worker.box_gate import OPEN_WAIT_S
 from farm.worker.opens import SessionOpens
-from farm.worker.recorder import ExecRecorder
+from farm.worker.recorder import ExecRecorder, branch_event
 from farm.worker.task_reply import TaskReply
 from farm.worker.worker_host import HeldSession, WorkerHost
 
@@ -156,7 +154,7 @@ class SessionCalls:
         }  # fmt: skip
         reply = kernel.branch(rollback, BRANCH_TIMEOUT_S)
         held.epoch = reply["epoch"]
-        journal_branch(self.worker, reply)
+        self.worker.journal.append([branch_event(reply)])
         return held.epoch
 
     def command(self, raw: object) -> dict[str, Any]:
@@ -225,16 +223,27 @@ class SessionCalls:
         held, why = self.held(request.session_id, request.generation)
         if held is None:
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
+        parcels = self.worker.snapshots.parcels
+        fields = request.kernel_fields()
+        if request.parcel is not None:  # a write's bytes wait in Redis, raw
+            try:
+                fields["blob"] = parcels.get(request.parcel, FILE_CHUNK)
+            except ValueError as exc:
+                return _file_refused(request, "ParcelTooLarge", str(exc))
+            if fields["blob"] is None:
+                why = f"the bytes to write (parcel {request.parcel}) expired before they arrived"
+                return _file_refused(request, "ParcelLost", why)
         try:
             with self.worker.kernel() as kernel:
-                reply = kernel.file(
-                    request.session_id, request.op, request.path, **request.kernel_fields()
-                )
+                reply = kernel.file(request.session_id, request.op, request.path, **fields)
         except KernelError as exc:
             why = f"its sandbox failed during a file operation ({exc})"
             return {"error": {"ename": "SessionLost", "evalue": why, "errno": 0, "path": ""}}
         held.last_used = time.monotonic()
-        return {"result": reply["result"], "error": reply["error"]}
+        done = {"result": reply["result"], "error": reply["error"]}
+        if "blob" in reply:  # a read's bytes go back the same way
+            done["parcel"] = parcels.put(reply["blob"])
+        return done
 
     def close(self, raw: object) -> dict[str, Any]:
         """Close a session (``farm.close_session``): ``closed`` says whether it was held."""
@@ -375,21 +384,6 @@ def _oversized(code: str, max_frame: int = DEFAULT_MAX_FRAME) -> str | None:
     )
 
 
-def journal_branch(worker: WorkerHost, reply: Branched) -> None:
-    """A branch op in the session's journal: a replay after a loss of state then knows which
-    cells a rollback undid (``journal_replay.live_cells``)."""
-    worker.journal.append([branch_event(reply)])
-
-
-def branch_event(reply: Branched) -> run_events.Branch:
-    """The journal's event of a branch op, from the kernel's reply."""
-    return run_events.Branch(
-        exec_id=uuid.uuid4().hex,
-        session_id=reply["session_id"],
-        seq=0,
-        ts=time.time(),
-        op=reply["op"],
-        epoch=reply["epoch"],
-        checkpoint_id=reply.get("checkpoint_id"),
-        forks=[forked["session_id"] for forked in reply.get("forks", [])],
-    )
+def _file_refused(request: FileRequest, ename: str, why: str) -> dict[str, Any]:
+    error = {"ename": ename, "evalue": why, "errno": EINVAL, "path": request.path}
+    return {"result": None, "error": {**error, "kind": ErrorKind.INPUT.value}}

@@ -11,7 +11,6 @@ reaches it empty. Design: docs/design/snapshots.md.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
@@ -27,6 +26,7 @@ from farm.errors import SnapshotError, SnapshotIncompatible, SnapshotNotFound, S
 from farm.events.run_events import Lifecycle
 from farm.kernel.repl import namespace_snapshot as box
 from farm.kernel.wire.client import KernelClient, KernelError
+from farm.kernel.wire.protocol import FILE_CHUNK
 from farm.models import (
     CommandResult,
     ErrorKind,
@@ -37,6 +37,7 @@ from farm.models import (
     arrived,
 )
 from farm.models.snapshot_info import Restored, SnapshotInfo
+from farm.stores.parcels import Parcels
 from farm.stores.snapshot_store import RedisSnapshotStore, pack, paused_id, unpack
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ MODULE = "farm.kernel.repl.namespace_snapshot"
 DUMP_CELL = f'__import__("{MODULE}", fromlist=["dump"]).dump(globals())'
 LOAD_CELL = f'__import__("{MODULE}", fromlist=["load"]).load(globals())'
 CELL_TIMEOUT_S = 300.0  # pickling or loading a namespace of a few hundred MB
-CHUNK = 4 * 1024 * 1024  # bytes of a file frame (``session_files.CHUNK``)
+CHUNK = FILE_CHUNK  # bytes of a file frame, raw in its blob (``framing``)
 QUIET_WAIT_S = 600.0  # a move waits this long for the session's running call to end
 MOVED_KEPT_S = 3600.0  # a moved session's calls are answered ``SessionMoved`` this long
 MANIFEST_BYTES = 4 << 20  # a manifest lists names and reasons: a few kB
@@ -92,6 +93,7 @@ class SessionSnapshots:
         self.worker = worker
         self.held = held  # the live session a call names, or why none (``SessionCalls``)
         self.store = RedisSnapshotStore(worker.settings)
+        self.parcels = Parcels(self.store.redis)  # file chunks beside Celery's messages
         self._cond = threading.Condition()
         self._active: dict[str, int] = {}
         self._moving: set[str] = set()
@@ -382,7 +384,7 @@ def _read(kernel: KernelClient, session_id: str, name: str, room: int, already: 
         size = max(int(result["size"]), offset)
         if size > room:
             raise SnapshotTooLarge(already + size, already + room)
-        parts.append(base64.b64decode(result["data"]))
+        parts.append(reply.get("blob", b""))
         offset += len(parts[-1])
         if result["eof"] or not parts[-1]:
             return b"".join(parts)
@@ -390,8 +392,8 @@ def _read(kernel: KernelClient, session_id: str, name: str, room: int, already: 
 
 def _write(kernel: KernelClient, session_id: str, path: str, data: bytes) -> None:
     for offset in range(0, max(len(data), 1), CHUNK):
-        chunk = base64.b64encode(data[offset : offset + CHUNK]).decode("ascii")
-        _check(kernel.file(session_id, "write", path, data=chunk, offset=offset), path)
+        chunk = data[offset : offset + CHUNK]
+        _check(kernel.file(session_id, "write", path, blob=chunk, offset=offset), path)
 
 
 def _remove(kernel: KernelClient, session_id: str) -> None:

@@ -10,7 +10,6 @@ name). What is not is named in ``not_carried``. Design: docs/design/fork.md.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import importlib
 import marshal
@@ -23,7 +22,7 @@ from typing import Any
 from .box_files import restore, snapshot
 
 MAIN = "__main__"  # the REPL's namespace is this module's (``cell_exec.Repl``)
-MAX_STATE = 32 * 1024 * 1024  # bytes of state a fork carries: it travels in one frame
+MAX_STATE = 32 * 1024 * 1024  # bytes of state a fork carries: one frame's blob
 Spec = tuple[str, str, Any]  # kind, name, payload
 
 
@@ -39,10 +38,9 @@ def answer(order: Mapping[str, Any], namespace: dict[str, Any], roots: list[str]
         if len(state) > MAX_STATE:
             why = f"its state is {len(state) >> 20} MiB, past the {MAX_STATE >> 20} MiB of a fork"
             return {"type": "exported", "error": why, "budget": True}
-        encoded = base64.b64encode(state).decode("ascii")
-        return {"type": "exported", "state": encoded, "not_carried": not_carried}
+        return {"type": "exported", "blob": state, "not_carried": not_carried}  # raw: framing
     try:
-        failed = load(namespace, roots, base64.b64decode(order["state"]))
+        failed = load(namespace, roots, order["blob"])
     except Exception as exc:
         return {"type": "imported", "error": f"{type(exc).__name__}: {exc}"}
     return {"type": "imported", "not_carried": failed}

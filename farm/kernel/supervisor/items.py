@@ -10,6 +10,9 @@ Details: docs/design/kernel.md.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import errno
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -82,13 +85,23 @@ async def _write_files(
     that fails (``file_error`` says why)."""
     for path, data in request["files"].items():
         for start in range(0, max(len(data), 1), FILE_CHUNK_CHARS):
-            part = data[start : start + FILE_CHUNK_CHARS]
+            try:
+                part = base64.b64decode(data[start : start + FILE_CHUNK_CHARS])
+            except (binascii.Error, ValueError) as exc:
+                why = f"not base64: {exc}"
+                outcome["file_error"] = {
+                    "ename": "ValueError",
+                    "evalue": why,
+                    "errno": errno.EINVAL,
+                    "path": path,
+                }
+                return False
             write: FileRequest = {
                 "type": "file",
                 "session_id": session_id,
                 "op": "write",
                 "path": path,
-                "data": part,
+                "blob": part,
                 "offset": start // 4 * 3,
             }
             reply = await manager.file(write)

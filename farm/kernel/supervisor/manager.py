@@ -263,13 +263,30 @@ class SessionManager:
                 raise RequestError("no_such_session", f"session {session.id!r} was closed")
             try:
                 reply = await session.proc.exchange(request, FILE_TIMEOUT_S)
-            except (asyncio.TimeoutError, FrameError, ConnectionError, OSError):
+            except FrameError as exc:  # its stream cannot be trusted any more: replaced
+                proc = session.proc
+                proc.signal(signal.SIGKILL, group=True)
+                await asyncio.wait({asyncio.ensure_future(proc.exited.wait())}, timeout=2.0)
+                await self._replace(session)
+                raise RequestError(
+                    "unavailable",
+                    f"the session process answered a file request with {exc}, so it was "
+                    "replaced; its variables are gone",
+                ) from None
+            except (asyncio.TimeoutError, ConnectionError, OSError):
                 reply = None
             if reply is None:
                 raise RequestError(
                     "unavailable", "the session process did not answer a file request"
                 )
-        return {"type": "file_result", "result": reply.get("result"), "error": reply.get("error")}
+        done: FileReply = {
+            "type": "file_result",
+            "result": reply.get("result"),
+            "error": reply.get("error"),
+        }
+        if isinstance(reply.get("blob"), bytes):
+            done["blob"] = reply["blob"]
+        return done
 
     async def command(self, request: CommandCall) -> CommandReply:
         """Run a command in the session's box (``commands``): no lock, so commands of one

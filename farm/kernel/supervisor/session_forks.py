@@ -35,13 +35,13 @@ async def fork(manager: SessionManager, session_id: str, n: int, wait_s: float) 
         if parent.proc.exit is not None:
             raise RequestError("unavailable", "the session process is gone: run a cell first")
         exported = await ask(parent.proc, {"type": "export"})
-    if not isinstance(exported.get("state"), str):
+    if not isinstance(exported.get("blob"), bytes):
         code = "budget_exceeded" if exported.get("budget") else "unavailable"
         raise RequestError(
             code, f"the session's state could not be exported: {exported.get('error')}"
         )
     made = await asyncio.gather(
-        *(_one(manager, parent.tools, dict(parent.box.limits), exported["state"], wait_s)
+        *(_one(manager, parent.tools, dict(parent.box.limits), exported["blob"], wait_s)
           for _ in range(n)),
         return_exceptions=True,
     )  # fmt: skip
@@ -71,13 +71,13 @@ async def fork(manager: SessionManager, session_id: str, n: int, wait_s: float) 
 
 
 async def _one(
-    manager: SessionManager, tools: bool, limits: dict[str, Any], state: str, wait_s: float
+    manager: SessionManager, tools: bool, limits: dict[str, Any], state: bytes, wait_s: float
 ) -> tuple[Forked, list[str]]:
     """One fork: a session opened, the state loaded; closed again when the load fails."""
     opened = await manager.open(tools, limits, wait_s=wait_s)
     child = manager.session(opened["session_id"])
     async with child.lock:
-        loaded = await ask(child.proc, {"type": "import", "state": state})
+        loaded = await ask(child.proc, {"type": "import", "blob": state})
     if "error" in loaded or loaded.get("type") != "imported":
         with contextlib.suppress(RequestError):
             manager.close(child.id)

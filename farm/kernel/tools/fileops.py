@@ -1,14 +1,14 @@
 """File operations of a session (``session.files``, sweep items' files, the Inspect provider),
 done by the session process itself, as its box's uid, between cells.
 
-Invariants: ``file`` frames of bounded size (chunks of ``MAX_CHUNK``; a read says ``size``
-first); errors are results, never a broken session; ``scope="workspace"`` confines every path to
-the workspace, symlinks included. Design: docs/design/kernel.md.
+Invariants: ``file`` frames of bounded size (chunks of ``MAX_CHUNK``, raw in the frame's
+``blob``; a read says ``size`` first); errors are results, never a broken session;
+``scope="workspace"`` confines every path to the workspace, symlinks included. Design:
+docs/design/kernel.md.
 """
 
 from __future__ import annotations
 
-import base64
 import errno
 import os
 import shutil
@@ -16,11 +16,11 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from ..wire.protocol import FileError, FileRequest
+from ..wire.protocol import FILE_CHUNK, FileError, FileRequest
 from ..wire.session_frames import FileDone
 from .workspace import Workspace, WorkspaceError
 
-MAX_CHUNK = 8 * 1024 * 1024
+MAX_CHUNK = FILE_CHUNK
 
 
 def handle(workspace: Workspace, request: FileRequest) -> FileDone:
@@ -29,6 +29,8 @@ def handle(workspace: Workspace, request: FileRequest) -> FileDone:
     try:
         path = _resolve(workspace, str(request.get("path", ".")), request.get("scope"))
         result = _OPS[str(op)](workspace, path, request)
+        if isinstance(result, bytes):  # a read: its bytes ride raw, its sizes in the JSON
+            return _read_done(path, request, result)
     except KeyError:
         return _error("ValueError", f"unknown file operation {op!r}", errno.EINVAL, request)
     except (OSError, WorkspaceError, tarfile.TarError, ValueError) as exc:
@@ -37,6 +39,12 @@ def handle(workspace: Workspace, request: FileRequest) -> FileDone:
             code = errno.EACCES if isinstance(exc, WorkspaceError) else errno.EINVAL
         return _error(type(exc).__name__, str(exc), code, request)
     return {"type": "file_done", "result": result}
+
+
+def _read_done(path: Path, request: FileRequest, data: bytes) -> FileDone:
+    size = os.stat(path).st_size
+    eof = int(request.get("offset", 0)) + len(data) >= size
+    return {"type": "file_done", "result": {"size": size, "eof": eof}, "blob": data}
 
 
 def _error(ename: str, evalue: str, code: int, request: FileRequest) -> FileDone:
@@ -57,7 +65,7 @@ def _resolve(workspace: Workspace, path: str, scope: object) -> Path:
 
 def _write(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, Any]:
     """Write a chunk at ``offset``; offset 0 creates (parents too) or truncates the file."""
-    data = base64.b64decode(request.get("data", ""))
+    data = request.get("blob", b"")
     if len(data) > MAX_CHUNK:
         raise ValueError(f"a chunk of {len(data)} bytes is over {MAX_CHUNK}: send smaller ones")
     offset = int(request.get("offset", 0))
@@ -76,18 +84,16 @@ def _write(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, 
     return {"path": _shown(workspace, path), "size": size}
 
 
-def _read(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, Any]:
-    """``length`` bytes (at most ``MAX_CHUNK``) from ``offset``, and the file's size."""
+def _read(workspace: Workspace, path: Path, request: FileRequest) -> bytes:
+    """``length`` bytes (at most ``MAX_CHUNK``) from ``offset`` (``_read_done`` adds the
+    file's size)."""
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "Is a directory", str(path))
     offset = int(request.get("offset", 0))
     length = min(int(request.get("length", MAX_CHUNK)), MAX_CHUNK)
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
         f.seek(offset)
-        data = f.read(length)
-    eof = offset + len(data) >= size
-    return {"data": base64.b64encode(data).decode("ascii"), "size": size, "eof": eof}
+        return f.read(length)
 
 
 def _stat(workspace: Workspace, path: Path, request: FileRequest) -> dict[str, Any]:
@@ -151,7 +157,7 @@ def _shown(workspace: Workspace, path: Path) -> str:
         return str(path)
 
 
-_OPS = {
+_OPS: dict[str, Any] = {
     "write": _write,
     "read": _read,
     "stat": _stat,

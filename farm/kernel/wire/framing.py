@@ -1,9 +1,11 @@
-"""Length-prefixed JSON frames: a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+"""Length-prefixed JSON frames: a 4-byte big-endian length, then that many bytes of UTF-8 JSON,
+then, when the JSON says ``"blob": n``, n raw bytes (the frame's ``blob``, as ``bytes``).
 
 A frame is complete only when all its bytes arrived, however the stream splits them, so
 large payloads with newlines (the reference server's failure) or many frames in one read are
-both fine. Every read is bounded by ``max_frame`` *before* allocating, so a hostile 4 GB length
-prefix costs nothing.
+both fine. Every read is bounded by ``max_frame`` *before* allocating (the JSON and its blob
+together), so a hostile 4 GB length prefix costs nothing. Bytes ride in ``blob``, never as
+base64 in the JSON: docs/design/kernel.md "The byte channel".
 """
 
 from __future__ import annotations
@@ -34,9 +36,19 @@ class FrameTooLarge(FrameError):
         self.max_frame = max_frame
 
 
+BLOB = "blob"  # the one field whose bytes follow the JSON raw
+
+
 def encode(message: Mapping[str, Any]) -> bytes:
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    return HEADER.pack(len(body)) + body
+    blob = message.get(BLOB)
+    if blob is None:
+        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return HEADER.pack(len(body)) + body
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a frame's {BLOB!r} must be bytes, not {type(blob).__name__}")
+    head = {**message, BLOB: len(blob)}
+    body = json.dumps(head, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return b"".join((HEADER.pack(len(body)), body, blob))
 
 
 def decode_body(body: bytes) -> dict[str, Any]:
@@ -47,6 +59,20 @@ def decode_body(body: bytes) -> dict[str, Any]:
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise FrameError("frame must be a JSON object with a string 'type'")
     return message
+
+
+def blob_length(message: dict[str, Any], length: int, max_frame: int) -> int:
+    """How many raw bytes follow a frame whose JSON was ``length`` bytes (0: none); a blob
+    that is not a count is refused, one that takes the frame past ``max_frame`` too, unread
+    (``FrameTooLarge`` then counts the blob's bytes alone: what is left to ``discard``)."""
+    if BLOB not in message:
+        return 0
+    size = message[BLOB]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise FrameError(f"a frame's {BLOB!r} must be a byte count")
+    if length + size > max_frame:
+        raise FrameTooLarge(size, max(max_frame - length, 0))
+    return size
 
 
 def check_length(length: int, max_frame: int) -> None:
@@ -87,7 +113,16 @@ def recv_frame(sock: socket.socket, max_frame: int = DEFAULT_MAX_FRAME) -> dict[
     body = _recv_exactly(sock, length)
     if body is None:
         raise FrameError("connection closed in the middle of a frame")
-    return decode_body(body)
+    message = decode_body(body)
+    size = blob_length(message, length, max_frame)
+    if size:
+        blob = _recv_exactly(sock, size)
+        if blob is None:
+            raise FrameError("connection closed in the middle of a frame")
+        message[BLOB] = blob
+    elif BLOB in message:
+        message[BLOB] = b""
+    return message
 
 
 def recv_frame_fds(
@@ -109,7 +144,10 @@ def recv_frame_fds(
         body = _recv_exactly(sock, length)
         if body is None:
             raise FrameError("connection closed in the middle of a frame")
-        return decode_body(body), fds
+        message = decode_body(body)
+        if BLOB in message:
+            raise FrameError("a frame with fds carries no blob")
+        return message, fds
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -134,6 +172,10 @@ async def read_frame(
     check_length(length, max_frame)
     try:
         body = await reader.readexactly(length)
+        message = decode_body(body)
+        size = blob_length(message, length, max_frame)
+        if BLOB in message:
+            message[BLOB] = await reader.readexactly(size) if size else b""
     except asyncio.IncompleteReadError:
         raise FrameError("connection closed in the middle of a frame") from None
-    return decode_body(body)
+    return message

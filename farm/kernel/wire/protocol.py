@@ -341,6 +341,7 @@ class CommandReply(TypedDict):
 
 
 FileOp = Literal["write", "read", "stat", "list", "remove", "extract"]
+FILE_CHUNK = 8 * 1024 * 1024  # the most bytes one file frame writes or reads (its blob)
 
 
 class FileError(TypedDict):
@@ -358,20 +359,27 @@ class _FileRequestRequired(TypedDict):
 
 
 class FileRequest(_FileRequestRequired, total=False):
-    """One file operation (``fileops``): chunks of ``data`` (base64) written at ``offset``,
-    ``length`` bytes read from ``offset``; ``scope`` "workspace" (confined) or "box"."""
+    """One file operation (``fileops``): a chunk, ``blob`` (raw bytes after the frame's JSON,
+    ``framing``), written at ``offset``; ``length`` bytes read from ``offset``; ``scope``
+    "workspace" (confined) or "box"."""
 
     scope: Literal["workspace", "box"]
     offset: int
     length: int
-    data: str
+    blob: bytes
     source: str
 
 
-class FileReply(TypedDict):
+class _FileReplyRequired(TypedDict):
     type: Literal["file_result"]
     result: Any
     error: FileError | None
+
+
+class FileReply(_FileReplyRequired, total=False):
+    """A file operation's result; a read's bytes in ``blob`` (raw, ``framing``)."""
+
+    blob: bytes
 
 
 class _ItemRequired(TypedDict):

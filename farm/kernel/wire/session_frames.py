@@ -80,6 +80,7 @@ class _FileDoneRequired(TypedDict):
 class FileDone(_FileDoneRequired, total=False):
     result: Any
     error: FileError
+    blob: bytes  # a read's bytes (raw after the JSON, ``framing``)
 
 
 # Union[...], not ``|``: this module is imported by the kernel under any image's python3 >= 3.9.
@@ -165,6 +166,8 @@ def _file_done(frame: Mapping[str, Any]) -> str | None:
         not isinstance(error, dict) or set(error) != {"ename", "evalue", "errno", "path"}
     ):
         return "an error that is not {ename, evalue, errno, path}"
+    if "blob" in frame and not isinstance(frame["blob"], bytes):
+        return "a blob that is not bytes"
     return None
 
 

@@ -13,13 +13,13 @@ import json
 import os
 import sys
 
-# What a worker's start imports beyond ``farm.worker.tasks``: Celery's worker and its
-# bootsteps, the broker's transport, Docker's client and farm's sandboxes.
+# What a worker's start imports beyond ``farm.worker.tasks``: Celery's worker (not its command
+# line: ``farm.worker.__main__.run_worker``) and its bootsteps, the broker's transport,
+# Docker's client and farm's sandboxes.
 AHEAD = (
     "farm.worker.tasks",
     "farm.sandbox.docker",
     "farm.sandbox.process",
-    "celery.bin.celery",
     "celery.apps.worker",
     "celery.worker.consumer.consumer",
     "celery.worker.components",

@@ -26,7 +26,7 @@ from .box_protocol import BoxInfo
 from .starter import Starter, StarterFailed
 from .trees import kill_tree, tree, tree_stats
 
-POLL_S = 0.005
+POLL_S = 0.01  # a test's tree sampled this often: each look costs a wake-up (design/judge.md)
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 KILL_WAIT_S = 5.0

@@ -23,7 +23,12 @@ all distinct.
 Both sides also report CPU seconds per test (farm: client, workers, sandboxes and Redis, read by
 ``costs.Snapshot``; baseline: the loop's processes and their tests, ``RUSAGE_CHILDREN``): their
 ratio is what tests/s would be on a machine nobody else uses, and moves little when other
-processes share the cores (the tests/s ratio then moves with their load).
+processes share the cores (the tests/s ratio then moves with their load). The farm's include
+its compile steps (each C++ source once per worker, Python's syntax checks), the loop's leave
+its compiles out: a line gives the farm's CPU per test without them too (the ``compile.time_s``
+of the steps that ran). The items are judged once more naming the problem stored by digest
+(other sources, compiled again), as a user judging many submissions of one problem sends them
+(docs/judge.md, "Stored problems"): its tests/s and CPU per test.
 
 Verdicts must agree (all accepted). Goals are reported, never asserted; the program exits 0.
 The farm and the baseline's container are stopped on exit.
@@ -45,6 +50,7 @@ from benchlib import emit, machine, parse_args
 from costs import Snapshot
 
 from farm.client import Farm
+from farm.judge.problems import Problem
 from farm.models.judge import Verdict
 from farm.sandbox.catalog import build_image
 
@@ -82,12 +88,17 @@ import json, os, resource, subprocess, sys, time
 from multiprocessing import Pool
 job = json.load(sys.stdin)
 os.chdir("/tmp")
+def cpu():
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's, once reaped, with tests
+    return used.ru_utime + used.ru_stime
+compile_cpu, compile_started = cpu(), time.perf_counter()
 binaries = {}
 for key, source in job["cpp"].items():
     with open(f"s{key}.cpp", "w") as f:
         f.write(source)
     subprocess.run(["g++", "-O2", "-std=gnu++17", "-o", f"s{key}", f"s{key}.cpp"], check=True)
     binaries[key] = f"./s{key}"
+compile_s, compile_cpu = time.perf_counter() - compile_started, cpu() - compile_cpu
 for key, source in job["py"].items():
     with open(f"p{key}.py", "w") as f:
         f.write(source)
@@ -99,16 +110,14 @@ work = []
 for kind, key in job["order"]:
     argv = [binaries[key]] if kind == "cpp" else ["python3", f"p{key}.py"]
     work += [(argv, t["stdin"], t["expected"]) for t in job["tests"]]
-def cpu():
-    used = resource.getrusage(resource.RUSAGE_CHILDREN)  # the pool's, once reaped, with tests
-    return used.ru_utime + used.ru_stime
 before = cpu()
 with Pool(2) as pool:
     started = time.perf_counter()
     passed = pool.map(one, work, chunksize=8)
     took = time.perf_counter() - started
 used = cpu() - before
-print(json.dumps({"tests": len(work), "passed": sum(passed), "seconds": took, "cpu_s": used}))
+print(json.dumps({"tests": len(work), "passed": sum(passed), "seconds": took, "cpu_s": used,
+                  "compiles": len(binaries), "compile_s": compile_s, "compile_cpu_s": compile_cpu}))
 """
 
 
@@ -122,18 +131,27 @@ def problem_tests(seed: int = 5) -> list[dict[str, str]]:
     return tests
 
 
-def items(plan: Plan, tests: list[dict[str, str]]) -> list[dict[str, Any]]:
-    """C++ and Python submissions interleaved (a mixed batch, as an eval's is)."""
+def items(
+    plan: Plan, tests: list[dict[str, str]], problem: str | None = None, tag: str = ""
+) -> list[dict[str, Any]]:
+    """C++ and Python submissions interleaved (a mixed batch, as an eval's is), with the
+    tests inline or naming ``problem`` (stored); ``tag`` makes other sources of each."""
     cpp = [
-        {"id": f"cpp-{n}", "language": "cpp17", "source": CPP.format(n=n % plan.distinct)}
+        {
+            "id": f"{tag}cpp-{n}",
+            "language": "cpp17",
+            "source": CPP.format(n=f"{tag}{n % plan.distinct}"),
+        }
         for n in range(plan.cpp)
     ]
     py = [
-        {"id": f"py-{n}", "language": "python3", "source": PY.format(n=n)} for n in range(plan.py)
+        {"id": f"{tag}py-{n}", "language": "python3", "source": PY.format(n=f"{tag}{n}")}
+        for n in range(plan.py)
     ]
     mixed = [x for pair in zip(cpp, py, strict=False) for x in pair]
     mixed += cpp[len(py) :] + py[len(cpp) :]
-    return [{**item, "tests": tests, "limits": LIMITS} for item in mixed]
+    given = {"tests": tests, "limits": LIMITS} if problem is None else {"problem": problem}
+    return [{**item, **given} for item in mixed]
 
 
 def baseline(plan: Plan, tests: list[dict[str, str]]) -> dict[str, Any]:
@@ -164,6 +182,8 @@ def judged(farm: Farm, batch: list[dict[str, Any]]) -> dict[str, Any]:
     accepted = sum(r.judge is not None and r.judge.verdict == Verdict.AC for r in records)
     cached = sum(bool(r.judge and r.judge.compile and r.judge.compile.cached) for r in records)
     tests = sum(len(r.judge.tests) for r in records if r.judge is not None)
+    ran = [r.judge.compile for r in records if r.judge and r.judge.compile]
+    compile_cpu_s = sum(c.time_s for c in ran if not c.cached)  # the compilers' and checks' own
     return {
         "submissions": len(records),
         "accepted": accepted,
@@ -173,6 +193,8 @@ def judged(farm: Farm, batch: list[dict[str, Any]]) -> dict[str, Any]:
         "tests_per_s": tests / took,
         "submissions_per_s": len(records) / took,
         "cpu_ms_per_test": {k: (v or 0.0) / max(1, tests) * 1e3 for k, v in cost.cpu_s.items()},
+        "compile_steps": sum(not c.cached for c in ran),
+        "compile_cpu_ms_per_test": compile_cpu_s / max(1, tests) * 1e3,
         "others_share": cost.others_share,
     }
 
@@ -188,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         warm = [{**i, "id": f"warm-{i['id']}"} for i in items(QUICK, tests)[:8]]
         judged(farm, warm)
         main_run = judged(farm, items(plan, tests))
+        digest = farm.put_problem(Problem.model_validate({"tests": tests, "limits": LIMITS}))
+        by_digest = judged(farm, items(plan, tests, problem=digest, tag="stored "))
         cold_items = [
             {"id": f"cold-{n}", "language": "cpp17", "source": CPP.format(n=f"cold {n}")}
             for n in range(plan.cold)
@@ -201,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     ratio = main_run["tests_per_s"] / base["tests_per_s"]
     farm_cpu = sum(main_run["cpu_ms_per_test"].values())
     cpu_ratio = base["cpu_ms_per_test"] / farm_cpu
+    # both sides without their compiles: the loop's are outside its figures, the farm's
+    # (once per worker and source, and Python's syntax checks) are not
+    bare_cpu = farm_cpu - main_run["compile_cpu_ms_per_test"]
+    stored_cpu = sum(by_digest["cpu_ms_per_test"].values()) - by_digest["compile_cpu_ms_per_test"]
     ok = ratio >= GOAL
     cache_ratio = warm_again["submissions_per_s"] / cold["submissions_per_s"]
     data = {
@@ -210,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         "baseline": base,
         "ratio": ratio,
         "cpu_ratio": cpu_ratio,
+        "cpu_ratio_without_compiles": base["cpu_ms_per_test"] / bare_cpu,
+        "stored": by_digest,
         "compile_cache": {"cold": cold, "again": again, "warm": warm_again, "ratio": cache_ratio},
         "stored_problem": stored,
         "goal": {f"farm >= {GOAL}x baseline": ratio >= GOAL},
@@ -228,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         f"CPU per test          farm {farm_cpu:.2f} ms ("
         + ", ".join(f"{k} {v:.2f}" for k, v in main_run["cpu_ms_per_test"].items())
         + f"), loop {base['cpu_ms_per_test']:.2f} ms: {cpu_ratio:.2f}x",
+        f"  compiles left out   farm {bare_cpu:.2f} ms ({main_run['compile_steps']} compile "
+        f"steps, {main_run['compile_cpu_ms_per_test']:.2f} ms/test), loop "
+        f"{base['cpu_ms_per_test']:.2f} ms ({base['compiles']} compiles, "
+        f"{base['compile_cpu_s']:.2f} s, not counted): {base['cpu_ms_per_test'] / bare_cpu:.2f}x",
+        f"  problem by digest   {by_digest['tests_per_s']:9.1f} tests/s "
+        f"({by_digest['accepted']}/{by_digest['submissions']} accepted, "
+        f"{by_digest['tests_per_s'] / base['tests_per_s']:.2f}x the loop), CPU per test, "
+        f"compiles left out, {stored_cpu:.2f} ms: {base['cpu_ms_per_test'] / stored_cpu:.2f}x",
         f"compile cache: {plan.cold} new C++ sources {cold['submissions_per_s']:.1f}/s; again "
         f"{again['submissions_per_s']:.1f}/s ({again['compiles_cached']} cached: a cache is "
         f"per worker); a third time {warm_again['submissions_per_s']:.1f}/s "

@@ -38,14 +38,35 @@ def exiting(pid: int) -> bool:
         return True
 
 
-def tree(root: int) -> set[int]:
-    """``root`` and its descendants now, by the parent links of every process of the sandbox."""
-    children: dict[int, list[int]] = {}
+def _scan() -> dict[int, list[bytes]]:
+    """Every process of the sandbox now, by pid: its ``/proc/<pid>/stat`` fields after the
+    command name (which may hold spaces and parentheses), read once each."""
+    found: dict[int, list[bytes]] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            parent = _parent(int(name))
-            if parent is not None:
-                children.setdefault(parent, []).append(int(name))
+        if not name.isdigit():
+            continue
+        try:
+            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:  # gone
+            continue
+        try:
+            data = os.read(fd, 4096)
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+        end = data.rfind(b")")
+        if end > 0:
+            found[int(name)] = data[end + 2 :].split()
+    return found
+
+
+def _below(root: int, found: dict[int, list[bytes]]) -> set[int]:
+    """``root`` and its descendants in ``found`` (``_scan``), by their parent links."""
+    children: dict[int, list[int]] = {}
+    for pid, fields in found.items():
+        if len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(pid)
     tree, stack = {root}, [root]
     while stack:
         for child in children.get(stack.pop(), ()):
@@ -53,6 +74,18 @@ def tree(root: int) -> set[int]:
                 tree.add(child)
                 stack.append(child)
     return tree
+
+
+def tree(root: int) -> set[int]:
+    """``root`` and its descendants now, by the parent links of every process of the sandbox."""
+    return _below(root, _scan())
+
+
+def tree_stats(root: int) -> list[list[bytes]]:
+    """The ``/proc/<pid>/stat`` fields (``_scan``'s) of ``root`` and its descendants now, from
+    one pass over ``/proc``: a judge's runner samples a test's tree with it every few ms."""
+    found = _scan()
+    return [found[pid] for pid in _below(root, found) if pid in found]
 
 
 def kill_tree(root: int) -> None:

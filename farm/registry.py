@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from farm.settings import FarmSettings
 
 PREFIX = "farm:"
+MOVED = "the session moved to worker "  # a state no outage explains: follow it at once
 # An exec record (claim, then the result) only has to outlive redeliveries of its message
 # (within the broker's visibility timeout, 60 s) and a client's wait; a day of them cost ~0.5 kB
 # an exec of Redis memory (a million-exec day: 500 MB). One hour, as Celery's results.
@@ -142,7 +143,7 @@ class Registry:
             live_generation, owner, seen = pipe.execute()
         mark = self._mark(seen)
         if owner[0] is not None and owner != [worker_id, str(generation)]:
-            return f"the session moved to worker {owner[0]}", mark
+            return f"{MOVED}{owner[0]}", mark
         if live_generation != str(generation):
             return f"worker {worker_id} (generation {generation}) is gone", mark
         if owner[0] is None:

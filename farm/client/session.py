@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -37,6 +38,7 @@ from farm.models import (
     RestoreReport,
 )
 from farm.models.branches import Checkpoint
+from farm.registry import MOVED
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -106,17 +108,21 @@ class Session:
     def _check_alive(self) -> str:
         """Raise ``SessionLost`` unless the session can take a call; return the broker's mark
         (for ``Broker.wait``)."""
-        if self.closed:
-            raise SessionLost(self.id, self.worker, "the session was closed")
-        why, mark = self.farm.broker.after_outage(
-            lambda: self.farm.registry.session_state(self.id, self.worker, self.generation),
-            lambda state: state[0] is None,
-        )
-        if why is not None and snapshots.follow(self):  # it moved: its new owner takes it
-            return self._check_alive()
-        if why is not None:
-            raise SessionLost(self.id, self.worker, why)
-        return mark
+        for _ in range(snapshots.MAX_MOVES):
+            if self.closed:
+                raise SessionLost(self.id, self.worker, "the session was closed")
+            where = (self.worker, self.generation)
+            why, mark = self.farm.broker.after_outage(  # a move is no outage's doing
+                functools.partial(self.farm.registry.session_state, self.id, *where),
+                lambda state: state[0] is None or state[0].startswith(MOVED),
+            )
+            if why is None:
+                return mark
+            # it moved: its new owner takes it, found here or by another call of this session
+            # meanwhile (which adopted it first: then there is nothing left to follow)
+            if not snapshots.follow(self) and (self.worker, self.generation) == where:
+                raise SessionLost(self.id, self.worker, why)
+        raise SessionLost(self.id, self.worker, "it kept moving while a call was sent")
 
     def run(
         self,

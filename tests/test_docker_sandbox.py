@@ -270,11 +270,8 @@ def test_orphans_of_a_dead_owner_are_removed(docker_env: Any) -> None:
         mine.remove(force=True)
 
 
-def test_two_kernels_on_one_host_each_keep_their_own_build(docker_env: Any, tmp_path: Path) -> None:
-    """Two checkouts with different kernels (a developer and a CI run) build the same tag in
-    turn: each still starts the sandboxes of its own kernel (its pinned tag), and going back
-    to a kernel built before moves the plain tag back without a rebuild."""
-    tag = f"farm-sandbox:pintest{os.getpid()}"
+def other_checkout(tmp_path: Path) -> Path:
+    """A copy of this checkout's kernel and Dockerfile, its kernel changed by a comment."""
     repo = images.default_repo_root()
     other = tmp_path / "other"
     shutil.copytree(
@@ -286,6 +283,32 @@ def test_two_kernels_on_one_host_each_keep_their_own_build(docker_env: Any, tmp_
     shutil.copy(repo / images.DOCKERFILE, other / images.DOCKERFILE)
     init = other / images.KERNEL_DIR / "__init__.py"
     init.write_text(init.read_text() + "\n# another checkout's kernel\n")
+    return other
+
+
+def test_a_pruned_pin_is_missing_not_another_kernels_plain_tag(
+    docker_env: Any, tmp_path: Path
+) -> None:
+    """This checkout's pinned build is gone (another checkout's builds prune old pins) and the
+    plain tag holds another kernel: the pinned tag is named (missing: a clear error where a
+    sandbox starts), never the other kernel's build."""
+    tag = f"farm-sandbox:prunetest{os.getpid()}"
+    try:
+        other = other_checkout(tmp_path)
+        theirs = images.ensure_sandbox_image(docker_env, tag=tag, repo_root=other)
+        assert docker_env.images.get(tag).id == theirs.image_id
+        mine = images.own_sandbox_tag(tag)
+        assert mine != tag and not images.image_exists(docker_env, mine)
+    finally:
+        remove_image_tags(docker_env, tag)
+
+
+def test_two_kernels_on_one_host_each_keep_their_own_build(docker_env: Any, tmp_path: Path) -> None:
+    """Two checkouts with different kernels (a developer and a CI run) build the same tag in
+    turn: each still starts the sandboxes of its own kernel (its pinned tag), and going back
+    to a kernel built before moves the plain tag back without a rebuild."""
+    tag = f"farm-sandbox:pintest{os.getpid()}"
+    other = other_checkout(tmp_path)
     try:
         mine = images.ensure_sandbox_image(docker_env, tag=tag)
         theirs = images.ensure_sandbox_image(docker_env, tag=tag, repo_root=other)

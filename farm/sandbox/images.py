@@ -129,16 +129,24 @@ def pinned_tag(tag: str, want: Mapping[str, str]) -> str:
 def own_sandbox_tag(tag: str = DEFAULT_TAG, repo_root: Path | None = None) -> str:
     """The pinned tag of this checkout's kernel for the default sandbox image ``tag``, or
     ``tag`` itself when the sources to hash are not here (an installed package, e.g. the worker
-    image) or Docker has no such image (built before pinning existed). Docker failing to
-    answer raises (``DockerUnavailable``, or the SDK's error): the plain tag may be another
-    checkout's kernel, so it is never a silent stand-in for the pinned one."""
+    image) or the plain tag is of this kernel, or of none recorded (built before pinning
+    existed). The plain tag of another checkout's kernel is never a silent stand-in for the
+    pinned one (pruned by that checkout's build, ``PINS_KEPT``): the pinned tag is named, and
+    its absence said as missing. Docker failing to answer raises (``DockerUnavailable``, or
+    the SDK's error)."""
     try:
         want = {LABEL_KERNEL_HASH: kernel_source_hash(repo_root or default_repo_root())}
     except (ImageBuildError, OSError):
         return tag
     pinned = pinned_tag(tag, want)
     with docker_client(None) as client:
-        return pinned if image_exists(client, pinned) else tag
+        if image_exists(client, pinned):
+            return pinned
+        try:
+            built = (client.images.get(tag).labels or {}).get(LABEL_KERNEL_HASH)
+        except docker.errors.ImageNotFound:
+            return tag
+        return tag if built in (None, want[LABEL_KERNEL_HASH]) else pinned
 
 
 def image_exists(client: docker.DockerClient, ref: str) -> bool:

@@ -156,8 +156,9 @@ def problem_items() -> list[dict[str, Any]]:
         item(
             "kernel-env",
             "python3",
-            "import os\nprint(os.environ.get('GLIBC_TUNABLES'))\n",
-            [{"stdin": "", "expected": "None"}],
+            "import os, sys\nnames = ('GLIBC_TUNABLES', 'PYTHONPATH', 'PYTHONUNBUFFERED')\n"
+            "print([os.environ.get(n) for n in names], type(sys.stdout.buffer).__name__)\n",
+            [{"stdin": "", "expected": "[None, None, None] BufferedWriter"}],
         ),
         item("unknown-language", "cobol", "DISPLAY 'HI'.", SUM_TESTS),
         item("attack/kill-runner", "cpp17", KILL_RUNNER, SUM_TESTS, limits={"time_s": 1.0}),
@@ -383,7 +384,9 @@ def test_a_program_runs_without_the_kernel_s_malloc_tuning(
     records: dict[str | int, BatchRecord],
 ) -> None:
     """The kernel's ``GLIBC_TUNABLES`` (huge pages for its forks) is not a judged program's: it
-    cost a Python test ~0.9 ms of CPU and would move its memory."""
+    cost a Python test ~0.9 ms of CPU and would move its memory. Nor are the variables farm's
+    images set for the kernel: its ``PYTHONPATH``, and unbuffered output (a syscall a line for
+    a printing Python program, which DMOJ's judge does not make it pay)."""
     result = records["kernel-env"].judge
     assert result is not None and result.verdict == Verdict.AC, result
 

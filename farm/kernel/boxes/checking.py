@@ -104,7 +104,7 @@ class Programs:
                 stdout=stdout,
                 stderr=stderr,
                 pass_fds=pass_fds,
-                env={**os.environ, **uids.box_env(self.judge)},
+                env=uids.program_env(self.judge),
                 start_new_session=True,
                 restore_signals=False,  # the runner's SIGPIPE and SIGXFSZ: ignored
                 umask=0o077,

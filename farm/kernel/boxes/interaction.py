@@ -164,7 +164,7 @@ def interact(
                     ipid = spawning.spawn_as(
                         [*program.argv, *args],
                         programs.ids(programs.judge),
-                        {**os.environ, **uids.box_env(programs.judge)},
+                        uids.program_env(programs.judge),
                         stdin=to_int_r,
                         stdout=to_sub_w,
                         stderr=errs[1],

@@ -30,7 +30,7 @@ def applies(argv: list[str], box: BoxInfo) -> str | None:
     ``python3`` (on the box's ``PATH``) is this interpreter; else ``None``."""
     if len(argv) != len(CHECK_ARGV) + 1 or argv[:-1] != CHECK_ARGV:
         return None
-    path = {**os.environ, **uids.box_env(box)}.get("PATH")
+    path = uids.program_env(box).get("PATH")
     found = shutil.which("python3", path=path)
     if found is None or os.path.realpath(found) != os.path.realpath(sys.executable):
         return None

@@ -134,8 +134,9 @@ def _serve(sock: socket.socket, box: BoxInfo) -> None:
     keep = sock.fileno()
     os.closerange(3, keep)
     os.closerange(keep + 1, 1 << 16)
-    os.environ.update(uids.box_env(box))  # PATH for posix_spawnp is the process's own
-    env = dict(os.environ)
+    env = uids.program_env(box)
+    os.environ.clear()
+    os.environ.update(env)  # PATH for posix_spawnp is the process's own
     while True:
         data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
         if not data:

@@ -106,7 +106,7 @@ def spawn(
         stdin=stdin_fd if stdin_fd is not None else subprocess.DEVNULL,
         stdout=out_fd,
         stderr=err_fd,
-        env={**os.environ, **uids.box_env(box)},
+        env=uids.program_env(box),
         start_new_session=True,
         restore_signals=True,
         umask=0o077,

@@ -110,6 +110,18 @@ def enter(box: BoxInfo, isolation: str) -> None:
     tempfile.tempdir = None  # the zygote may have cached the shared /tmp
 
 
+KERNEL_ONLY = ("PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")  # farm's, for itself
+
+
+def program_env(box: BoxInfo) -> dict[str, str]:
+    """The environment of a program a judge runs (a compile, a test, an interactor, a
+    checker): the sandbox's, less what farm's images set for the kernel itself (its
+    ``PYTHONPATH``, unbuffered output: a judged Python program would write a syscall a line,
+    which DMOJ's do not), and the box's (``box_env``)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in KERNEL_ONLY}
+    return {**inherited, **box_env(box)}
+
+
 def box_env(box: BoxInfo) -> dict[str, str]:
     """The variables that make a process's home, temporary files and caches its box's, and
     the box's own (``Box.env``)."""

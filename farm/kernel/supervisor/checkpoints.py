@@ -124,12 +124,12 @@ class Checkpoints:
                 session.proc = proc
             await _reattach(proc, self.loop)
             session.epoch += 1  # a call of the line left behind must not run in this one
-            reply, standby = await _wake_standby(proc, cp.pid)
-            if standby is None:  # none, or it was dying: the copy forks (or goes on itself)
+            reply, woke = await _wake_standby(proc, cp.pid)
+            if not woke:  # none, or it was dying: the copy forks (or goes on itself)
                 wake(cp.pidfd, KEEP if keep else TAKE)
                 reply = await ask(proc, None, watch=cp.pidfd)
             inner = _number(reply.get("pid"))
-            if keep or standby is not None:
+            if keep or woke:
                 pid = procs.child_pid(cp.pid, inner)
             else:
                 pid = cp.pid if inner and procs.innermost(cp.pid) == inner else None
@@ -139,11 +139,11 @@ class Checkpoints:
                 raise RequestError("unavailable", f"rollback failed: {why}")
             if not keep:  # spent: the session's process now, or gone with its copy
                 del self.held[session.id][cp.id]
-                if standby is not None:
+                if woke:
                     _end(cp)
                 else:
                     os.close(cp.pidfd)
-            elif standby is not None:
+            elif woke:
                 signal.pidfd_send_signal(cp.pidfd, REFILL)
             self._adopt(session, proc, pid)
             session.last_used = time.monotonic()
@@ -261,19 +261,17 @@ class Checkpoints:
         return reply
 
 
-async def _wake_standby(proc: SessionProcess, copy: int) -> tuple[dict[str, Any], int | None]:
-    """Wake the standby of the held copy ``copy`` (it goes on as the session); its answer
-    and pid, or no pid when there was none, or it ended without answering (the box's code
-    killed it as it was found)."""
+async def _wake_standby(proc: SessionProcess, copy: int) -> tuple[dict[str, Any], bool]:
+    """Wake the standby of the held copy ``copy`` (it goes on as the session): its answer,
+    and whether it woke: not when there was none, or it ended without answering (the box's
+    code killed it as it was found)."""
     standby = _standby(copy)
     if standby is None:
-        return {}, None
+        return {}, False
     try:
         wake(standby, GO)
         reply = await ask(proc, None, watch=standby)
-        if "error" in reply and select.select([standby], [], [], 0)[0]:
-            return reply, None
-        return reply, standby
+        return reply, not ("error" in reply and select.select([standby], [], [], 0)[0])
     finally:
         os.close(standby)
 

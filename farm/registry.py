@@ -245,12 +245,9 @@ class Registry:
         the journal's error, or ``""``."""
         encoded = json.dumps(result)
         record = f'{{"state": "done", "result": {encoded}}}'
-        if session is not None:
-            session_id, fields, ttl_s = session
-            session = (f"{PREFIX}session:{session_id}", fields, ttl_s)
         exec_record = (f"{PREFIX}exec:{exec_id}", record, EXEC_TTL_S)
         stored = reply(encoded) if reply is not None else None
-        return self._finisher.finish(exec_record, session, events, stored)
+        return self._finisher.finish(exec_record, _keyed(session), events, stored)
 
     def finish_branch(
         self,
@@ -262,11 +259,8 @@ class Registry:
         """The end of a branch op (a checkpoint, rollback, drop or fork: no exec record) in the
         same one script as ``finish_exec``: its journal event, the session's entry (its epoch),
         then its task's result. Returns the journal's error, or ``""``."""
-        if session is not None:
-            session_id, fields, ttl_s = session
-            session = (f"{PREFIX}session:{session_id}", fields, ttl_s)
         stored = reply(json.dumps(result)) if reply is not None else None
-        return self._finisher.finish(None, session, events, stored)
+        return self._finisher.finish(None, _keyed(session), events, stored)
 
     def exec_record(self, exec_id: str) -> dict[str, Any] | None:
         raw = self.redis.get(f"{PREFIX}exec:{exec_id}")
@@ -383,3 +377,13 @@ def _decode(raw: Any) -> dict[str, Any]:
         except ValueError:
             out[key] = value
     return out
+
+
+def _keyed(
+    session: tuple[str, dict[str, Any], float] | None,
+) -> tuple[str, dict[str, Any], float] | None:
+    """A session's entry (id, fields, ttl) with its registry key in place of its id."""
+    if session is None:
+        return None
+    session_id, fields, ttl_s = session
+    return f"{PREFIX}session:{session_id}", fields, ttl_s

@@ -30,42 +30,47 @@ def main(argv: list[str] | None = None) -> None:
     from farm.worker.tasks import worker_app
 
     app = worker_app(early=True)  # its sandbox starts while Celery sets up
+    options = worker_options(name, settings.worker_threads)
     extra = argv if argv is not None else sys.argv[1:]
     if extra:  # Celery's own worker options: its command line parses them
-        app.worker_main(["worker", *cli_options(name, settings.worker_threads), *extra])
+        app.worker_main(["worker", *command_line(options), *extra])
         return
-    sys.exit(run_worker(app, name, settings.worker_threads))
+    sys.exit(run_worker(app, options))
 
 
-def cli_options(name: str, threads: int) -> list[str]:
-    return [
-        "--pool",
-        "threads",
-        "--concurrency",
-        str(threads),
-        "--hostname",
-        f"{name}@%h",
-        "--without-gossip",
-        "--without-mingle",
-        "--loglevel",
-        "INFO",
-    ]
+def worker_options(name: str, threads: int) -> dict[str, Any]:
+    """The options of a farm worker, as Celery's ``worker`` command names them."""
+    return {
+        "pool": "threads",
+        "concurrency": threads,
+        "hostname": f"{name}@%h",
+        "without_gossip": True,
+        "without_mingle": True,
+        "loglevel": "INFO",
+    }
 
 
-def run_worker(app: Any, name: str, threads: int) -> int:
-    """What Celery's ``worker`` command does with ``cli_options``, without loading its command
+def command_line(options: dict[str, Any]) -> list[str]:
+    """``options`` as arguments of Celery's ``worker`` command."""
+    args: list[str] = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        args += [flag] if value is True else [flag, str(value)]
+    return args
+
+
+def run_worker(app: Any, options: dict[str, Any]) -> int:
+    """What Celery's ``worker`` command does with ``options``, without loading its command
     line (click, click-repl, prompt_toolkit: ~80 ms of every worker's start): the worker's
     exit code."""
     from celery import concurrency
     from celery.utils.nodenames import default_nodename, host_format
 
+    given = dict(options)
     worker = app.Worker(
-        hostname=host_format(default_nodename(f"{name}@%h")),
-        pool_cls=concurrency.get_implementation("threads"),
-        concurrency=threads,
-        without_gossip=True,
-        without_mingle=True,
-        loglevel="INFO",
+        hostname=host_format(default_nodename(given.pop("hostname"))),
+        pool_cls=concurrency.get_implementation(given.pop("pool")),
+        **given,
     )
     worker.start()
     return int(worker.exitcode or 0)

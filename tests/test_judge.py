@@ -287,6 +287,16 @@ def test_a_program_s_memory_is_its_own_not_the_runner_s(
         assert all(test.memory_kb < 8 * 1024 for test in result.tests), result.tests
 
 
+def test_a_short_program_s_memory_is_its_peak_every_time(judge_farm: Farm) -> None:
+    """A program done before the first 10 ms sample showed whatever one look caught, 0 to
+    1.4 MB for the same C program; its peak is now read as it exits, the same each test."""
+    for language, low_kb in (("c", 256), ("python3", 2048)):
+        result = judge_farm.judge(language, SUM[language]["AC"], SUM_TESTS * 4)
+        assert result.verdict == Verdict.AC, result
+        peaks = [test.memory_kb for test in result.tests]
+        assert min(peaks) > low_kb and max(peaks) - min(peaks) < 1024, (language, peaks)
+
+
 def test_a_program_asleep_past_its_wall_limit_is_stopped_there(
     records: dict[str | int, BatchRecord],
 ) -> None:

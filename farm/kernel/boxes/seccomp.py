@@ -59,7 +59,7 @@ ARCHES: dict[str, tuple[int, dict[str, int]]] = {
 _X32_BIT = 0x40000000
 
 
-def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("HBBI", code, jt, jf, k)
 
 
@@ -67,17 +67,17 @@ def program(machine: str | None = None) -> bytes:
     """The filter for ``machine`` (this one's by default), as ``sock_filter`` structs."""
     arch, numbers = ARCHES[machine or platform.machine()]
     deny, nosys = SECCOMP_RET_ERRNO | errno.EPERM, SECCOMP_RET_ERRNO | errno.ENOSYS
-    ops = [_op(_LD_W_ABS, 4), _op(_JEQ_K, arch, 1, 0), _op(_RET_K, deny), _op(_LD_W_ABS, 0)]
+    ops = [op(_LD_W_ABS, 4), op(_JEQ_K, arch, 1, 0), op(_RET_K, deny), op(_LD_W_ABS, 0)]
     if arch == ARCHES["x86_64"][0]:
-        ops += [_op(_JGE_K, _X32_BIT, 0, 1), _op(_RET_K, deny)]
+        ops += [op(_JGE_K, _X32_BIT, 0, 1), op(_RET_K, deny)]
     for name, number in numbers.items():
         if name not in ("clone", "clone3"):
-            ops += [_op(_JEQ_K, number, 0, 1), _op(_RET_K, deny)]
-    ops += [_op(_JEQ_K, numbers["clone3"], 0, 1), _op(_RET_K, nosys)]
+            ops += [op(_JEQ_K, number, 0, 1), op(_RET_K, deny)]
+    ops += [op(_JEQ_K, numbers["clone3"], 0, 1), op(_RET_K, nosys)]
     # clone: its flags are the first argument (the low word of args[0], at offset 16)
-    ops += [_op(_JEQ_K, numbers["clone"], 0, 3), _op(_LD_W_ABS, 16)]
-    ops += [_op(_JSET_K, CLONE_NAMESPACES, 0, 1), _op(_RET_K, deny)]
-    ops += [_op(_RET_K, SECCOMP_RET_ALLOW)]
+    ops += [op(_JEQ_K, numbers["clone"], 0, 3), op(_LD_W_ABS, 16)]
+    ops += [op(_JSET_K, CLONE_NAMESPACES, 0, 1), op(_RET_K, deny)]
+    ops += [op(_RET_K, SECCOMP_RET_ALLOW)]
     return b"".join(ops)
 
 
@@ -86,21 +86,21 @@ def supported() -> bool:
     return platform.machine() in ARCHES
 
 
-class _SockFprog(ctypes.Structure):
+class SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-_built: tuple[ctypes.Array[ctypes.c_char], _SockFprog] | None = None
+_built: tuple[ctypes.Array[ctypes.c_char], SockFprog] | None = None
 
 
-def _prepared() -> _SockFprog:
+def _prepared() -> SockFprog:
     """This machine's filter as ``prctl`` takes it, built once per process that asks (the
     kernel at start, before the zygote forks: each box process then only installs it)."""
     global _built
     if _built is None:
         code = program()
         buffer = ctypes.create_string_buffer(code, len(code))
-        _built = (buffer, _SockFprog(len(code) // 8, ctypes.addressof(buffer)))
+        _built = (buffer, SockFprog(len(code) // 8, ctypes.addressof(buffer)))
     return _built[1]
 
 

@@ -18,7 +18,7 @@ import signal
 import socket
 from typing import Any
 
-from . import uids
+from . import exit_peaks, uids
 from .box_protocol import BoxInfo
 
 ANSWER_S = 2.0  # a starter silent this long after a request is dropped (stopped, or slow)
@@ -63,6 +63,7 @@ class Starter:
         self.sock = ours
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.alive = True
+        self.exits: int | None = None  # its listener on its tests' exits (exit_peaks)
 
     def start(self, argv: list[str], stdin: int | None, out: int, err: int) -> tuple[int, int]:
         fds = [stdin if stdin is not None else self.devnull, out, err]
@@ -91,7 +92,14 @@ class Starter:
             else:
                 self.sock.send(data)
             ready, _, _ = select.select([self.sock], [], [], ANSWER_S)
-            answer = json.loads(self.sock.recv(4096)) if ready else None
+            answer = None
+            if ready:
+                data, given, _, _ = socket.recv_fds(self.sock, 4096, 1)
+                for fd in given:  # the listener, with the first answer
+                    os.set_inheritable(fd, False)
+                    exit_peaks.close(self.exits)
+                    self.exits = fd
+                answer = json.loads(data)
         except (OSError, ValueError):
             answer = None
         if not isinstance(answer, dict):
@@ -109,6 +117,8 @@ class Starter:
             return
         self.alive = False
         _live.discard(self.pid)
+        exit_peaks.close(self.exits)  # first: an exit_group then fails over to exit
+        self.exits = None
         self.sock.close()
         os.close(self.devnull)
         try:
@@ -137,6 +147,9 @@ def _serve(sock: socket.socket, box: BoxInfo) -> None:
     env = uids.program_env(box)
     os.environ.clear()
     os.environ.update(env)  # PATH for posix_spawnp is the process's own
+    listener = exit_peaks.listen()  # after the closeranges; sent with the first answer
+    if listener is not None:
+        os.set_inheritable(listener, False)
     while True:
         data, fds, _, _ = socket.recv_fds(sock, 1 << 16, 3)
         if not data:
@@ -158,7 +171,12 @@ def _serve(sock: socket.socket, box: BoxInfo) -> None:
             return
         for fd in fds:
             os.close(fd)
-        sock.send(json.dumps(answer).encode())
+        if listener is not None:
+            socket.send_fds(sock, [json.dumps(answer).encode()], [listener])
+            os.close(listener)
+            listener = None
+        else:
+            sock.send(json.dumps(answer).encode())
 
 
 def _start(argv: list[str], env: dict[str, str], fds: list[int]) -> dict[str, Any]:

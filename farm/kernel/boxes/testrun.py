@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import exit_peaks, uids
 from . import starter as starters
-from . import uids
 from .box_protocol import BoxInfo
 from .starter import Starter, StarterFailed
 from .trees import kill_tree, tree, tree_stats
@@ -159,12 +159,14 @@ def wait(
     started: float,
     outputs: tuple[int, ...] = (),
     reap: Callable[[int], tuple[int, Any]] | None = None,
+    exits: int | None = None,
 ) -> tuple[int, Any, float, int, str | None]:
     """Wait for ``pid``: its wait status, rusage, wall time since ``started`` (taken before
-    it was started), the peak resident memory of its tree as sampled (kB), and why the
-    runner killed it (``memory``, ``cpu``, ``wall``, or ``output``: the memfds ``outputs``
-    together past ``limits.output_bytes``). ``reap`` (a starter's) gives the status and
-    usage of a ``pid`` that is not the runner's child, once its pidfd said it ended."""
+    it was started), the peak resident memory of its tree as sampled, or of ``pid`` as read
+    at its ``exit_group`` on the listener ``exits`` (kB), and why the runner killed it
+    (``memory``, ``cpu``, ``wall``, or ``output``: the memfds ``outputs`` together past
+    ``limits.output_bytes``). ``reap`` (a starter's) gives the status and usage of a ``pid``
+    that is not the runner's child, once its pidfd said it ended."""
     try:
         pidfd = os.pidfd_open(pid)
     except OSError:
@@ -173,16 +175,28 @@ def wait(
         raise StarterFailed(f"no process {pid}") from None
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
+    if exits is not None:
+        poller.register(exits, select.POLLIN)
     killed: str | None = None
     peak = 0
+    sample = time.monotonic() + POLL_S
     try:
         while True:
-            left = started + limits.wall_s - time.monotonic()
+            now = time.monotonic()
+            left = started + limits.wall_s - now
             if left <= 0:
                 killed = "wall"
                 break
-            if poller.poll(min(POLL_S, left) * 1000):
+            ready = poller.poll(max(0.0, min(sample - now, left)) * 1000)
+            if any(fd == pidfd for fd, _ in ready):
                 break
+            if ready and exits is not None:  # an exit_group waits for its answer
+                seen = exit_peaks.answer(exits)
+                if seen is not None and seen[0] == pid:
+                    peak = max(peak, seen[1])
+            if time.monotonic() < sample:
+                continue
+            sample = time.monotonic() + POLL_S
             rss, cpu = tree_usage(pid)
             peak = max(peak, rss)
             if peak > limits.memory_kb:
@@ -320,8 +334,8 @@ def _run(
                 return Measured(127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0)
         first = resident_kb(pid)  # a program done before the first sample still shows
         watched = (out_fd, err_fd) if watch_output else ()
-        reap = starter.reap if starter is not None else None
-        status, usage, wall, peak, killed = wait(pid, limits, started, watched, reap)
+        reap, exits = (starter.reap, starter.exits) if starter is not None else (None, None)
+        status, usage, wall, peak, killed = wait(pid, limits, started, watched, reap, exits)
         sweep_leftovers()
         stdout, size = read_all(out_fd, keep_stdout, keep_tail)
         stderr, _ = read_all(err_fd, keep_stderr, keep_tail)

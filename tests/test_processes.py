@@ -113,7 +113,9 @@ def test_user_code_in_a_process_sandbox_sees_none_of_farms_secrets(
     other ``FARM_*`` setting."""
     canaries = {"FARM_BROKER_PASSWORD": "canary-farm-0815", "REDISCLI_AUTH": "canary-cli-0815"}
     monkeypatch.setenv("FARM_IDLE_TIMEOUT_S", "900")  # a setting workers inherit
-    with LocalFarm(1, backend="process", env=canaries) as local, Farm(local.settings()) as farm:
+    # a worker started anew: a forked one's /proc/PID/environ is its server's, set at exec
+    local_farm = LocalFarm(1, backend="process", env=canaries, spare=False)
+    with local_farm as local, Farm(local.settings()) as farm:
         password = urlsplit(farm.settings.broker_url).password
         assert password
         (worker,) = local.workers.values()

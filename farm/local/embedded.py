@@ -24,7 +24,7 @@ from farm.errors import SandboxUnavailable
 from farm.image_name import ImageName, ServedImage
 from farm.local.processes import pid_alive, popen_tied
 from farm.local.redis_server import RedisServer, ServerTLS
-from farm.local.spares import Spare
+from farm.local.spares import Forked, WorkerServer
 from farm.registry import Registry
 from farm.settings import FarmSettings
 
@@ -71,13 +71,12 @@ class LocalFarm:
         (self.dir / OWNER_FILE).write_text(str(os.getpid()))
         self.tls = tls
         self.redis = RedisServer(self.dir, tls=tls)
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.workers: dict[str, subprocess.Popen[bytes] | Forked] = {}
         self.worker_images: dict[str, str] = {}
         self._count = 0
         self._serving = threading.Lock()
-        self.spare = spare  # keep a worker process started ahead for serve_image (Spare)
-        self._spare: Spare | None = None
-        self._spares = 0
+        self.spare = spare  # fork workers from a server that imported their code once
+        self._server: WorkerServer | None = None
         self._bundling: threading.Thread | None = None
 
     @property
@@ -102,6 +101,8 @@ class LocalFarm:
 
     def start(self) -> LocalFarm:
         try:
+            if self.spare:  # its imports overlap the broker's start and the images' checks
+                self._server = WorkerServer(self.dir / "worker-server.log", self._process_env())
             self._start_redis()
             self._bundle_ahead()
             for image, count in self.images.items():
@@ -109,7 +110,6 @@ class LocalFarm:
                 for _ in range(count):
                     self.add_worker(prepared)
             self.wait_ready()
-            self._keep_spare()
         except BaseException:
             self.close()
             raise
@@ -156,29 +156,32 @@ class LocalFarm:
         self.worker_images[worker_id] = name.asked
         return worker_id
 
-    def _base_env(self) -> dict[str, str]:
-        """What every worker of this farm gets: the caller's environment (less its broker),
-        this farm's broker and sockets."""
+    def _process_env(self) -> dict[str, str]:
+        """The caller's environment (less its broker) and this farm's ``env``: the worker
+        server's, which knows no broker."""
         inherited = {k: v for k, v in os.environ.items() if not k.startswith("FARM_BROKER_")}
+        return {**inherited, **self.extra_env}
+
+    def _base_env(self) -> dict[str, str]:
+        """What every worker of this farm gets: ``_process_env``, this farm's broker and
+        sockets."""
         tls = {f"FARM_{k.upper()}": str(v) for k, v in self._tls_files().items() if v}
         return {
-            **inherited,
-            **self.extra_env,
+            **self._process_env(),
             **tls,
             "FARM_BROKER_URL": self.broker_url,
             "FARM_METRICS_PORT": "0",
             "FARM_SOCKET_DIR": str(self.dir / "sockets"),
         }
 
-    def _launch(self, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-        """A worker process of ``env``: the spare, when there is one (it has imported the
-        worker's code already), else a new one."""
-        spare = self._spare
-        if spare is not None and spare.fits(env):
-            self._spare = None
-            proc = spare.take(env, log_path)
-            if proc is not None:
-                return proc
+    def _launch(self, env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes] | Forked:
+        """A worker process of ``env``: forked by the server when it can (it has imported the
+        worker's code already), else a new interpreter."""
+        server = self._server
+        if server is not None and server.fits(env):
+            forked = server.launch(env, log_path)
+            if forked is not None:
+                return forked
         with log_path.open("wb") as log_file:
             return popen_tied(
                 [sys.executable, "-m", "farm.worker"],
@@ -189,16 +192,9 @@ class LocalFarm:
             )
 
     @property
-    def spare_pid(self) -> int | None:
-        """The pid of the spare worker process, while this farm keeps one."""
-        return self._spare.proc.pid if self._spare is not None else None
-
-    def _keep_spare(self) -> None:
-        """Start a spare worker process for the next image to serve, if this farm keeps one
-        and has none."""
-        if self.spare and self._spare is None:
-            self._spares += 1
-            self._spare = Spare(self.dir / f"spare-{self._spares}.log", self._base_env())
+    def server_pid(self) -> int | None:
+        """The pid of the process this farm forks its workers from, while it keeps one."""
+        return self._server.proc.pid if self._server is not None else None
 
     def wait_ready(
         self, worker_ids: list[str] | None = None, timeout_s: float = READY_TIMEOUT_S
@@ -250,7 +246,6 @@ class LocalFarm:
                 return running[0]
             worker_id = self.add_worker(self._prepare(name))
             self.wait_ready([worker_id])
-            self._keep_spare()  # for the next one: after this one, which it would slow down
             return worker_id
 
     def _prepare(self, name: ImageName) -> ImageName | ServedImage:
@@ -267,9 +262,9 @@ class LocalFarm:
         self.workers[worker_id].send_signal(sig)
 
     def close(self) -> None:
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.discard()
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
         for proc in self.workers.values():
             if proc.poll() is None:
                 proc.terminate()

@@ -19,18 +19,16 @@ import os
 import platform
 import struct
 
-from .seccomp import SockFprog, op
+from .seccomp import JEQ_K, LD_W_ABS, RET_K, SECCOMP_RET_ALLOW, SockFprog, op
 from .uids import libc
 
 SECCOMP_SET_MODE_FILTER = 1
 SECCOMP_FILTER_FLAG_NEW_LISTENER = 1 << 3
 USER_NOTIF = 0x7FC00000  # SECCOMP_RET_USER_NOTIF
 SPAWN_FAILED = 127
-SECCOMP_RET_ALLOW = 0x7FFF0000
 CONTINUE = 1  # SECCOMP_USER_NOTIF_FLAG_CONTINUE: the call runs as if never stopped
 NOTIF_RECV, NOTIF_SEND, NOTIF_ID_VALID = 0xC0502100, 0xC0182101, 0x40082102
 NOTIF_SIZE = 80  # struct seccomp_notif: id, pid, flags, then seccomp_data (64 bytes)
-_LD_W_ABS, _JEQ_K, _RET_K = 0x20, 0x15, 0x06
 
 # audit arch, seccomp(2)'s number, exit_group's number
 NUMBERS = {"x86_64": (0xC000003E, 317, 231), "aarch64": (0xC00000B7, 277, 94)}
@@ -42,10 +40,10 @@ def program(machine: str | None = None) -> bytes:
     musl's ``SPAWN_ERROR``) while its parent, the starter, waits: nobody could answer then."""
     arch, _, exit_group = NUMBERS[machine or platform.machine()]
     allow = SECCOMP_RET_ALLOW
-    ops = [op(_LD_W_ABS, 4), op(_JEQ_K, arch, 1, 0), op(_RET_K, allow), op(_LD_W_ABS, 0)]
-    ops += [op(_JEQ_K, exit_group, 0, 4), op(_LD_W_ABS, 16)]  # its status, the low word
-    ops += [op(_JEQ_K, SPAWN_FAILED, 0, 1), op(_RET_K, allow), op(_RET_K, USER_NOTIF)]
-    return b"".join(ops + [op(_RET_K, allow)])
+    ops = [op(LD_W_ABS, 4), op(JEQ_K, arch, 1, 0), op(RET_K, allow), op(LD_W_ABS, 0)]
+    ops += [op(JEQ_K, exit_group, 0, 4), op(LD_W_ABS, 16)]  # its status, the low word
+    ops += [op(JEQ_K, SPAWN_FAILED, 0, 1), op(RET_K, allow), op(RET_K, USER_NOTIF)]
+    return b"".join(ops + [op(RET_K, allow)])
 
 
 def listen() -> int | None:

@@ -24,7 +24,7 @@ PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
-_LD_W_ABS, _JEQ_K, _JSET_K, _JGE_K, _RET_K = 0x20, 0x15, 0x45, 0x35, 0x06
+LD_W_ABS, JEQ_K, JSET_K, JGE_K, RET_K = 0x20, 0x15, 0x45, 0x35, 0x06
 
 # clone's namespace flags (CLONE_NEWNS ... CLONE_NEWNET, CLONE_NEWCGROUP, CLONE_NEWTIME)
 CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000
@@ -67,17 +67,17 @@ def program(machine: str | None = None) -> bytes:
     """The filter for ``machine`` (this one's by default), as ``sock_filter`` structs."""
     arch, numbers = ARCHES[machine or platform.machine()]
     deny, nosys = SECCOMP_RET_ERRNO | errno.EPERM, SECCOMP_RET_ERRNO | errno.ENOSYS
-    ops = [op(_LD_W_ABS, 4), op(_JEQ_K, arch, 1, 0), op(_RET_K, deny), op(_LD_W_ABS, 0)]
+    ops = [op(LD_W_ABS, 4), op(JEQ_K, arch, 1, 0), op(RET_K, deny), op(LD_W_ABS, 0)]
     if arch == ARCHES["x86_64"][0]:
-        ops += [op(_JGE_K, _X32_BIT, 0, 1), op(_RET_K, deny)]
+        ops += [op(JGE_K, _X32_BIT, 0, 1), op(RET_K, deny)]
     for name, number in numbers.items():
         if name not in ("clone", "clone3"):
-            ops += [op(_JEQ_K, number, 0, 1), op(_RET_K, deny)]
-    ops += [op(_JEQ_K, numbers["clone3"], 0, 1), op(_RET_K, nosys)]
+            ops += [op(JEQ_K, number, 0, 1), op(RET_K, deny)]
+    ops += [op(JEQ_K, numbers["clone3"], 0, 1), op(RET_K, nosys)]
     # clone: its flags are the first argument (the low word of args[0], at offset 16)
-    ops += [op(_JEQ_K, numbers["clone"], 0, 3), op(_LD_W_ABS, 16)]
-    ops += [op(_JSET_K, CLONE_NAMESPACES, 0, 1), op(_RET_K, deny)]
-    ops += [op(_RET_K, SECCOMP_RET_ALLOW)]
+    ops += [op(JEQ_K, numbers["clone"], 0, 3), op(LD_W_ABS, 16)]
+    ops += [op(JSET_K, CLONE_NAMESPACES, 0, 1), op(RET_K, deny)]
+    ops += [op(RET_K, SECCOMP_RET_ALLOW)]
     return b"".join(ops)
 
 

@@ -78,6 +78,7 @@ class LocalFarm:
         self.spare = spare  # fork workers from a server that imported their code once
         self._server: WorkerServer | None = None
         self._bundling: threading.Thread | None = None
+        self._docker: Any = None  # the Docker client images are prepared with (docker SDK)
 
     @property
     def broker_url(self) -> str:
@@ -166,7 +167,13 @@ class LocalFarm:
         """What every worker of this farm gets: ``_process_env``, this farm's broker and
         sockets."""
         tls = {f"FARM_{k.upper()}": str(v) for k, v in self._tls_files().items() if v}
+        docker = {}
+        if self._docker is not None:  # the API version agreed with the daemon: none asks again
+            from farm.sandbox.images import API_VERSION_ENV
+
+            docker[API_VERSION_ENV] = str(self._docker.api.api_version)
         return {
+            **docker,
             **self._process_env(),
             **tls,
             "FARM_BROKER_URL": self.broker_url,
@@ -254,9 +261,12 @@ class LocalFarm:
         if self.backend == "process":
             return name
         from farm.sandbox.catalog import prepare
+        from farm.sandbox.images import connect
 
         log.info("preparing %s for a worker (built if missing or stale)", name.tag)
-        return prepare(name)
+        if self._docker is None:  # one client, its API version asked once (~10 ms a time)
+            self._docker = connect()
+        return prepare(name, self._docker)
 
     def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> None:
         self.workers[worker_id].send_signal(sig)
@@ -279,15 +289,19 @@ class LocalFarm:
             self._remove_containers()
         if self._bundling is not None:
             self._bundling.join(STOP_TIMEOUT_S)  # before its directory goes
+        client, self._docker = self._docker, None
+        if client is not None:
+            client.close()
         self.redis.stop()  # an ephemeral broker: nothing to save
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _remove_containers(self) -> None:
         try:
-            import docker
             import docker.errors
 
-            client = docker.from_env()
+            from farm.sandbox.images import client_from_env
+
+            client = client_from_env()
         except Exception:
             return
         with contextlib.closing(client):

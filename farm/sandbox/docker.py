@@ -36,6 +36,7 @@ from farm.models import Preloaded, SandboxHealth, SandboxInfo, frames
 from farm.sandbox.backend import KERNEL_ENV, Sandbox, box_arguments
 from farm.sandbox.bundle import MOUNT as BUNDLE
 from farm.sandbox.bundle import kernel_bundle
+from farm.sandbox.images import client_from_env
 from farm.sandbox.served import missing, serve
 from farm.settings import BoxSettings, SandboxLimits
 
@@ -100,7 +101,7 @@ class DockerSandbox(Sandbox):
     @property
     def docker(self) -> docker.DockerClient:
         if self._client is None:
-            self._client = self._own_client = docker.from_env()
+            self._client = self._own_client = client_from_env()
         return self._client
 
     def _prepare_dir(self) -> None:
@@ -353,7 +354,7 @@ def remove_orphans(
     registry), or when it ran on this host and its process no longer exists.
     """
     if client is None:
-        with contextlib.closing(docker.from_env()) as own:
+        with contextlib.closing(client_from_env()) as own:
             return remove_orphans(own, live_owners=live_owners)
     removed = []
     here = socket.gethostname()

@@ -203,7 +203,13 @@ def starting(settings: FarmSettings) -> Future[Worker]:
 def worker_app(early: bool = False) -> Celery:
     """The app of this process's farm worker (``celery -A farm.worker``, ``farm worker``),
     once the broker took this worker's credentials (a refusal ends the process, saying so:
-    ``farm.worker.startup``; checked here, before Celery, which would retry it for ever)."""
+    ``farm.worker.startup``; checked here, before Celery, which would retry it for ever).
+    ``early``: checked once the sandbox's start is under way, which takes a generation from
+    the broker first, so refused credentials stop it before it makes a container."""
     settings = FarmSettings()
-    check_broker(settings, settings.worker_name)
-    return make_worker_app(settings, early=early)
+    if not early:
+        check_broker(settings, settings.worker_name)
+    app = make_worker_app(settings, early=early)
+    if early:
+        check_broker(settings, settings.worker_name)
+    return app

@@ -128,6 +128,14 @@ class Registry:
             self.redis.srem(f"{PREFIX}workers", *gone)
         return [_decode(raw) for raw in hashes if raw]
 
+    def ready_among(self, worker_ids: list[str]) -> set[str]:
+        """Which of ``worker_ids`` are registered ready: one small read, cheap to poll."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                pipe.hget(f"{PREFIX}worker:{worker_id}", "ready")
+            flags = pipe.execute()
+        return {w for w, flag in zip(worker_ids, flags, strict=True) if flag == "true"}
+
     def worker_alive(self, worker_id: str, generation: int) -> bool:
         return self.redis.hget(f"{PREFIX}worker:{worker_id}", "generation") == str(generation)
 

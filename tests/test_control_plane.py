@@ -119,6 +119,23 @@ def test_the_farms_own_clients_work_with_the_password_in_the_url_or_apart(
             assert session.run("x").value is not None and session.run("x").value.text == "42"
 
 
+def test_ready_among_names_only_the_workers_registered_ready(redis_server: RedisServer) -> None:
+    """What ``LocalFarm.wait_ready`` polls: of the workers asked, those whose registration
+    says ready; one starting (not ready) and one never registered are not."""
+    tag = os.urandom(4).hex()
+    ready, starting, absent = (f"{kind}-{tag}" for kind in ("ready", "starting", "absent"))
+    registry = Registry.connect(FarmSettings(broker_url=redis_server.url))
+    try:
+        registry.heartbeat(ready, {"ready": True, "generation": 1})
+        registry.heartbeat(starting, {"ready": False, "generation": 1})
+        assert registry.ready_among([ready, starting, absent]) == {ready}
+        assert registry.ready_among([starting]) == set()
+    finally:
+        for worker_id in (ready, starting):
+            registry.deregister(worker_id, 1)
+        registry.close()
+
+
 def map_squares(farm: Farm, n: int = 6) -> None:
     """``Farm.map`` over a few items: the workers push each item's result to the map's Redis
     list and the client reads it from there, both through their authenticated clients."""

@@ -31,7 +31,7 @@ from farm.settings import FarmSettings
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
-READY_POLL_S = 0.02  # a worker's registration is one small read: a first result waits less
+READY_POLL_S = 0.005  # a worker's registration is one small read: a first result waits less
 STOP_TIMEOUT_S = 20.0
 DIR_PREFIX = "farm-local-"
 OWNER_FILE = "owner.pid"  # the pid of the process that owns a local farm's directory
@@ -206,17 +206,17 @@ class LocalFarm:
     def wait_ready(
         self, worker_ids: list[str] | None = None, timeout_s: float = READY_TIMEOUT_S
     ) -> None:
-        wanted = set(worker_ids or self.workers)
+        wanted = sorted(set(worker_ids or self.workers))
         registry = Registry.connect(self.settings())
         deadline = time.monotonic() + timeout_s
         try:
             while True:
-                ready = {str(w["id"]) for w in registry.workers() if w.get("ready")}
-                if wanted <= ready:
+                ready = registry.ready_among(wanted)
+                if ready.issuperset(wanted):
                     return
                 dead = [w for w in wanted if self.workers[w].poll() is not None]
                 if dead or time.monotonic() > deadline:
-                    logs = "\n".join(self.log_tail(w) for w in dead or sorted(wanted - ready))
+                    logs = "\n".join(self.log_tail(w) for w in dead or sorted(set(wanted) - ready))
                     raise SandboxUnavailable(f"workers did not become ready: {logs}")
                 time.sleep(READY_POLL_S)  # poll interval of the deadline-bounded readiness check
         finally:

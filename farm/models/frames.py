@@ -58,6 +58,13 @@ def adapter(frame: type) -> TypeAdapter[Any]:
     return TypeAdapter(_readable(frame))
 
 
+def build_all() -> None:
+    """Build every frame's validator now (~18 ms for 24), not at its first frame: the worker
+    server does, so that the workers it forks meet their first calls with them built."""
+    for frame in protocol.HOST_FRAMES.values():
+        adapter(frame)
+
+
 def validate(frame: Any) -> dict[str, Any]:
     """A host <-> supervisor frame checked against its ``TypedDict`` (chosen by its ``type``)."""
     kind = frame.get("type") if isinstance(frame, dict) else None

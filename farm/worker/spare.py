@@ -101,6 +101,9 @@ def become(order: dict[str, Any]) -> None:
 def main() -> None:
     for module in AHEAD:
         importlib.import_module(module)
+    from farm.models import frames
+
+    frames.build_all()  # else each fork builds the validators of its first calls' frames
     gc.freeze()  # what was imported stays out of the forks' collections: its pages stay shared
     answers = sys.stdout.buffer
     for line in sys.stdin.buffer:

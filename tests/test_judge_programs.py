@@ -202,6 +202,16 @@ def test_interactive_verdicts(
         assert "end of file" in first.message.lower(), first.message
 
 
+def test_an_interactive_submission_s_memory_is_its_peak(
+    records: dict[str | int, BatchRecord],
+) -> None:
+    """Read at its exit as a plain test's is (its item's starter starts it): a C++ or Python
+    submission done within a few ms read 12-250 kB from one look before."""
+    for name, low_kb in (("cpp-testlib/search-cpp", 1024), ("py-testlib/search", 4096)):
+        peaks = [test.memory_kb for test in judged(records, name).tests]
+        assert min(peaks) > low_kb and max(peaks) - min(peaks) < 1024, (name, peaks)
+
+
 @pytest.mark.parametrize("interactor", ["cpp-testlib", "py-testlib"])
 def test_a_submission_cannot_reach_the_interactor(
     records: dict[str | int, BatchRecord], interactor: str

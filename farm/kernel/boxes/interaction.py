@@ -3,8 +3,10 @@ stdout the other's stdin (two pipes, nothing between them), each with its own li
 
 The interactor runs as the box's judge uid (``checking``): the submission can neither signal
 nor trace it, nor read its memory or fds (its input, answer and report are memfds only it
-and the runner hold). The runner watches both: the submission's CPU, memory and the test's
-wall time (idleness: both waiting, nobody writing, ends at the wall as TLE); the
+and the runner hold). The submission starts from the item's starter, as a plain test does, so
+its peak memory is read at its ``exit_group`` (``exit_peaks``); a starter that fails has the
+test run again without it. The runner watches both: the submission's CPU, memory and the
+test's wall time (idleness: both waiting, nobody writing, ends at the wall as TLE); the
 interactor's own, more generous limits. Whatever one side leaves running when its main
 process ends is killed then (the other then sees end of file, never a hang). The verdict
 follows Kattis' and DOMjudge's rule (``verdict``). docs/design/judge.md.
@@ -23,8 +25,10 @@ from typing import Any
 
 from ..judge import protocols
 from ..wire.protocol import JudgeSpec, JudgeTest, JudgeTestOutcome, Verdict
-from . import checking, spawning, testrun, uids
+from . import checking, exit_peaks, spawning, testrun, uids
+from . import starter as starters
 from .box_protocol import BoxInfo
+from .starter import Starter, StarterFailed
 from .trees import exiting, kill_tree, tree
 
 INTERACTOR_EVERY = (
@@ -48,10 +52,26 @@ class Side:
     killed: str | None = None
     ending: bool = False  # (the submission) already ending when the interactor ended
     inherited: int = 0  # the runner's resident kB when it spawned this side (testrun.own_peak_kb)
+    starter: Starter | None = None  # what started it (the submission's), which reaps it
+    exited: bool = False  # its own exit_group was seen (exit_peaks): it has begun to end
 
     def end(self, now: float) -> None:
-        _, self.status, self.usage = os.wait4(self.pid, 0)
+        if self.starter is not None:
+            self.status, self.usage = self.starter.reap(self.pid)
+        else:
+            _, self.status, self.usage = os.wait4(self.pid, 0)
         self.ended_at = now
+
+    def answer_exits(self) -> None:
+        """Let every ``exit_group`` waiting on its starter's listener go on, taking the peak
+        of its own (the exits of what it started are let go unread)."""
+        exits = self.starter.exits if self.starter is not None else None
+        while exits is not None and select.select([exits], [], [], 0)[0]:
+            seen = exit_peaks.answer(exits)
+            if seen is None:  # its caller gone first (or nobody left to call): look again later
+                return
+            if seen[0] == self.pid:
+                self.peak, self.exited = max(self.peak, seen[1]), True
 
 
 @dataclass
@@ -66,10 +86,11 @@ class Interaction:
 
 
 def _kill_others(me: int, keep: int) -> None:
-    """Kill every process below the runner except ``keep``'s tree: what a side that ended
-    left behind (its orphans came back to the runner, a subreaper) holding a pipe open."""
+    """Kill every process below the runner except ``keep``'s tree and the item's starter:
+    what a side that ended left behind (its orphans came back to the runner, a subreaper)
+    holding a pipe open."""
     kept = tree(keep) if keep else set()
-    for pid in tree(me) - {me} - kept:
+    for pid in tree(me) - {me} - kept - starters.live():
         kill_tree(pid)
 
 
@@ -81,6 +102,9 @@ def _watch(
     poller = select.poll()
     poller.register(sub.pidfd, select.POLLIN)
     poller.register(inter.pidfd, select.POLLIN)
+    exits = sub.starter.exits if sub.starter is not None else None
+    if exits is not None:  # an exit_group of the submission (or its children) waits on it
+        poller.register(exits, select.POLLIN)
     alive = {sub.pidfd: sub, inter.pidfd: inter}
     rounds = 0
     while alive:
@@ -95,7 +119,13 @@ def _watch(
                 kill_tree(side.pid)
                 side.end(now)
             return
-        for fd, _ in poller.poll(min(testrun.POLL_S, left) * 1000):
+        ready = poller.poll(min(testrun.POLL_S, left) * 1000)
+        sub.answer_exits()  # first: an exit waiting is the submission's end, whatever came too
+        for fd, events in ready:
+            if fd == exits:
+                if events & (select.POLLHUP | select.POLLERR):  # no process left under it
+                    poller.unregister(fd)
+                continue
             side = alive.pop(fd)
             poller.unregister(fd)
             side.end(time.monotonic())
@@ -121,7 +151,8 @@ def interactor_ended(sub: Side, decided: Callable[[], bool]) -> None:
     before its pidfd is ready, and the interactor may be reaped first, answering its end of
     file): then it ended first. Else, if the interactor said WA (or failed), it is killed:
     the verdict is decided, no need to wait."""
-    sub.ending = sub.killed is not None or exiting(sub.pid)
+    sub.answer_exits()  # one that called exit_group waits there: it is ending
+    sub.ending = sub.killed is not None or sub.exited or exiting(sub.pid)
     if not sub.ending and decided():
         sub.killed = "decided"
         kill_tree(sub.pid)
@@ -140,8 +171,11 @@ def interact(
     limits: testrun.Limits,
     test_input: bytes,
     answer: bytes,
+    starter: Starter | None = None,
 ) -> Interaction:
-    """Run the submission (``argv``) against the interactor on one test."""
+    """Run the submission (``argv``) against the interactor on one test, started by
+    ``starter`` when there is one (``StarterFailed`` when it fails: the caller sweeps and
+    runs the test again without it)."""
     program = programs.found["interactor"]
     kattis = program.protocol == "kattis"
     inputs = [checking.memfd("input", test_input), checking.memfd("answer", answer)]
@@ -184,9 +218,12 @@ def interact(
             sides.append(inter)
             inherited = testrun.resident_kb()  # what the submission starts with
             try:  # never spawning.spawn_as: the submission could signal the runner at its start
-                spid = testrun.spawn(
-                    argv, box, isolation, stdin_fd=to_sub_r, out_fd=to_int_w, err_fd=errs[0]
-                )
+                if starter is not None:
+                    spid, inherited = starter.start(argv, to_sub_r, to_int_w, errs[0])
+                else:
+                    spid = testrun.spawn(
+                        argv, box, isolation, stdin_fd=to_sub_r, out_fd=to_int_w, err_fd=errs[0]
+                    )
             except OSError as exc:
                 kill_tree(ipid)
                 inter.end(time.monotonic())
@@ -194,7 +231,7 @@ def interact(
                     127, None, 0.0, 0.0, 0, None, b"", f"farm: {exc}".encode(), 0
                 )
                 return Interaction(failed, protocols.Said("AC", 0.0, ""), False, b"")
-            sub = Side(spid, limits, os.pidfd_open(spid), inherited=inherited)
+            sub = Side(spid, limits, os.pidfd_open(spid), inherited=inherited, starter=starter)
             sub.peak = testrun.resident_kb(spid)  # one that ends before the first sample shows
             sides.append(sub)
             for fd in pipes:  # only the two sides hold them now: end of file when one ends
@@ -271,11 +308,19 @@ def test(
     limits: testrun.Limits,
     programs: checking.Programs,
     run_verdict: RunVerdict,
+    starter: Starter | None = None,
 ) -> JudgeTestOutcome:
     """One interactive test as the runner reports it; with a checker program too (testlib),
-    the checker reads the interactor's report as the output once the interaction passed."""
+    the checker reads the interactor's report as the output once the interaction passed.
+    The submission starts from ``starter`` while it is alive; one that fails (the submission
+    may kill it) has the test thrown away and run again without it."""
     answer = base64.b64decode(test.get("expected") or "")
-    done = interact(programs, argv, box, isolation, limits, data, answer)
+    try:
+        live = starter if starter is not None and starter.alive else None
+        done = interact(programs, argv, box, isolation, limits, data, answer, live)
+    except StarterFailed:
+        testrun.sweep_leftovers()  # the interactor, and what the submission left
+        done = interact(programs, argv, box, isolation, limits, data, answer)
     said, message, points = verdict(done, limits, run_verdict)
     if said == "AC" and "checker_program" in programs.found:
         checked = checking.run_checker(programs, data, done.tout, answer, limits)

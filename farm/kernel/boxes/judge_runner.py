@@ -38,7 +38,6 @@ MESSAGE_TAIL = 4 * 1024  # and the last, with how many were cut between them
 ARTIFACT_BYTES = 32 << 20
 OUTPUTS_BYTES = 8 << 20  # the outputs returned (special judge, keep_outputs), all tests
 STACK_BYTES = 256 << 20
-STARTER_TESTS = 3  # an item of this many tests starts them from a starter: its fork pays
 
 
 def outcome(
@@ -119,9 +118,8 @@ def _tests(
     )
     testrun.confine(box, limits)  # the runner's limits are the tests' from here on
     starter = None
-    interactive = programs is not None and "interactor" in programs.found
-    if isolation != "dirs" and not interactive and len(spec["tests"]) >= STARTER_TESTS:
-        starter = Starter(box)  # "dirs": no uid to change, subprocess uses vfork already
+    if isolation != "dirs":  # "dirs": no uid to change, subprocess uses vfork already
+        starter = Starter(box)  # its tests' peaks read at their exit_group (exit_peaks)
     try:
         return _each(spec, run_argv, box, isolation, limits, compiled, programs, artifact, starter)
     finally:
@@ -333,7 +331,7 @@ def _test(
         data, stdin_path = programs.inputs.get(index, data or b""), None
         if "interactor" in programs.found:
             return interaction.test(
-                index, test, data, spec, argv, box, isolation, limits, programs, _verdict
+                index, test, data, spec, argv, box, isolation, limits, programs, _verdict, starter
             )
     done = testrun.run(
         argv,

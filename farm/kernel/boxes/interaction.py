@@ -2,14 +2,12 @@
 stdout the other's stdin (two pipes, nothing between them), each with its own limits.
 
 The interactor runs as the box's judge uid (``checking``): the submission can neither signal
-nor trace it, nor read its memory or fds (its input, answer and report are memfds only it
-and the runner hold). The submission starts from the item's starter, as a plain test does, so
-its peak memory is read at its ``exit_group`` (``exit_peaks``); a starter that fails has the
-test run again without it. The runner watches both: the submission's CPU, memory and the
-test's wall time (idleness: both waiting, nobody writing, ends at the wall as TLE); the
-interactor's own, more generous limits. Whatever one side leaves running when its main
-process ends is killed then (the other then sees end of file, never a hang). The verdict
-follows Kattis' and DOMjudge's rule (``verdict``). docs/design/judge.md.
+nor trace it, nor read its memory or fds. The submission starts from the item's starter (its
+peak read at its ``exit_group``; a starter that fails has the test run again without it). The
+runner watches both: the submission's CPU, memory and the test's wall time (idleness ends at
+the wall as TLE); the interactor's own, more generous limits. What a side leaves running when
+it ends is killed (the other then sees end of file, never a hang). The verdict follows Kattis'
+and DOMjudge's rule (``verdict``). docs/design/judge.md.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import ctypes
 import fcntl
 import os
 import platform
+import select
 import struct
 
 from .seccomp import JEQ_K, LD_W_ABS, RET_K, SECCOMP_RET_ALLOW, SockFprog, op
@@ -75,6 +76,20 @@ def answer(listener: int) -> tuple[int, int] | None:
         fcntl.ioctl(listener, NOTIF_SEND, struct.pack("=QqiI", notif_id, 0, 0, CONTINUE))
         return seen
     return None
+
+
+def answer_waiting(listener: int, pid: int) -> int | None:
+    """Answer every notification waiting on ``listener`` now and return the peak (kB) of
+    ``pid``'s own ``exit_group`` if it was among them (the exits of what ``pid`` started
+    are let go unread), else ``None``."""
+    peak = None
+    while select.select([listener], [], [], 0)[0]:
+        seen = answer(listener)
+        if seen is None:  # its caller gone first (or nobody left to call): look again later
+            break
+        if seen[0] == pid:
+            peak = max(peak or 0, seen[1])
+    return peak
 
 
 def _status(tid: int) -> tuple[int, int] | None:

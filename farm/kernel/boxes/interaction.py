@@ -64,12 +64,9 @@ class Side:
         """Let every ``exit_group`` waiting on its starter's listener go on, taking the peak
         of its own (the exits of what it started are let go unread)."""
         exits = self.starter.exits if self.starter is not None else None
-        while exits is not None and select.select([exits], [], [], 0)[0]:
-            seen = exit_peaks.answer(exits)
-            if seen is None:  # its caller gone first (or nobody left to call): look again later
-                return
-            if seen[0] == self.pid:
-                self.peak, self.exited = max(self.peak, seen[1]), True
+        peak = exit_peaks.answer_waiting(exits, self.pid) if exits is not None else None
+        if peak is not None:
+            self.peak, self.exited = max(self.peak, peak), True
 
 
 @dataclass

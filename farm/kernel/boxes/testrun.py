@@ -190,10 +190,11 @@ def wait(
             ready = poller.poll(max(0.0, min(sample - now, left)) * 1000)
             if any(fd == pidfd for fd, _ in ready):
                 break
-            if ready and exits is not None:  # an exit_group waits for its answer
-                seen = exit_peaks.answer(exits)
-                if seen is not None and seen[0] == pid:
-                    peak = max(peak, seen[1])
+            for fd, events in ready:  # an exit_group waits for its answer on ``exits``
+                if events & (select.POLLHUP | select.POLLERR):  # no process left under it
+                    poller.unregister(fd)
+                else:
+                    peak = max(peak, exit_peaks.answer_waiting(fd, pid) or 0)
             if time.monotonic() < sample:
                 continue
             sample = time.monotonic() + POLL_S

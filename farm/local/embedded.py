@@ -296,15 +296,17 @@ class LocalFarm:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _remove_containers(self) -> None:
+        """Remove what the workers' sandboxes left, with the farm's Docker client if it has
+        one (its API version already agreed), else a client of its own."""
         try:
             import docker.errors
 
             from farm.sandbox.images import client_from_env
 
-            client = client_from_env()
+            client = self._docker or client_from_env()
         except Exception:
             return
-        with contextlib.closing(client):
+        with contextlib.nullcontext() if client is self._docker else contextlib.closing(client):
             for worker_id in list(self.workers):  # the supervisor thread may still add one
                 for container in client.containers.list(
                     ignore_removed=True, all=True, filters={"label": f"farm.owner={worker_id}"}

@@ -10,11 +10,13 @@ Why: docs/design/events-and-journal.md ("The end of a call").
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
-from celery import states
+from celery import Celery, states
 from celery.backends.redis import RedisBackend
+from redis.exceptions import RedisError
 
 
 class TaskReply:
@@ -56,3 +58,14 @@ def replying(task: Any) -> TaskReply | None:
     if backend.serializer != "json" or task.app.conf.result_extended:
         return None  # a meta of other bytes, or of more fields
     return TaskReply(task)
+
+
+def warm_backend(app: Celery) -> None:
+    """Make ``app``'s result backend and its first connection now, while the sandbox starts:
+    Celery looks its class up among every installed package's entry points (~10 ms), and the
+    first call's result would wait for both. The worker app's backend is one for all its
+    threads (``result_backend_thread_safe``: redis-py's pool is), not one each."""
+    backend = app.backend
+    if isinstance(backend, RedisBackend):
+        with contextlib.suppress(RedisError, OSError):  # a broker down now: the start says so
+            backend.client.ping()

@@ -39,7 +39,7 @@ from farm.image_name import ImageName
 from farm.settings import FarmSettings
 from farm.worker.session_branches import branch
 from farm.worker.startup import check_broker
-from farm.worker.task_reply import replying
+from farm.worker.task_reply import replying, warm_backend
 from farm.worker.worker_state import Worker
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ def make_worker_app(
     meanwhile and takes no message before the ``Worker`` has started (``Serving``)."""
     settings = settings or FarmSettings()
     app = make_app(settings)
+    app.conf.result_backend_thread_safe = True  # the threads share one pool (warm_backend)
     state: dict[str, Worker] = {"worker": worker} if worker is not None else {}
     ahead: list[Future[Worker]] = [starting(settings)] if early and worker is None else []
 
@@ -94,6 +95,7 @@ def make_worker_app(
             queues, shared = instance.app.amqp.queues, ImageName(settings.image).queue
             queues.select_add(shared)
             queues.select([shared])
+            warm_backend(instance.app)
 
         worker_name = settings.worker_name
 

@@ -104,7 +104,13 @@ def make_worker_app(
             waits for the started ``Worker`` (a worker's messages need its sandbox) and
             consumes its queues. A sandbox that cannot start ends the worker, saying why."""
 
-            requires = ("celery.worker.consumer.tasks:Tasks",)
+            # After every step that may take time (Control declares its queue, Heart sends):
+            # those run while the sandbox starts, not after it.
+            requires = (
+                "celery.worker.consumer.tasks:Tasks",
+                "celery.worker.consumer.control:Control",
+                "celery.worker.consumer.heart:Heart",
+            )
 
             def start(self, c: Any) -> None:
                 if "worker" in state:  # the consumer restarts after a lost connection

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -97,6 +97,20 @@ class Admission:
         taken = take()
         if taken is not None:
             self.admitted += 1
+        return taken
+
+    async def spare_later(self, coming: Callable[[], Awaitable[T | None]]) -> T | None:
+        """A spare on its way (``coming``: its box is held already) for a session, counted as
+        admitted from now (a place kept while it waits), if the kernel may hold one more."""
+        if self.admitted >= self.max_sessions:
+            return None
+        self.admitted += 1
+        taken = None
+        try:
+            taken = await coming()
+        finally:
+            if taken is None:  # it failed (or the wait was cancelled): the place goes back
+                self.release()
         return taken
 
     def release(self, box: Box | None = None, *, returned: bool = False) -> None:

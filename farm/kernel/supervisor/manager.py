@@ -108,6 +108,8 @@ class SessionManager:
         fits = tools and not egress and checked == self.caps.defaults()
         admission = self.spawner.admission
         spare = admission.spare(self.spawner.take_spare) if fits else None
+        if spare is None and fits and self.spawner.spare_coming():
+            spare = await admission.spare_later(self.spawner.next_spare)
         self.opens += 1
         session_id = session_id or uuid.uuid4().hex
         queue_s = 0.0  # how long its box waited for room

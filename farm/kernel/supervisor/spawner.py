@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+from collections import deque
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
@@ -32,6 +33,7 @@ from .session_process import SessionProcess
 log = logging.getLogger("farm.kernel")
 
 SPARES = 2  # session processes kept ready for the next opens
+Spare = tuple[Box, SessionProcess]  # a ready process and its box
 QUARANTINE_RETRY_S = 5.0  # a box that would not reset is tried again after this, doubling
 KILL_S = 1.0  # the supervisor's own kill of a box's processes; past it, a helper does it
 
@@ -57,8 +59,9 @@ class Spawner:
         # box number -> processes being started for it, not yet in its uid (or its groups): a
         # reset waits for them, so its kill finds them and no box is given back with one
         self.forking: dict[int, int] = {}
-        self.spares: list[tuple[Box, SessionProcess]] = []  # ready processes, no session yet
+        self.spares: list[Spare] = []  # ready processes, no session yet
         self.refilling = 0
+        self.claims: deque[asyncio.Future[Spare | None]] = deque()  # opens waiting for a spare
         self.closing = False
         self._background: set[asyncio.Task[None]] = set()
         self.loop = asyncio.get_running_loop()
@@ -227,7 +230,28 @@ class Spawner:
     def capacity(self) -> Capacity:
         return self.admission.capacity(len(self.spares), self.refilling)
 
-    def take_spare(self) -> tuple[Box, SessionProcess] | None:
+    def spare_coming(self) -> bool:
+        """Whether a spare on its way is not promised to an open yet."""
+        return self.refilling > sum(not claim.done() for claim in self.claims)
+
+    async def next_spare(self) -> Spare | None:
+        """The next spare on its way, for an open that found none ready (``None``: it failed
+        to start). The zygote makes boxes one at a time, so a box of the open's own would be
+        made after it anyway: a kernel's first opens come while its first spares start."""
+        claim: asyncio.Future[Spare | None] = self.loop.create_future()
+        self.claims.append(claim)
+        return await claim
+
+    def _promise(self, spare: Spare | None) -> bool:
+        """Give ``spare`` to the first open still waiting for one (``next_spare``)."""
+        while self.claims:
+            claim = self.claims.popleft()
+            if not claim.done():  # else the open gave up (its task was cancelled)
+                claim.set_result(spare)
+                return True
+        return False
+
+    def take_spare(self) -> Spare | None:
         while self.spares:
             box, proc = self.spares.pop(0)
             if proc.exit is None:
@@ -254,13 +278,15 @@ class Spawner:
         except Exception as exc:  # whatever it was, the box is ended and its number returns
             log.warning("a spare session process could not start: %s", exc)
             self.end_box(box, None)
+            self._promise(None)  # its open makes a box of its own
             return
         finally:
             self.refilling -= 1
         if self.closing:
             proc.close(self.loop)
             self.end_box(box, proc)
-        else:
+            self._promise(None)
+        elif not self._promise((box, proc)):
             self.spares.append((box, proc))
 
     def end_box(self, box: Box, proc: SessionProcess | None) -> None:
@@ -318,6 +344,8 @@ class Spawner:
     def close(self) -> None:
         """No more spares; the ready ones end (their boxes are reset)."""
         self.closing = True
+        while self._promise(None):
+            pass
         while self.spares:
             box, proc = self.spares.pop()
             proc.close(self.loop)

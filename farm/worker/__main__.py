@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from farm.worker.tasks import worker_app
 
-    app = worker_app(early=True)  # its sandbox starts while Celery sets up
+    app = worker_app(early=True, settings=settings)  # its sandbox starts while Celery sets up
     options = worker_options(name, settings.worker_threads)
     extra = argv if argv is not None else sys.argv[1:]
     if extra:  # Celery's own worker options: its command line parses them

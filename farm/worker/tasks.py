@@ -207,17 +207,23 @@ def starting(settings: FarmSettings) -> Future[Worker]:
     return future
 
 
-@functools.cache
-def worker_app(early: bool = False) -> Celery:
+_APPS: dict[bool, Celery] = {}  # worker_app's, by ``early``: one per process
+
+
+def worker_app(early: bool = False, settings: FarmSettings | None = None) -> Celery:
     """The app of this process's farm worker (``celery -A farm.worker``, ``farm worker``),
     once the broker took this worker's credentials (a refusal ends the process, saying so:
     ``farm.worker.startup``; checked here, before Celery, which would retry it for ever).
     ``early``: checked once the sandbox's start is under way, which takes a generation from
-    the broker first, so refused credentials stop it before it makes a container."""
-    settings = FarmSettings()
+    the broker first, so refused credentials stop it before it makes a container.
+    ``settings``: the process's, when its caller has read them (~5 ms a read)."""
+    if early in _APPS:
+        return _APPS[early]
+    settings = settings or FarmSettings()
     if not early:
         check_broker(settings, settings.worker_name)
     app = make_worker_app(settings, early=early)
     if early:
         check_broker(settings, settings.worker_name)
+    _APPS[early] = app
     return app

@@ -229,6 +229,20 @@ def test_a_killed_container_fails_calls_fast_and_is_replaced(
         assert keeper.info().restarts == 1
 
 
+def test_a_fresh_kernels_first_open_takes_a_spare_on_its_way(
+    docker_env: Any, tmp_path_factory: Any
+) -> None:
+    """A worker's first open comes right after its sandbox answers, while the kernel's first
+    spares are being made (a box takes ~10 ms here): it takes one of them rather than a box of
+    its own, which the zygote would only make after them."""
+    with make_docker_sandbox(docker_env, tmp_path_factory) as sandbox, sandbox.kernel() as c:
+        opened = c.open_session(session_id="first")
+        seen = c.ping()
+        assert (seen["opens"], seen["spare_opens"]) == (1, 1)
+        result = c.execute("first", "6 * 7", epoch=opened["epoch"])
+        assert result["value"]["data"]["text/plain"] == "42"
+
+
 def test_a_failed_start_leaves_no_container(docker_env: Any, tmp_path_factory: Any) -> None:
     sandbox = make_docker_sandbox(docker_env, tmp_path_factory, image="farm-no-such-image:x")
     # not farm's, so pulled first (no registry serves it): the error says both

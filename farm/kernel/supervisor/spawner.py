@@ -228,11 +228,15 @@ class Spawner:
         return await self.admission.box(limits, wait_s, gone)
 
     def capacity(self) -> Capacity:
-        return self.admission.capacity(len(self.spares), self.refilling)
+        # A spare on its way that an open claimed is that open's box: admitted already.
+        return self.admission.capacity(len(self.spares), self.refilling - self._claimed())
+
+    def _claimed(self) -> int:
+        return sum(not claim.done() for claim in self.claims)
 
     def spare_coming(self) -> bool:
         """Whether a spare on its way is not promised to an open yet."""
-        return self.refilling > sum(not claim.done() for claim in self.claims)
+        return self.refilling > self._claimed()
 
     async def next_spare(self) -> Spare | None:
         """The next spare on its way, for an open that found none ready (``None``: it failed

@@ -137,6 +137,9 @@ class SessionManager:
         if host_left(gone):  # no one will hear of it: it would hold its box for ever
             self.close(session.id)
             raise RequestError("unavailable", "the host's connection ended while it opened")
+        if session.id in self.closed_early:  # closed while its process started: nothing ran
+            self.close(session.id)
+            self.refuse_closed(session.id)
         log.debug(  # debug: at a batch's rate (hundreds a second) a line each costs dockerd
             "session %s opened (pid %d, box %d, uid %d)", session.id, proc.pid, box.number, box.uid
         )
@@ -158,17 +161,20 @@ class SessionManager:
         closed the id while it waited (a cancelled map), with nothing run."""
         box = await self.spawner.take_box(limits, wait_s, gone)
         if session_id in self.closed_early:
-            del self.closed_early[session_id]
             self.spawner.admission.release(box, returned=True)
-            raise RequestError("no_such_session", f"session {session_id!r} was closed already")
+            self.refuse_closed(session_id)
         return box
+
+    def refuse_closed(self, session_id: str | None) -> None:
+        """Refuse (once) an id the host closed before it opened: nothing runs for it."""
+        if session_id is not None and session_id in self.closed_early:
+            del self.closed_early[session_id]
+            raise RequestError("no_such_session", f"session {session_id!r} was closed already")
 
     def check_open(self, session_id: str | None, limits: dict[str, Any] | None) -> BoxLimits:
         """The limits of a box about to open as ``session_id``, checked against the caps; an
         id the host closed before it opened is refused (once), and nothing runs for it."""
-        if session_id is not None and session_id in self.closed_early:
-            del self.closed_early[session_id]
-            raise RequestError("no_such_session", f"session {session_id!r} was closed already")
+        self.refuse_closed(session_id)
         try:
             return self.caps.check(limits)
         except LimitsError as exc:

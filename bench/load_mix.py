@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -88,8 +89,9 @@ def _percentiles(seconds: list[float]) -> dict[str, float | int]:
 class Ledger:
     """The ids a map was sent with their right values, and the records that came back."""
 
-    def __init__(self, tally: Tally) -> None:
+    def __init__(self, tally: Tally, named: bool = False) -> None:
         self.tally = tally
+        self.named = named  # a wrong value is tallied under its own name (a judge's verdict)
         self.expected: dict[Any, str] = {}
         self.seen: Counter[Any] = Counter()
 
@@ -107,7 +109,7 @@ class Ledger:
         elif not ok:
             self.tally.error(kind or "error")
         elif value != self.expected[key]:
-            self.tally.error("wrong value")
+            self.tally.error(f"wrong value {value}" if self.named else "wrong value")
         else:
             self.tally.ok()
             self.tally.sample("running", took_s - queue_s)
@@ -139,7 +141,7 @@ def batch(farm: Farm, items: int, concurrency: int, tally: Tally, tag: str = "")
 
 def judge(farm: Farm, stop: threading.Event, tally: Tally, concurrency: int, tag: str) -> None:
     """A judge map of accepted submissions (python3 and cpp17 in turn), fed until ``stop``."""
-    ledger = Ledger(tally)
+    ledger = Ledger(tally, named=True)
 
     def items() -> Iterator[dict[str, Any]]:
         n = 0
@@ -153,6 +155,8 @@ def judge(farm: Farm, stop: threading.Event, tally: Tally, concurrency: int, tag
     try:
         for rec in farm.map(source, concurrency=concurrency, ordered=False):
             verdict = str(rec.judge.verdict) if rec.judge is not None else None
+            if rec.judge is not None and verdict != "AC":  # what the next reader needs
+                print(f"judge item {rec.id}: {rec.judge.model_dump_json()[:2000]}", file=sys.stderr)
             ledger.record(rec.id, rec.ok, rec.kind, verdict, rec.duration_s, rec.queue_s)
     except Exception as exc:
         tally.error(f"map raised {type(exc).__name__}")

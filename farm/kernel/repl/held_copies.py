@@ -187,9 +187,12 @@ def _go_on(
     return True
 
 
-KEEP, TAKE = signal.SIGUSR2, signal.SIGUSR1  # a rollback that keeps the checkpoint, or spends it
-GO = signal.SIGUSR1  # to a standby: go on as the session
+# Real-time signals: each sent is queued with its sender. Of a standard one, one at most is
+# pending: the box's own, sent while the held process was stopped or not yet scheduled, would
+# absorb the supervisor's, which its sender rule then drops, and the rollback would hang.
 REFILL = signal.SIGRTMIN + 1  # to a copy: its standby went on (or died); fork the next
+GO = signal.SIGRTMIN + 2  # to a standby: go on as the session
+KEEP, TAKE = signal.SIGRTMIN + 3, signal.SIGRTMIN + 4  # to a copy: a rollback keeps it, spends it
 
 
 def _woken(waker: int, signals: tuple[int, ...]) -> int:

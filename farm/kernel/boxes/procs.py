@@ -114,15 +114,23 @@ def kb_fields(path: str, names: tuple[str, ...]) -> int:
         return sum(int(line.split()[1]) for line in f if line.startswith(names))
 
 
-def stat_fields(pid: int) -> list[str] | None:
-    """``/proc/<pid>/stat``'s fields after the command's name: state, ppid, process group,
-    session...; ``None`` when it is gone."""
+def stat(pid: int) -> list[bytes] | None:
+    """``/proc/<pid>/stat``'s fields after the command's name (which may hold spaces and
+    parentheses): state, ppid, process group, session...; ``None`` when it is gone. The one
+    reader of that file here (``trees`` samples a judged test's tree with it)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
         return None
-    return fields if len(fields) > 3 else None
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    end = data.rfind(b")")
+    fields = data[end + 2 :].split() if end > 0 else []
+    return fields if len(fields) > 6 else None
 
 
 def children(parent: int) -> list[int]:
@@ -145,8 +153,8 @@ def group_children(parent: int) -> list[int]:
     """Live children of ``parent`` in its process group (a held copy's: its standby)."""
     found = []
     for kid in children(parent):
-        seen = stat_fields(kid)
-        if seen is not None and seen[0] != "Z" and seen[1] == seen[2] == str(parent):
+        seen = stat(kid)
+        if seen is not None and seen[0] != b"Z" and int(seen[1]) == int(seen[2]) == parent:
             found.append(kid)
     return found
 

@@ -11,53 +11,33 @@ import contextlib
 import os
 import signal
 
+from . import procs
+
 PF_EXITING = 0x4  # include/linux/sched.h
 TREE_PASSES = 50  # at most this many looks for processes started while the tree was stopped
 
 
 def _parent(pid: int) -> int | None:
-    """``pid``'s parent (``/proc/<pid>/stat``, after the command name, which may hold spaces
-    and parentheses), or ``None`` when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    """``pid``'s parent, or ``None`` when it is gone."""
+    fields = procs.stat(pid)
+    return int(fields[1]) if fields is not None else None
 
 
 def exiting(pid: int) -> bool:
     """Whether ``pid`` has begun to exit (or ended): the kernel's ``PF_EXITING`` task flag
     (``/proc/<pid>/stat``'s ninth field) is set first thing in ``do_exit``, before its memory
     goes and its fds (its ends of pipes) close, and stays on the zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return bool(int(data[data.rindex(b")") + 2 :].split()[6]) & PF_EXITING)
-    except (OSError, ValueError, IndexError):
-        return True
+    fields = procs.stat(pid)
+    return fields is None or bool(int(fields[6]) & PF_EXITING)
 
 
 def _scan() -> dict[int, list[bytes]]:
     """Every process of the sandbox now, by pid: its ``/proc/<pid>/stat`` fields after the
-    command name (which may hold spaces and parentheses), read once each."""
+    command name (``procs.stat``), read once each."""
     found: dict[int, list[bytes]] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fd = os.open(f"/proc/{name}/stat", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:  # gone
-            continue
-        try:
-            data = os.read(fd, 4096)
-        except OSError:
-            continue
-        finally:
-            os.close(fd)
-        end = data.rfind(b")")
-        if end > 0:
-            found[int(name)] = data[end + 2 :].split()
+        if name.isdigit() and (fields := procs.stat(int(name))) is not None:
+            found[int(name)] = fields
     return found
 
 

@@ -295,8 +295,8 @@ def _alive(uid: int, keep: set[int]) -> list[int]:
     for pid in procs.uid_pids(uid):
         if pid in keep:
             continue
-        seen = procs.stat_fields(pid)
-        if seen is not None and seen[0] != "Z" and int(seen[2]) not in keep:
+        seen = procs.stat(pid)
+        if seen is not None and seen[0] != b"Z" and int(seen[2]) not in keep:
             alive.append(pid)
     return alive
 

@@ -155,8 +155,8 @@ def judge(farm: Farm, stop: threading.Event, tally: Tally, concurrency: int, tag
     try:
         for rec in farm.map(source, concurrency=concurrency, ordered=False):
             verdict = str(rec.judge.verdict) if rec.judge is not None else None
-            if rec.judge is not None and verdict != "AC":  # what the next reader needs
-                print(f"judge item {rec.id}: {rec.judge.model_dump_json()[:2000]}", file=sys.stderr)
+            if verdict != "AC":  # what the next reader needs: the whole record
+                print(f"judge item {rec.id}: {rec.model_dump_json()[:4000]}", file=sys.stderr)
             ledger.record(rec.id, rec.ok, rec.kind, verdict, rec.duration_s, rec.queue_s)
     except Exception as exc:
         tally.error(f"map raised {type(exc).__name__}")

@@ -36,10 +36,10 @@ once), then a short burst (below), so that every worker has held its most boxes 
 keeps an emptied box's pid 1 for its number's next box, a high-water mark rather than growth;
 and the judge part at the top level's concurrency. The RSS and PSS of each worker's process
 tree (the worker, its sandbox container's processes) are read from ``/proc`` (run as root)
-after it, every ``SAMPLE_S`` during the run, and at its end (after the burst, once the farm
-is idle); so is redis-server's memory less what keys kept for a fixed time hold (exec
-records: an hour, a map item's ten minutes; journals: ``FARM_JOURNAL_TTL_S``), which is
-retention, not growth.
+after it, every ``load_memory.SAMPLE_S`` during the run, and at its end (after the burst,
+once the farm is idle), at the start and the end also by role; so is redis-server's memory
+less what keys kept for a fixed time hold (exec records: an hour, a map item's ten minutes;
+journals: ``FARM_JOURNAL_TTL_S``), which is retention, not growth.
 The goal is end within 10% of start (PSS: RSS counts a zygote's shared pages in each fork).
 
 Then the burst (the issue's own goal): ``Farm.map`` of 3,000 items (``--quick``: 1,000) at
@@ -65,19 +65,17 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import docker
 from benchlib import machine, write_json
+from load_memory import Memory
 from load_mix import ITEM_PARTS, RUN_PARTS, Tally, agent, batch, http_clients, judge
 from load_report import goals, render
 from load_shares import Shares
 from serve import FARM, start_server, stop_server
-from soak import descendants, process_table, pss_kb, rss_kb
 
 from farm.client import Farm
 from farm.errors import SessionLost, StateLost
 from farm.local.embedded import LocalFarm
 
-SAMPLE_S = 2.0
 WIND_DOWN_S = 120.0  # a part still running this long after its level ended counts as hung
 IDLE_S = 60.0  # how long the farm may take to be idle again between levels
 JUDGE_WARM_S = 20.0
@@ -151,49 +149,6 @@ def wait_idle(farm: Farm) -> bool:
             return True
         time.sleep(0.5)  # poll interval of the deadline-bounded wait
     return False
-
-
-class Memory:
-    """RSS and PSS (kB) of each worker's process tree, its sandbox container's processes
-    included, and of redis-server, sampled on a thread of its own. The goal reads PSS: a box's
-    processes are forks of its kernel's zygote, and RSS counts their shared pages once per
-    process, so one box more alive at the end reads as ~20 MB of growth."""
-
-    def __init__(self, local: LocalFarm) -> None:
-        self.local = local
-        self.docker = docker.from_env()
-        self.samples: list[dict[str, int]] = []
-        self.pss: list[dict[str, int]] = []
-        self.stop = threading.Event()
-        self.names = {}
-        for image in sorted(set(local.worker_images.values())):
-            mine = [w for w, i in local.worker_images.items() if i == image]
-            self.names.update({w: f"worker {image}-{n + 1}" for n, w in enumerate(mine)})
-        self.thread = threading.Thread(target=self._run, name="load-rss", daemon=True)
-
-    def read(self) -> dict[str, int]:
-        table = process_table()
-        trees = {}
-        for worker_id, proc in self.local.workers.items():
-            pids = set(descendants(table, proc.pid)) if proc.poll() is None else set()
-            for c in self.docker.containers.list(filters={"label": f"farm.owner={worker_id}"}):
-                pids.update(descendants(table, int(c.attrs["State"]["Pid"])))
-            trees[self.names.get(worker_id, worker_id)] = pids
-        assert self.local.redis.proc is not None  # started, and stopped only at the end
-        trees["redis-server"] = {self.local.redis.proc.pid}
-        out = {name: sum(rss_kb(pid) for pid in pids) for name, pids in trees.items()}
-        self.samples.append(out)
-        self.pss.append({name: sum(map(pss_kb, pids)) for name, pids in trees.items()})
-        return out
-
-    def _run(self) -> None:
-        while not self.stop.wait(SAMPLE_S):
-            self.read()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=30)
-        self.docker.close()
 
 
 def level(
@@ -389,6 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             stop_server(proc)
     out["rss_kb"] = _over_run(memory.samples)
     out["pss_kb"] = _over_run(memory.pss)
+    out["pss_roles"] = {"start": memory.roles[0], "end": memory.roles[-1]}
     out["redis_keys"] = {"start": keys[0], "end": keys[1]}
     out["redis_memory"] = {"start": redis[0], "end": redis[1]}
     out["goals"] = goals(out)

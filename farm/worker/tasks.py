@@ -45,6 +45,7 @@ from farm.worker.worker_state import Worker
 log = logging.getLogger(__name__)
 
 LAUNCH_WAIT_S = 5.0  # at most this long before Celery's setup; the start goes on beside it
+SHOWN = {"resultrepr_maxsize": 80}  # of a result, in the success line: ids, not output
 
 
 class NotAWorker(FarmError):
@@ -136,41 +137,43 @@ def make_worker_app(
             if held is not None:
                 held.stop("graceful shutdown")
 
+    # SHOWN: Celery's log line of a task's success holds a repr of its result (a cell's
+    # output), built for every task (~120 us for an exec's); farm's show their first ids.
     # shared=False: Celery otherwise lends a decorated task to every app of the process, so a
     # second worker in one process (the in-process tests) would answer with the first's tasks.
-    @app.task(name=TASK_EXEC, shared=False, bind=True)
+    @app.task(name=TASK_EXEC, shared=False, bind=True, **SHOWN)
     def exec_code(task: Any, request: object) -> dict[str, Any]:
         worker = current()
         execute = functools.partial(worker.calls.execute, reply=replying(task))
         return worker.snapshots.guarded(request, execute, "exec")
 
-    @app.task(name=TASK_CLOSE, shared=False)
+    @app.task(name=TASK_CLOSE, shared=False, **SHOWN)
     def close_session(request: object) -> dict[str, Any]:
         return current().calls.close(request)
 
-    @app.task(name=TASK_RUN, shared=False)
+    @app.task(name=TASK_RUN, shared=False, **SHOWN)
     def run_once(request: object) -> dict[str, Any]:
         return current().calls.run_once(request)
 
-    @app.task(name=TASK_COMMAND, shared=False)
+    @app.task(name=TASK_COMMAND, shared=False, **SHOWN)
     def run_command(request: object) -> dict[str, Any]:
         worker = current()
         return worker.snapshots.guarded(request, worker.calls.command, "command")
 
-    @app.task(name=TASK_FILE, shared=False)
+    @app.task(name=TASK_FILE, shared=False, **SHOWN)
     def file_operation(request: object) -> dict[str, Any]:
         worker = current()
         return worker.snapshots.guarded(request, worker.calls.file, "file")
 
-    @app.task(name=TASK_DRAIN, shared=False)
+    @app.task(name=TASK_DRAIN, shared=False, **SHOWN)
     def drain(request: object) -> dict[str, Any]:
         return current().drain.asked(request)
 
-    @app.task(name=TASK_SNAPSHOT, shared=False)
+    @app.task(name=TASK_SNAPSHOT, shared=False, **SHOWN)
     def snapshot(request: object) -> dict[str, Any]:
         return current().snapshots.take(request)
 
-    @app.task(name=TASK_BRANCH, shared=False, bind=True)
+    @app.task(name=TASK_BRANCH, shared=False, bind=True, **SHOWN)
     def branch_session(task: Any, request: object) -> dict[str, Any]:
         worker = current()
         return branch(worker, worker.calls, request, replying(task))

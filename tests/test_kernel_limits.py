@@ -176,6 +176,28 @@ def test_a_print_flood_ends_with_output_limit_and_bounded_kernel_memory(
     assert own_cells.value("'still here'") == "'still here'"
 
 
+def test_a_closed_sessions_output_is_let_go_at_once(kernel: ProcessSandbox) -> None:
+    """An ended session process (its object, the last cell's captured output with it) is freed
+    when its session closes, not at the collector's next full pass: 40 sessions that each held
+    ~1 MiB of output leave the supervisor's memory where it was, not ~40 MiB higher."""
+    with kernel.kernel() as client:
+        pid = client.ping()["pid"]
+
+        def session_with_output() -> None:
+            opened = client.open_session()
+            sid, epoch = opened["session_id"], opened["epoch"]
+            result = client.execute(sid, "print('z' * (1 << 20))", epoch=epoch, timeout_s=30)
+            assert result["stdout_truncated"]  # both halves of the 1 MiB buffer are full
+            client.close_session(sid)
+
+        for _ in range(5):  # the supervisor's own high-water marks first
+            session_with_output()
+        before = rss_kb(pid)
+        for _ in range(40):
+            session_with_output()
+        assert rss_kb(pid) - before < 16 * 1024
+
+
 def test_one_huge_line_is_capped(own_cells: Cells) -> None:
     result = own_cells.run(
         "import os\nchunk = b'y' * (1 << 20)\nfor _ in range(100):\n    os.write(1, chunk)",

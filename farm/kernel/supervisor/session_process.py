@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -212,12 +213,16 @@ class SessionProcess:
 
 
 class _Ended(asyncio.Event):
-    """``SessionProcess.exited``: setting it also pokes the running cell's watch."""
+    """``SessionProcess.exited``: setting it also pokes the running cell's watch. It holds its
+    process weakly: a cycle would keep every ended process, its captured output with it, until
+    the collector's rare full pass (hundreds of them in a busy kernel)."""
 
     def __init__(self, proc: SessionProcess) -> None:
         super().__init__()
-        self.proc = proc
+        self.proc = weakref.ref(proc)
 
     def set(self) -> None:
         super().set()
-        self.proc.wake()
+        proc = self.proc()
+        if proc is not None:
+            proc.wake()

@@ -31,10 +31,12 @@ of an item's running (``duration_s - queue_s``) and of its queueing (``queue_s``
 and its ``queue_s``, errors by kind, busy answers (``FarmBusy``; HTTP 503 ``busy``), lost and
 duplicated records, sessions that lost their variables.
 
-The warm-up, left out: a 1x level with a short map (every path, thread and connection used
-once), then a short burst (below), so that every worker has held its most boxes once: a kernel
-keeps an emptied box's pid 1 for its number's next box, a high-water mark rather than growth;
-and the judge part at the top level's concurrency. The RSS and PSS of each worker's process
+The warm-up, left out: a level at the top multiplier with a short map (every path, thread and
+connection used once, at the run's peak concurrency: what a worker's process and its kernel's
+supervisor hold at that concurrency are high-water marks, not growth), then a short burst
+(below), so that every worker has held its most boxes once: a kernel keeps an emptied box's
+pid 1 for its number's next box, a high-water mark too; and the judge part at the top level's
+concurrency. The RSS and PSS of each worker's process
 tree (the worker, its sandbox container's processes) are read from ``/proc`` (run as root)
 after it, every ``load_memory.SAMPLE_S`` during the run, and at its end (after the burst,
 once the farm is idle), at the start and the end also by role; so is redis-server's memory
@@ -319,9 +321,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         memory = Memory(local)
         try:
             token = create_token(local.broker_url)
-            level(farm, url, token, 1, c, max(200, plan.items // 10), plan.http)  # warm-up
+            top = max(args.levels)  # the warm-up: the peak's concurrency, its high-water marks
+            level(farm, url, token, top, c, max(200, plan.items // 10), plan.http)
             burst(farm, replace(plan, burst_items=4 * c))
-            warm_judge(farm, max(args.levels) * c // 8)
+            warm_judge(farm, top * c // 8)
             memory.read()  # the start
             keys = [key_kinds(farm)]
             redis = [redis_memory(farm)]

@@ -29,6 +29,7 @@ import httpx
 from benchlib import Latency, emit, machine, parse_args
 
 from farm.client import Farm
+from farm.local.processes import popen_tied
 from farm.local.redis_server import free_port
 
 FARM = str(Path(sys.executable).parent / "farm")
@@ -54,8 +55,8 @@ def start_server(farm: Farm, workdir: Path) -> tuple[subprocess.Popen[bytes], st
         "FARM_API_TOKEN": token,
         "FARM_SERVE_STATE_FILE": str(workdir / "serve.json"),
     }
-    log = (workdir / "serve.log").open("wb")
-    proc = subprocess.Popen([FARM, "serve", "--port", str(port)], env=env, stdout=log, stderr=log)
+    with (workdir / "serve.log").open("wb") as log:  # dies with this process, killed or not
+        proc = popen_tied([FARM, "serve", "--port", str(port)], env=env, stdout=log, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + READY_S
     while True:

@@ -8,22 +8,28 @@ alternating blocks; around each block the CPU time of every process on the path 
 ``/proc/<pid>/task/*/schedstat`` (nanoseconds on a CPU, all threads): the client (this process),
 redis-server, the worker, the sandbox's supervisor and the session's process (the rest of the
 container apart). CPU per call moves far less with the machine's load than wall time does, so
-the difference farm - echo is what farm adds per call, and where. Nothing is asserted.
+the difference farm - echo is what farm adds per call, and where. A third shape, ``lane``, is a
+bare Redis-list echo (``bench/lane_echo.py``: a push and a blocking pop each way, served by
+threads in a process of their own), the same payload: what the echo's Celery machinery costs
+over Redis alone. Nothing is asserted.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import docker
 from benchlib import emit, machine, parse_args
 from farm_e2e import echo_call, echo_payload, farm_call
+from lane_echo import LaneEcho, lane_server
 
 from farm.client import Farm
 
@@ -102,12 +108,17 @@ def commands(farm: Farm) -> Counter[str]:
 
 
 def measure(rounds: int) -> dict[str, Any]:
-    with Farm.local(workers=1) as farm, farm.session() as session:
+    with ExitStack() as stack:
+        farm = stack.enter_context(Farm.local(workers=1))
+        session = stack.enter_context(farm.session())
         session.run("x = 1")
         groups = groups_of(farm)
+        groups["lane server"] = [stack.enter_context(lane_server(farm.settings.redis_url))]
+        payload = echo_payload(session)
         calls: dict[str, Callable[[], None]] = {
             "farm": farm_call(session),
-            "echo": echo_call(farm, echo_payload(session)),
+            "echo": echo_call(farm, payload),
+            "lane": functools.partial(LaneEcho(farm.settings.redis_url).call, payload),
         }
         cpu = {name: dict.fromkeys(groups, 0) for name in calls}
         redis_calls = {name: Counter[str]() for name in calls}
@@ -141,30 +152,39 @@ def measure(rounds: int) -> dict[str, Any]:
 
 
 def render(info: dict[str, Any], report: dict[str, Any]) -> str:
+    names = list(report)  # farm, echo, lane
     farm, echo = report["farm"], report["echo"]
     lines = [
         f"run path  {info['date']}  host {info['host']}  {info['cores']} cores  "
         f"load {os.getloadavg()[0]:.1f}",
         "",
-        f"{'CPU us per call':<24} {'farm':>9} {'echo':>9} {'farm-echo':>10}",
+        f"{'CPU us per call':<24}" + "".join(f"{n:>9}" for n in names) + f"{'farm-echo':>10}",
     ]
     for group in farm["cpu_us"]:
-        f, e = farm["cpu_us"][group], echo["cpu_us"][group]
-        lines.append(f"{group:<24} {f:>9.0f} {e:>9.0f} {f - e:>10.0f}")
-    f, e = sum(farm["cpu_us"].values()), sum(echo["cpu_us"].values())
+        cells = [report[n]["cpu_us"][group] for n in names]
+        diff = farm["cpu_us"][group] - echo["cpu_us"][group]
+        lines.append(f"{group:<24}" + "".join(f"{c:>9.0f}" for c in cells) + f"{diff:>10.0f}")
+    cpu = {n: sum(report[n]["cpu_us"].values()) for n in names}
+    wall = {n: report[n]["wall_us"] for n in names}
     lines += [
-        f"{'all':<24} {f:>9.0f} {e:>9.0f} {f - e:>10.0f}",
-        f"{'wall us per call':<24} {farm['wall_us']:>9.0f} {echo['wall_us']:>9.0f} "
-        f"{farm['wall_us'] - echo['wall_us']:>10.0f}",
-        f"calls: {farm['calls']} each, alternating blocks of {BLOCK}",
+        f"{'all':<24}"
+        + "".join(f"{cpu[n]:>9.0f}" for n in names)
+        + f"{cpu['farm'] - cpu['echo']:>10.0f}",
+        f"{'wall us per call':<24}"
+        + "".join(f"{wall[n]:>9.0f}" for n in names)
+        + f"{wall['farm'] - wall['echo']:>10.0f}",
+        f"calls: {farm['calls']} each, alternating blocks of {BLOCK}; lane: a bare Redis-list "
+        f"echo (bench/lane_echo.py), echo CPU {cpu['echo'] / cpu['lane']:.1f}x and wall "
+        f"{wall['echo'] / wall['lane']:.1f}x the lane's",
         "",
-        f"{'Redis commands per call':<24} {'farm':>9} {'echo':>9}",
+        f"{'Redis commands per call':<24}" + "".join(f"{n:>9}" for n in names),
     ]
-    for command in sorted(set(farm["redis"]) | set(echo["redis"])):
-        f, e = farm["redis"].get(command, 0.0), echo["redis"].get(command, 0.0)
-        lines.append(f"{command:<24} {f:>9.2f} {e:>9.2f}")
-    f, e = sum(farm["redis"].values()), sum(echo["redis"].values())
-    lines.append(f"{'all':<24} {f:>9.2f} {e:>9.2f}")
+    commands_seen = sorted({c for n in names for c in report[n]["redis"]})
+    for command in commands_seen:
+        cells = [report[n]["redis"].get(command, 0.0) for n in names]
+        lines.append(f"{command:<24}" + "".join(f"{c:>9.2f}" for c in cells))
+    totals = [sum(report[n]["redis"].values()) for n in names]
+    lines.append(f"{'all':<24}" + "".join(f"{t:>9.2f}" for t in totals))
     return "\n".join(lines)
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from farm.events.exec_finish import Finisher
+from farm.events.exec_finish import Finisher, Reply
 
 if TYPE_CHECKING:
     from farm.events.journal import Entries
@@ -244,7 +244,7 @@ class Registry:
         result: dict[str, Any],
         session: tuple[str, dict[str, Any], float] | None = None,
         events: Entries | None = None,
-        reply: Callable[[str], tuple[str, str, int]] | None = None,
+        reply: Callable[[str], Reply] | None = None,
     ) -> str:
         """Record the outcome; with ``session`` (id, fields, ttl) also refresh that session's
         entry, and add the run's last ``events`` to its journal first, and with ``reply`` (from
@@ -262,7 +262,7 @@ class Registry:
         result: dict[str, Any],
         session: tuple[str, dict[str, Any], float] | None,
         events: Entries,
-        reply: Callable[[str], tuple[str, str, int]] | None = None,
+        reply: Callable[[str], Reply] | None = None,
     ) -> str:
         """The end of a branch op (a checkpoint, rollback, drop or fork: no exec record) in the
         same one script as ``finish_exec``: its journal event, the session's entry (its epoch),

@@ -3,15 +3,16 @@
 ``finish`` runs one Lua script (one command, one round trip) that adds the run's closing events
 to its journal (and its live stream), then sets the exec record to ``done`` (a call with one:
 a branch op has none), then refreshes the session's entry, then (given its task's ``reply``)
-stores and publishes the Celery result. The
-script is atomic, so whoever reads the record, or the result, finds the journal complete.
+stores and publishes the Celery result, or pushes it on the call's reply list (a run of the
+lane: ``farm.events.lanes``). The script is atomic, so whoever reads the record, or the
+result, finds the journal complete.
 The journal stays best effort: its commands are ``pcall``ed, a failure among them is returned
 (for the log), and the record, the session entry and the reply are written all the same.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import redis
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 # KEYS: the exec record (any key when there is none), the session entry, the reply's key (only
 # with one), each event stream, then the journals' index.
 # ARGV: record, its TTL (s; 0: no record), the session's TTL (ms), 2 x its fields, field,
-# value...; then 1 and the reply and its TTL (s, 0: none), or 0; then the number of streams and
+# value...; then 1, the reply, its TTL (s, 0: none) and 1 to push it (a list) or 0 to set and
+# publish it, or 0; then the number of streams and
 # for each its bound, TTL (ms), entry count and entries; then (only with streams) the index's
 # member, score and bound.
 SCRIPT = """
@@ -31,8 +33,8 @@ local record, record_ttl, session_ttl = nxt(), nxt(), nxt()
 local fields = {}
 for _ = 1, tonumber(nxt()) do fields[#fields + 1] = nxt() end
 local replies = tonumber(nxt())
-local reply, reply_ttl
-if replies > 0 then reply, reply_ttl = nxt(), tonumber(nxt()) end
+local reply, reply_ttl, reply_pushed
+if replies > 0 then reply, reply_ttl, reply_pushed = nxt(), tonumber(nxt()), nxt() end
 local streams = tonumber(nxt())
 local failed = ''
 local function try(...)
@@ -54,7 +56,10 @@ if #fields > 0 then
   redis.call('HSET', KEYS[2], unpack(fields))
   redis.call('PEXPIRE', KEYS[2], session_ttl)
 end
-if replies > 0 then
+if replies > 0 and reply_pushed == '1' then
+  redis.call('LPUSH', KEYS[3], reply)
+  if reply_ttl > 0 then redis.call('EXPIRE', KEYS[3], reply_ttl) end
+elseif replies > 0 then
   if reply_ttl > 0 then
     redis.call('SET', KEYS[3], reply, 'EX', reply_ttl)
   else
@@ -64,6 +69,16 @@ if replies > 0 then
 end
 return failed
 """
+
+
+class Reply(NamedTuple):
+    """A call's result as its caller reads it: ``key``, ``body``, TTL; ``pushed`` on a list
+    (a lane's reply), else set and published on the key as a channel (Celery's result)."""
+
+    key: str
+    body: str
+    ttl_s: int
+    pushed: bool = False
 
 
 class Finisher:
@@ -77,11 +92,11 @@ class Finisher:
         record: tuple[str, str, int] | None,
         session: tuple[str, dict[str, Any], float] | None,
         events: Entries | None,
-        reply: tuple[str, str, int] | None = None,
+        reply: Reply | None = None,
     ) -> str:
         """Write ``events``, then ``record`` (key, JSON, TTL in s), then ``session`` (key,
-        fields, TTL in s), then ``reply`` (key, body, TTL in s: set, and published on the key
-        as a channel); returns the journal's error, ``""`` when there was none."""
+        fields, TTL in s), then ``reply``; returns the journal's error, ``""`` when there was
+        none."""
         if record is None:  # the first key is then only a place: the script writes none there
             record = (session[0] if session is not None else reply[0] if reply else "-", "", 0)
         key, body, ttl_s = record
@@ -93,7 +108,7 @@ class Finisher:
             args += [name, str(value)]
         if reply is not None:
             keys.append(reply[0])
-            args += [1, reply[1], reply[2]]
+            args += [1, reply.body, reply.ttl_s, int(reply.pushed)]
         else:
             args.append(0)
         streams = events.streams if events is not None else ()

@@ -38,7 +38,7 @@ from farm.worker import metrics
 from farm.worker.box_gate import OPEN_WAIT_S
 from farm.worker.opens import SessionOpens
 from farm.worker.recorder import ExecRecorder, branch_event
-from farm.worker.task_reply import TaskReply
+from farm.worker.task_reply import Replier
 from farm.worker.worker_host import HeldSession, WorkerHost
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ class SessionCalls:
         self.worker = worker
         self.opens = opens
 
-    def execute(self, raw: object, reply: TaskReply | None = None) -> dict[str, Any]:
+    def execute(self, raw: object, reply: Replier | None = None) -> dict[str, Any]:
         """A cell in a session (``farm.exec``); with its task's ``reply``, the result is stored
         and published in the script that records the run (else Celery stores it)."""
         try:
@@ -62,7 +62,7 @@ class SessionCalls:
             return self._refused(raw, exc).model_dump(mode="json")
         return self._execute(request, reply)
 
-    def _execute(self, request: ExecRequest, reply: TaskReply | None = None) -> dict[str, Any]:
+    def _execute(self, request: ExecRequest, reply: Replier | None = None) -> dict[str, Any]:
         exec_id = request.exec_id
         if request.generation != self.worker.generation:
             return self._lost(request, "the worker generation this call was sent to is gone")

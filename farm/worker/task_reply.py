@@ -12,11 +12,22 @@ from __future__ import annotations
 
 import contextlib
 import json
-from typing import Any
+from typing import Any, Protocol
 
 from celery import Celery, states
 from celery.backends.redis import RedisBackend
 from redis.exceptions import RedisError
+
+from farm.events.exec_finish import Reply
+
+
+class Replier(Protocol):
+    """Where a call's result goes (``TaskReply``, ``farm.worker.run_lane.LaneReply``): the
+    end-of-call script writes ``encode``'s reply, then ``stored`` says it was."""
+
+    def encode(self, result: str) -> Reply: ...
+
+    def stored(self) -> None: ...
 
 
 class TaskReply:
@@ -28,7 +39,7 @@ class TaskReply:
         self.request = task.request
         self.task_id = str(self.request.id)
 
-    def encode(self, result: str) -> tuple[str, str, int]:
+    def encode(self, result: str) -> Reply:
         """``result`` (its JSON, as the record holds it) as Celery's backend stores it: (key,
         encoded meta, TTL in s); the meta's fields as ``Backend._get_result_meta`` makes them."""
         backend = self.backend
@@ -40,7 +51,7 @@ class TaskReply:
             f'"children": [], "date_done": {done}, "task_id": {json.dumps(self.task_id)}}}'
         )
         expires = backend.expires
-        return key, meta, int(expires) if expires else 0
+        return Reply(key, meta, int(expires) if expires else 0)
 
     def stored(self) -> None:
         """The result is stored and published: Celery must not store it again."""

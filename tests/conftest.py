@@ -269,8 +269,8 @@ def farm_worker(broker_url: str) -> Iterator[Any]:
 
 @contextmanager
 def consuming(worker: Any) -> Iterator[None]:
-    """``worker``'s Celery consumer and its intake of map chunks, in this process, until the
-    block ends."""
+    """``worker``'s Celery consumer, its intake of map chunks and its run lane, in this
+    process, until the block ends."""
     from celery.contrib.testing.worker import start_worker
 
     from farm.worker.tasks import make_worker_app
@@ -287,9 +287,11 @@ def consuming(worker: Any) -> Iterator[None]:
             shutdown_timeout=30,
         ):
             worker.intake.start()
+            worker.lane.start(worker.queue)
             try:
                 yield
             finally:
+                worker.lane.stop()
                 worker.intake.stop()
     finally:
         app.close()  # its broker and backend connections, now rather than at some later gc

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from celery.signals import before_task_publish
 
+from farm.celeryconf import TASK_EXEC
 from farm.client import Farm
 from farm.errors import BadInput, StateLost
+from farm.events.lanes import LANE_TTL_S, lane_key, reply_key
 from farm.kernel.wire.framing import DEFAULT_MAX_FRAME
 
 BIG = DEFAULT_MAX_FRAME + 1024 * 1024  # over the kernel's frame (64 MiB)
@@ -142,10 +144,38 @@ def test_a_task_message_shows_its_ids_never_the_cells_code(inproc_farm: Farm) ->
 
     before_task_publish.connect(seen, weak=False)
     try:
-        with inproc_farm.session() as s:
-            result = s.run("token = 'sk-not-for-logs'; len(token)")
+        with inproc_farm.session() as s:  # a stream's run is a task (a plain one takes the lane)
+            stream = s.stream("token = 'sk-not-for-logs'; len(token)")
+            for _ in stream:
+                pass
     finally:
         before_task_publish.disconnect(seen)
-    assert result.value is not None and result.value.text == "15"
+    result = stream.result
+    assert result is not None and result.value is not None and result.value.text == "15"
     assert shown and not any("sk-not-for-logs" in h["argsrepr"] for h in shown)
     assert any(f"exec_id={result.exec_id}" in h["argsrepr"] for h in shown), shown
+
+
+def test_a_plain_run_takes_the_lane_and_leaves_no_list(inproc_farm: Farm) -> None:
+    """``Session.run`` sends no Celery task: the request goes on its worker's run lane and the
+    result comes back on a reply list of its own, which the client pops (nothing is left of
+    it). A run left on a lane (its worker gone) expires with it."""
+    published: list[str] = []
+
+    def seen(sender: str, **_: object) -> None:
+        published.append(sender)
+
+    with inproc_farm.session() as s:
+        before_task_publish.connect(seen, weak=False)
+        try:
+            results = [s.run("x = 41"), s.run("x + 1")]
+        finally:
+            before_task_publish.disconnect(seen)
+        redis = inproc_farm.registry.redis
+        assert redis.exists(reply_key(results[1].exec_id), lane_key(s.queue)) == 0
+    left = "farm.w.gone.g1"
+    inproc_farm.broker.push_run(left, {"exec_id": "e-left"}, check=lambda: "")
+    assert 0 < redis.ttl(lane_key(left)) <= LANE_TTL_S
+    redis.delete(lane_key(left))
+    assert results[1].value is not None and results[1].value.text == "42"
+    assert TASK_EXEC not in published, published

@@ -20,9 +20,13 @@ def test_the_workers_success_line_shows_a_results_ids_not_its_output(
 
     caplog.set_level(logging.INFO, logger="celery.app.trace")  # before the worker's tracers
     with inproc_worker(redis_server.url) as (farm, _), farm.session() as s:
-        result = s.run(f"print('{SECRET}')")
+        stream = s.stream(f"print('{SECRET}')")  # a task (a plain run takes the run lane)
+        for _ in stream:
+            pass
         command = s.exec(["echo", SECRET])
-    assert result.stdout == SECRET + "\n" and command.stdout == SECRET + "\n"
+    result = stream.result
+    assert result is not None and result.stdout == SECRET + "\n"
+    assert command.stdout == SECRET + "\n"
     lines = [r.getMessage() for r in caplog.records if r.name == "celery.app.trace"]
     assert any("succeeded" in line and result.exec_id in line for line in lines), lines
     assert not any(SECRET in line for line in lines), lines

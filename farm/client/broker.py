@@ -10,6 +10,7 @@ docs/design/delivery-and-fencing.md.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from farm.errors import (
     SessionLost,
     WorkerFailed,
 )
+from farm.events.lanes import LanePending, push_run
 from farm.registry import Registry
 
 T = TypeVar("T")
@@ -106,6 +108,21 @@ class Broker:
                 **(options or {}),
             )
             return pending, mark
+
+        return self.call(attempt, sent=False)
+
+    def push_run(
+        self, queue: str, request: dict[str, Any], *, check: Callable[[], str]
+    ) -> tuple[LanePending, str]:
+        """``send`` of a session's plain run on the run lane of ``queue``'s worker generation
+        (``farm.events.lanes``), not as a Celery task; a copy pushed twice after an outage runs once
+        (the worker's claim)."""
+        body = json.dumps(request)
+
+        def attempt() -> tuple[LanePending, str]:
+            mark = check()
+            push_run(self.registry.redis, queue, body)
+            return LanePending(self.registry.redis, str(request["exec_id"])), mark
 
         return self.call(attempt, sent=False)
 

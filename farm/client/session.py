@@ -218,7 +218,7 @@ class Session:
             rollback_to=rollback_to,
         )
         wire = request.model_dump(mode="json")
-        pending, mark = snapshots.routed_send(self, TASK_EXEC, wire)
+        pending, mark = snapshots.routed_send(self, TASK_EXEC, wire, lane=not stream)
         request = ExecRequest.model_validate(wire)  # the owner it found: generation, epoch
         watch = Watch(
             worker=(self.worker, self.generation),

@@ -314,19 +314,22 @@ class _Rerouted(Exception):
     """The check before a send followed the session elsewhere: build the send again."""
 
 
-def routed_send(session: Movable, task: str, request: dict[str, Any]) -> tuple[Any, str]:
+def routed_send(
+    session: Movable, task: str, request: dict[str, Any], *, lane: bool = False
+) -> tuple[Any, str]:
     """Send ``request`` to ``session``'s owner as the check before the send finds it (one
-    that moved is followed, and the request's ``generation`` and ``epoch`` named anew)."""
+    that moved is followed, and the request's ``generation`` and ``epoch`` named anew);
+    ``lane``: a plain run, on its owner's run lane (``farm.events.lanes``), not as ``task``."""
     for _ in range(MAX_MOVES):
         queue = session.queue
         request["generation"] = session.generation
         if "epoch" in request:
             request["epoch"] = session.epoch
-
+        check = functools.partial(_checked, session, queue)
         try:
-            return session.farm.broker.send(
-                task, queue, args=[request], check=functools.partial(_checked, session, queue)
-            )
+            if lane:
+                return session.farm.broker.push_run(queue, request, check=check)
+            return session.farm.broker.send(task, queue, args=[request], check=check)
         except _Rerouted:
             continue
     raise SessionLost(session.id, session.worker, "it kept moving while a call was sent")
@@ -346,7 +349,7 @@ def _moved_since(session: Movable, call: Call) -> bool:
 
 def _resend(session: Movable, call: Call) -> Call:
     wire = call.request.model_dump(mode="json")
-    pending, mark = routed_send(session, TASK_EXEC, wire)
+    pending, mark = routed_send(session, TASK_EXEC, wire, lane=not call.request.stream)
     watch = Watch((session.worker, session.generation), call.request.exec_id, mark, session.id)
     return Call(pending, ExecRequest.model_validate(wire), call.deadline, watch)
 

@@ -126,6 +126,7 @@ def make_worker_app(
                     c.app.amqp.queues.select_add(queue)
                     c.add_task_queue(queue)
                 started.intake.start()  # map chunks: taken while it has room, beside its queues
+                started.lane.start(started.queue)  # its sessions' plain runs
 
         app.steps["consumer"].add(Serving)
 

@@ -43,6 +43,7 @@ from farm.worker.drain import Drain
 from farm.worker.intake import Intake
 from farm.worker.judge_items import parallel as judge_parallel
 from farm.worker.opens import SessionOpens
+from farm.worker.run_lane import LaneReply, RunLane
 from farm.worker.session_calls import SessionCalls
 from farm.worker.snapshot_calls import SessionSnapshots
 from farm.worker.worker_egress import WorkerEgress
@@ -90,6 +91,7 @@ class Worker:
         )
         self.calls = SessionCalls(self, self.opens)
         self.snapshots = SessionSnapshots(self, self.calls.held)
+        self.lane = RunLane(self.id, self.registry.redis, self._lane_run, settings.worker_threads)
         self.drain = Drain(self)
         self.draining = False  # it takes no new session: its own move away is under way
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)
@@ -121,6 +123,7 @@ class Worker:
     def stop(self, reason: str = "the worker stopped") -> None:
         """Move the sessions to other workers (``drain_on_stop``), remove the sandbox, then
         deregister (best effort: Redis may be gone too)."""
+        self.lane.stop()  # the runs it took end first; then nothing more comes from it
         if self.settings.drain_on_stop and not self._stop.is_set():
             try:
                 self.drain.run(stopping=True)
@@ -310,6 +313,12 @@ class Worker:
             )
         self.registry.put_session(*self.session_entry(session_id, epoch))
         log.info("session %s opened on worker %s", session_id, self.id)
+
+    def _lane_run(self, request: object, reply: LaneReply) -> dict[str, Any]:
+        """A run of the lane (``RunLane``): the call Celery's ``farm.exec`` task makes."""
+        return self.snapshots.guarded(
+            request, lambda raw: self.calls.execute(raw, reply=reply), "exec"
+        )
 
     def _let_go(self, held: HeldSession) -> None:
         """A session's room goes back to the gate (once: a ticket released twice is idle)."""

@@ -1,7 +1,8 @@
 """``Session``: a stateful REPL on one worker's sandbox, as the caller holds it.
 
-Every call goes to the owning worker generation's direct queue (``farm.celeryconf`` names)
-and is watched while it waits (``Farm._wait``); results are ``ExecResult``s, losses are
+Every call goes to the owning worker generation: a plain run on its run lane
+(``farm.events.lanes``), any other call on its direct queue (``farm.celeryconf`` names); each
+is watched while it waits (``Broker.wait``); results are ``ExecResult``s, losses are
 exceptions (``SessionLost``, ``StateLost``) unless the session opted in to restoring them
 (``farm.client.journal_replay``). ``stream`` gives the same call as live events
 (``farm.client.stream``).

@@ -37,19 +37,18 @@ def reply_key(exec_id: str) -> str:
 
 def push_run(client: redis.Redis, queue: str, body: str) -> None:
     """Queue a run (an ``ExecRequest``'s JSON) on ``queue``'s lane."""
-    key = lane_key(queue)
-    with client.pipeline(transaction=False) as pipe:
-        pipe.lpush(key, body)
-        pipe.expire(key, LANE_TTL_S)
-        pipe.execute()
+    _push(client, lane_key(queue), body, LANE_TTL_S)
 
 
 def push_reply(client: redis.Redis, exec_id: str, body: str) -> None:
     """Push a reply the end-of-call script did not (a call refused or lost before it ran)."""
-    key = reply_key(exec_id)
+    _push(client, reply_key(exec_id), body, REPLY_TTL_S)
+
+
+def _push(client: redis.Redis, key: str, body: str, ttl_s: int) -> None:
     with client.pipeline(transaction=False) as pipe:
         pipe.lpush(key, body)
-        pipe.expire(key, REPLY_TTL_S)
+        pipe.expire(key, ttl_s)
         pipe.execute()
 
 

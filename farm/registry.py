@@ -331,11 +331,12 @@ class Registry:
         it was still there."""
         return bool(self.redis.lrem(key, 1, body))
 
-    def answer(self, key: str, body: str) -> None:
-        """Answer an open on its client's list ``key``; unread, the answers expire."""
+    def answer(self, key: str, body: str, ttl_s: int = ANSWER_TTL_S) -> None:
+        """Push ``body`` on list ``key`` for whoever waits on it (``wait_answer``): an open's
+        answer on its client's list, a run on its lane or its reply; unread, the list expires."""
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.rpush(key, body)
-            pipe.expire(key, ANSWER_TTL_S)
+            pipe.expire(key, ttl_s)
             pipe.execute()
 
     def wait_answer(self, key: str, block_s: float) -> str | None:

@@ -121,8 +121,8 @@ class Broker:
 
         def attempt() -> tuple[LanePending, str]:
             mark = check()
-            push_run(self.registry.redis, queue, body)
-            return LanePending(self.registry.redis, str(request["exec_id"])), mark
+            push_run(self.registry, queue, body)
+            return LanePending(self.registry, str(request["exec_id"])), mark
 
         return self.call(attempt, sent=False)
 

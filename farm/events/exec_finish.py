@@ -57,7 +57,7 @@ if #fields > 0 then
   redis.call('PEXPIRE', KEYS[2], session_ttl)
 end
 if replies > 0 and reply_pushed == '1' then
-  redis.call('LPUSH', KEYS[3], reply)
+  redis.call('RPUSH', KEYS[3], reply)
   if reply_ttl > 0 then redis.call('EXPIRE', KEYS[3], reply_ttl) end
 elseif replies > 0 then
   if reply_ttl > 0 then

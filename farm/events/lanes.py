@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
 
-from farm.registry import EXEC_TTL_S, PREFIX
+from farm.registry import EXEC_TTL_S, PREFIX, Registry
 
 # A lane left behind by its worker generation (it stopped with calls queued) expires; its
 # clients have seen the worker gone by then (their watch, between two waits).
@@ -35,21 +34,14 @@ def reply_key(exec_id: str) -> str:
     return f"{PREFIX}reply:{exec_id}"
 
 
-def push_run(client: redis.Redis, queue: str, body: str) -> None:
+def push_run(registry: Registry, queue: str, body: str) -> None:
     """Queue a run (an ``ExecRequest``'s JSON) on ``queue``'s lane."""
-    _push(client, lane_key(queue), body, LANE_TTL_S)
+    registry.answer(lane_key(queue), body, LANE_TTL_S)
 
 
-def push_reply(client: redis.Redis, exec_id: str, body: str) -> None:
+def push_reply(registry: Registry, exec_id: str, body: str) -> None:
     """Push a reply the end-of-call script did not (a call refused or lost before it ran)."""
-    _push(client, reply_key(exec_id), body, REPLY_TTL_S)
-
-
-def _push(client: redis.Redis, key: str, body: str, ttl_s: int) -> None:
-    with client.pipeline(transaction=False) as pipe:
-        pipe.lpush(key, body)
-        pipe.expire(key, ttl_s)
-        pipe.execute()
+    registry.answer(reply_key(exec_id), body, REPLY_TTL_S)
 
 
 class LanePending:
@@ -58,17 +50,17 @@ class LanePending:
 
     backend = None  # nothing subscribed: ``release`` has nothing to let go
 
-    def __init__(self, client: redis.Redis, exec_id: str) -> None:
-        self.client = client
+    def __init__(self, registry: Registry, exec_id: str) -> None:
+        self.registry = registry
         self.exec_id = exec_id
         self._reply: dict[str, Any] | None = None
 
     def get(self, timeout: float, propagate: bool = True) -> dict[str, Any]:
         if self._reply is None:
-            popped = self.client.blpop([reply_key(self.exec_id)], timeout=timeout)
+            popped = self.registry.wait_answer(reply_key(self.exec_id), timeout)
             if popped is None:
                 raise CeleryTimeout(f"no reply to run {self.exec_id} yet")
-            self._reply = json.loads(popped[1])
+            self._reply = json.loads(popped)
         reply = self._reply
         if FAILED in reply and propagate:
             raise LaneCallFailed(str(reply[FAILED]))
@@ -76,7 +68,7 @@ class LanePending:
 
     def ready(self) -> bool:
         if self._reply is None:
-            popped = self.client.lpop(reply_key(self.exec_id))
+            popped = self.registry.redis.lpop(reply_key(self.exec_id))
             if popped is not None:
                 self._reply = json.loads(str(popped))
         return self._reply is not None

@@ -18,11 +18,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import redis
-
 from farm.broker_errors import BROKER_DOWN
 from farm.events.exec_finish import Reply
 from farm.events.lanes import FAILED, REPLY_TTL_S, lane_key, push_reply, reply_key
+from farm.registry import Registry
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +47,11 @@ Run = Callable[[object, LaneReply], dict[str, Any]]
 
 
 class RunLane:
-    """Pops runs from lane ``queue`` on ``client`` for ``run``, ``threads`` at once."""
+    """Pops runs from lane ``queue`` of ``registry`` for ``run``, ``threads`` at once."""
 
-    def __init__(self, name: str, client: redis.Redis, run: Run, threads: int) -> None:
+    def __init__(self, name: str, registry: Registry, run: Run, threads: int) -> None:
         self.name = name
-        self.client = client
+        self.registry = registry
         self.run = run
         self.threads = threads
         self._stop = threading.Event()
@@ -94,7 +93,7 @@ class RunLane:
             if not free.acquire(timeout=POP_BLOCK_S):
                 continue
             try:
-                popped = self.client.brpop([key], timeout=POP_BLOCK_S)
+                popped = self.registry.redis.blpop([key], timeout=POP_BLOCK_S)
             except BROKER_DOWN as exc:
                 free.release()
                 log.warning("worker %s cannot take runs: %s", self.name, exc)
@@ -123,7 +122,7 @@ class RunLane:
                 result = {FAILED: f"{type(exc).__name__}: {exc}"}
             if not reply.done:
                 try:
-                    push_reply(self.client, exec_id, json.dumps(result))
+                    push_reply(self.registry, exec_id, json.dumps(result))
                 except BROKER_DOWN as exc:  # its client sees the outage too, and the mark
                     log.warning("worker %s could not answer run %s: %s", self.name, exec_id, exc)
         finally:

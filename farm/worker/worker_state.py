@@ -91,7 +91,7 @@ class Worker:
         )
         self.calls = SessionCalls(self, self.opens)
         self.snapshots = SessionSnapshots(self, self.calls.held)
-        self.lane = RunLane(self.id, self.registry.redis, self._lane_run, settings.worker_threads)
+        self.lane = RunLane(self.id, self.registry, self._lane_run, settings.worker_threads)
         self.drain = Drain(self)
         self.draining = False  # it takes no new session: its own move away is under way
         self.egress = WorkerEgress(settings.egress, self.keeper, self.journal, self.id)

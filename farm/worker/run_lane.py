@@ -25,7 +25,7 @@ from farm.registry import Registry
 
 log = logging.getLogger(__name__)
 
-POP_BLOCK_S = 1.0  # one BRPOP a second while the lane is empty (as the intake's)
+POP_BLOCK_S = 1.0  # one blocking pop a second while the lane is empty (as the intake's)
 OUTAGE_PAUSE_S = 1.0
 
 
@@ -93,7 +93,7 @@ class RunLane:
             if not free.acquire(timeout=POP_BLOCK_S):
                 continue
             try:
-                popped = self.registry.redis.blpop([key], timeout=POP_BLOCK_S)
+                popped = self.registry.wait_answer(key, POP_BLOCK_S)
             except BROKER_DOWN as exc:
                 free.release()
                 log.warning("worker %s cannot take runs: %s", self.name, exc)
@@ -102,7 +102,7 @@ class RunLane:
             if popped is None:
                 free.release()
                 continue
-            pool.submit(self._one, str(popped[1]), free)
+            pool.submit(self._one, popped, free)
 
     def _one(self, body: str, free: threading.Semaphore) -> None:
         try:
